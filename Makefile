@@ -1,0 +1,52 @@
+# Two commands set up everything on a fresh Debian machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test test-unit bench lint image docker-up clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# bubblewrap is the embedded default backend; install it when missing (we may be root).
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) bubblewrap; \
+	  else echo "bubblewrap is missing: sudo apt-get install bubblewrap" >&2; exit 1; fi; }
+
+setup: $(STAMP) system-deps
+
+demo: setup
+	$(BIN)/python demo/run_demo.py
+
+# Start (installing if needed) a Docker daemon; a host where none can run skips docker tests.
+docker-up:
+	-@bash images/dockerd-up.sh
+
+image: docker-up
+	bash images/build.sh
+
+# pytest exit 5 means "no tests ran": that is a failure, not a pass.
+test: setup
+	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
+
+test-unit: setup
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python bench/run.py
+
+lint: setup
+	$(BIN)/ruff check sandbox tests bench demo
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

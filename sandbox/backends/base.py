@@ -1,0 +1,173 @@
+"""The interface every execution backend keeps.
+
+A :class:`Backend` probes what it can guarantee on this host and opens :class:`Jail` s. A jail
+binds one workspace under one profile (mounts, network, limits) and spawns :class:`Process` es
+inside it. A process exposes stdout and stderr as two separate byte streams and can kill its
+whole tree. Backends are modules of this package ending in ``backend_class = X``; :func:`get`
+loads one by name and caches it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
+
+    from sandbox.guarantees import Report
+    from sandbox.mounts import ApplyReport, Changeset
+    from sandbox.profile import Profile
+
+BACKENDS: tuple[str, ...] = ("bwrap", "docker", "host")
+AUTO_ORDER: tuple[str, ...] = ("bwrap", "docker")  # host is never chosen by auto
+
+
+class Process(ABC):
+    """A command running in a jail: two separate output streams, an exit status, a tree kill."""
+
+    stdout: ByteReceiveStream
+    stderr: ByteReceiveStream
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Exit status as ``subprocess`` reports it: ``-N`` when killed by signal ``N``."""
+
+    @abstractmethod
+    async def kill_tree(self, grace: float) -> None:
+        """TERM every process the call started, wait up to ``grace`` seconds, then KILL them all.
+
+        Returns only when none of them is running any more.
+        """
+
+    @abstractmethod
+    def running_pids(self) -> list[int]:
+        """Processes of this call still alive, as the backend sees them (for checks and tests)."""
+
+    def oom_killed(self) -> bool:
+        """Whether the memory limit killed a process of this call."""
+        return False
+
+    def release(self) -> None:
+        """Free what the call held (cgroups, exec ids) once it is over and its tree is dead."""
+
+
+class Jail(ABC):
+    """One workspace under one profile. ``async with`` closes it (and kills what it runs)."""
+
+    backend: str
+    profile: Profile
+    workspace: Path  # host path of the workspace; the jail shows it at the same absolute path
+
+    @property
+    def mount(self) -> str:
+        return self.profile.mount.strategy
+
+    @abstractmethod
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        """Start ``argv`` inside the jail with stdin closed. ``env`` is added to the scrubbed base."""
+
+    async def changes(self) -> Changeset | None:
+        """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
+        return None
+
+    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
+        """Copy approved changes back to the host workspace (``copy``/``overlay`` mounts only)."""
+        raise InvalidArgument(f"mount {self.mount!r} writes in place; there is nothing to apply")
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Kill everything the jail still runs and release what it holds (idempotent)."""
+
+    async def __aenter__(self) -> Jail:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def probe(self) -> Report:
+        """What this host lets this backend enforce, with the reason where not (cached)."""
+
+    @abstractmethod
+    async def open_jail(self, workspace: Path, profile: Profile) -> Jail:
+        """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it."""
+
+    def check(self, profile: Profile) -> None:
+        """Refuse a profile whose required guarantees this backend cannot give here."""
+        missing = self.probe().missing(profile.requires, profile)
+        if missing:
+            raise GuaranteeUnavailable(
+                f"backend {self.name} cannot enforce what profile {profile.name!r} requires: "
+                + "; ".join(f"{g} ({why})" for g, why in missing.items()),
+                backend=self.name,
+                profile=profile.name,
+                missing=missing,
+            )
+
+
+_loaded: dict[str, Backend] = {}
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name`` (``bwrap``, ``docker``, ``host``), imported on first use."""
+    if name not in BACKENDS:
+        raise InvalidArgument(
+            f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}", backend=name
+        )
+    if name not in _loaded:
+        try:
+            module = importlib.import_module(f"sandbox.backends.{name}")
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"backend {name} needs a package that is not installed ({exc.name}); "
+                f"install the extra: pip install 'sandbox[{name}]'",
+                backend=name,
+            ) from exc
+        _loaded[name] = module.backend_class()
+    return _loaded[name]
+
+
+@dataclass
+class Choice:
+    backend: Backend
+    tried: dict[str, str] = field(default_factory=dict)
+
+
+def choose(name: str, profile: Profile) -> Backend:
+    """Resolve ``auto`` (bwrap first, then docker; never host) or check the named backend."""
+    if name != "auto":
+        backend = get(name)
+        backend.check(profile)
+        return backend
+    tried: dict[str, str] = {}
+    for candidate in AUTO_ORDER:
+        try:
+            backend = get(candidate)
+            backend.check(profile)
+        except (BackendUnavailable, GuaranteeUnavailable) as exc:
+            tried[candidate] = exc.message
+            continue
+        return backend
+    raise GuaranteeUnavailable(
+        "no backend on this host can run profile "
+        f"{profile.name!r}: " + " | ".join(f"{k}: {v}" for k, v in tried.items()),
+        profile=profile.name,
+        tried=tried,
+    )

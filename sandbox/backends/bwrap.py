@@ -1,0 +1,285 @@
+"""The bubblewrap jail: the embedded default, no daemon.
+
+Each call runs in fresh user, pid, net, ipc, uts and cgroup namespaces. bwrap is asked to
+report the host pid of the namespace's init (``--info-fd``) and to hold the command
+(``--block-fd``) until that init has been placed in the call's cgroups and given its rlimits,
+so no process of the call ever runs unconfined. Killing that init makes the kernel kill every
+process of the namespace, which is what catches setsid'd, double-forked and TERM-ignoring
+children; a process-group kill would not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sandbox import datadir
+from sandbox.backends import cgroups, local
+from sandbox.backends.base import Backend, Jail
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env
+from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
+from sandbox.guarantees import Report
+from sandbox.mounts import CopyTree, check_workspace
+
+if TYPE_CHECKING:
+    from anyio.abc import Process as AnyioProcess
+
+    from sandbox.mounts import ApplyReport, Changeset
+    from sandbox.profile import Profile
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+MASKED_TREES = ("/etc",)
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@cache
+def _empty_dir() -> str:
+    path = datadir.subdir("empty")
+    path.chmod(0o555)
+    return str(path)
+
+
+@cache
+def _masks() -> tuple[str, ...]:
+    """Entries under /etc that only their owner can read (shadow, ssl/private, host keys ...).
+
+    The jail's uid maps to the caller's; when that caller is root it would own these files,
+    so they are hidden behind an empty file or directory rather than trusted to permissions.
+    """
+    args: list[str] = []
+    for top in MASKED_TREES:
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if stat.S_ISLNK(st.st_mode) or st.st_mode & stat.S_IROTH:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        args += ["--ro-bind", _empty_dir(), path]
+                        dirnames.remove(name) if name in dirnames else None
+                    else:
+                        args += ["--ro-bind", "/dev/null", path]
+    return tuple(args)
+
+
+def _system_mounts() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--ro-bind", "/etc", "/etc", *_masks()]
+    return args
+
+
+def jail_args(profile: Profile, workspace: Path, source: Path) -> list[str]:
+    """The bwrap arguments shared by every call of a jail (everything but fds, env and argv)."""
+    ws = str(workspace)
+    args = [
+        "--unshare-all",
+        *(["--share-net"] if profile.network.mode == "host" else []),
+        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--hostname", "sandbox",
+        *_system_mounts(),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
+        "--tmpfs", "/tmp",
+        "--dir", SANDBOX_HOME,
+        "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
+        "--remount-ro", "/",
+    ]
+    return args
+
+
+class BwrapJail(Jail):
+    backend = "bwrap"
+
+    def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None) -> None:
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self.id = uuid.uuid4().hex[:12]
+        self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source)]
+        self._live: set[local.LocalProcess] = set()
+        self._closed = False
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> local.LocalProcess:
+        if self._closed:
+            raise InvalidArgument("the jail is closed", jail=self.id)
+        if not argv:
+            raise InvalidArgument("empty argv: name a command to run")
+        group = local.call_cgroup(self.profile)
+        try:
+            proc = await self._start(argv, env, cwd, group)
+        except BaseException:
+            if group:
+                group.remove()
+            raise
+        self._live.add(proc)
+        return proc
+
+    async def _start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+        group: cgroups.CallCgroup | None,
+    ) -> local.LocalProcess:
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        env_args = [a for k, v in base_env(self.profile, env).items() for a in ("--setenv", k, v)]
+        cmd = [*self._prefix, "--chdir", cwd or str(self.workspace), "--clearenv", *env_args,
+               "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
+        try:
+            with map_errors("cannot start bwrap", BackendUnavailable):
+                proc = await anyio.open_process(cmd, stdin=subprocess.DEVNULL, pass_fds=(info_w, block_r))
+        finally:
+            os.close(info_w)
+            os.close(block_r)
+        try:
+            init_pid = await _read_init_pid(info_r, proc)
+            child = local.LocalProcess(proc, init_pid, group, self._live.discard, kernel_reaps=True)
+            local.confine(init_pid, self.profile, group)
+            os.write(block_w, b"1")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                proc.kill()
+                await proc.wait()
+            raise
+        finally:
+            os.close(info_r)
+            os.close(block_w)
+        return child
+
+    async def changes(self) -> Changeset | None:
+        return await self.tree.changes() if self.tree else None
+
+    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
+        if self.tree is None:
+            return await super().apply(changeset, paths)
+        return await self.tree.apply(changeset, paths)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for proc in list(self._live):
+                await proc.kill_tree(0)
+                proc.release()
+            if self.tree is not None:
+                await anyio.to_thread.run_sync(self.tree.remove)
+
+
+async def _read_init_pid(fd: int, proc: AnyioProcess) -> int:
+    data = b""
+    while not data.rstrip().endswith(b"}"):
+        await anyio.wait_readable(fd)
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError):
+        await proc.wait()
+        err = await proc.stderr.receive() if proc.stderr else b""
+        raise BackendUnavailable(
+            f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
+            backend="bwrap", exit_code=proc.returncode,
+        ) from None
+
+
+def _require_bwrap() -> str:
+    path = bwrap_path()
+    if path is None:
+        raise BackendUnavailable(
+            "bubblewrap is not installed: apt-get install bubblewrap (or use --backend docker)",
+            backend="bwrap",
+        )
+    return path
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+
+    def probe(self) -> Report:
+        return probe()
+
+    async def open_jail(self, workspace: Path, profile: Profile) -> BwrapJail:
+        self.check(profile)
+        ws = check_workspace(workspace)
+        tree: CopyTree | None = None
+        source = ws
+        if profile.mount.strategy == "copy":
+            tree = await CopyTree.prepare(ws)
+            source = tree.root
+        return BwrapJail(ws, profile, source, tree)
+
+
+_ALWAYS = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "tree-kill",
+           "no-new-privs", "non-root", "no-caps", "env-scrubbed", "new-session", "cpu-limit",
+           "fsize-limit", "tmp-size-limit")
+
+
+def _smoke() -> str | None:
+    """Run one real jail; ``None`` when it confined as promised, else why not."""
+    from sandbox.profile import Profile
+
+    empty = Path(_empty_dir())
+    cmd = [_require_bwrap(), *jail_args(Profile(), empty, empty), "--clearenv", "--",
+           "/bin/sh", "-c", "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run: {exc}"
+    if out.returncode != 0:
+        return f"bwrap cannot create a jail here: {out.stderr.strip() or out.returncode}"
+    fields = dict(line.split(":", 1) for line in out.stdout.splitlines())
+    if fields.get("NoNewPrivs", "").strip() != "1" or int(fields.get("CapEff", "1"), 16) != 0:
+        return f"the jail kept privileges: {fields}"
+    return None
+
+
+@cache
+def probe() -> Report:
+    path = bwrap_path()
+    if path is None:
+        return Report("bwrap", False, "bubblewrap is not installed (apt-get install bubblewrap)")
+    problem = _smoke()
+    report = Report("bwrap", problem is None, problem or "")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    report.details["version"] = version.stdout.strip()
+    for name in _ALWAYS:
+        report.grant(name, problem is None, problem or "")
+    for ctrl, guarantee in (("memory", "memory-limit"), ("pids", "pids-limit")):
+        where = cgroups.hierarchies()[ctrl]
+        ok = isinstance(where, cgroups.Hierarchy)
+        report.grant(guarantee, ok and problem is None, where if isinstance(where, str) else problem or "")
+        report.details[f"cgroup-{ctrl}"] = f"v{where.version} {where.base}" if ok else where
+    report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
+    report.grant("overlay", False, f"{report.details['version']} has no --overlay (bubblewrap 0.9 adds it)")
+    return report
+
+
+backend_class = BwrapBackend

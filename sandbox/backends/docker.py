@@ -1,0 +1,787 @@
+"""The Docker jail: a container per session (warm) or per call, through the docker SDK only.
+
+The container's init is tini, running ``sleep infinity`` as a *keeper* uid (65534) that is not
+the uid commands run as. Every call is one ``docker exec`` as the command uid, wrapped so that
+when the command exits ``kill -KILL -1`` removes whatever it left behind. A docker exec has no
+pid namespace of its own, so that signal is the tree kill: sent by the command uid it reaches
+every process of that uid in the container (setsid'd, double-forked, TERM-ignoring) and nothing
+else. The kernel walks the task list under a lock that fork also takes, so no child slips past
+it, and only processes of the container's pid namespace are candidates. The keeper is immune
+(other uid), so the container outlives the call. Calls in a warm container are serialised: one
+call's sweep would otherwise kill another's processes. After a timeout or an abort, a *sweep*
+exec (TERM, grace, KILL, then a ``ps`` loop until nothing of that uid is left) confirms it.
+
+Blocking SDK calls run in worker threads; exec output is read from the hijacked socket in a
+dedicated thread that feeds two memory streams as frames arrive. No ``docker.errors.*`` and no
+``requests`` error crosses a public call: :func:`_translated` maps them to our tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+import docker
+import docker.errors
+import psutil
+from anyio.abc import ByteReceiveStream
+from docker.types import Mount, Ulimit
+from docker.utils.socket import frames_iter
+
+from sandbox import __version__
+from sandbox.backends.base import Backend, Jail, Process
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, base_env
+from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, map_errors
+from sandbox.guarantees import Report
+from sandbox.mounts import CopyTree, check_workspace, walk
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from docker.models.containers import Container
+
+    from sandbox.mounts import ApplyReport, Changeset
+    from sandbox.profile import Profile
+
+T = TypeVar("T")
+
+IMAGE_REPOSITORY = "sandbox-runtime"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
+KEEPER_USER = "65534:65534"
+API_TIMEOUT_S = 30  # every SDK request; a dead daemon fails at once, a wedged one after this
+PROBE_TIMEOUT_S = 3
+LABEL_OWNER = "sandbox.owner"  # <pid>@<host>
+LABEL_OWNER_STARTED = "sandbox.owner-started"  # the owner's start time, against pid reuse
+LABEL_JAIL = "sandbox.jail"
+LABEL_LIFECYCLE = "sandbox.lifecycle"
+LABEL_VERSION = "sandbox.version"
+IMAGE_VERSION_LABEL = "sandbox.image.version"
+STDOUT, STDERR = 1, 2
+BUFFERED_CHUNKS = 64
+
+# Runs the command, then kills whatever it left behind (kill is a shell builtin: no fork).
+WRAPPER = 'mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; kill -KILL -1 2>/dev/null; exit $rc'
+
+# TERM, up to $1 ticks of grace, KILL until ps shows nothing of this uid but the sweep itself;
+# then the memory cgroup's oom_kill count (v1 or v2 file, whichever the container shows).
+SWEEP = r"""
+u=$(id -u); ticks=$1
+others() {
+  ps -u "$u" -o pid=,ppid=,stat= | awk -v me=$$ '$1 != me && $2 != me && $3 !~ /^Z/ {f=1} END {exit !f}'
+}
+if [ "$ticks" -gt 0 ]; then
+  kill -TERM -1 2>/dev/null
+  i=0; while [ "$i" -lt "$ticks" ] && others; do sleep 0.02; i=$((i+1)); done
+fi
+n=0
+while others; do
+  kill -KILL -1 2>/dev/null; n=$((n+1)); [ "$n" -gt 400 ] && exit 3; sleep 0.005
+done
+cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null \
+  | awk '$1 == "oom_kill" {print "oom_kill", $2; exit}'
+exit 0
+"""
+LIST = 'ps -u "$1" -o pid=,stat= | awk \'$2 !~ /^Z/ {print $1}\''
+
+
+# ------------------------------------------------------------------------------ errors, client
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """docker.errors.* and connection errors -> BACKEND_UNAVAILABLE, with what we were doing."""
+    try:
+        yield
+    except SandboxError:
+        raise
+    except docker.errors.APIError as exc:
+        raise BackendUnavailable(f"{what}: {exc.explanation or exc}", backend="docker",
+                                 status=exc.status_code) from exc
+    except (docker.errors.DockerException, OSError) as exc:  # requests' errors are OSErrors
+        raise BackendUnavailable(f"{what}: the Docker daemon is unreachable ({_short(exc)})",
+                                 backend="docker") from exc
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def connect(timeout: float = API_TIMEOUT_S) -> docker.DockerClient:
+    """A client from the usual environment (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
+    with _translated("cannot reach the Docker daemon"):
+        client = docker.from_env(timeout=int(math.ceil(timeout)))
+        client.ping()
+    return client
+
+
+async def _run_sync(what: str, func: Callable[..., T], *args: Any) -> T:
+    def call() -> T:
+        with _translated(what):
+            return func(*args)
+
+    return await anyio.to_thread.run_sync(call)
+
+
+def image_ref(profile: Profile) -> str:
+    return profile.docker.image or DEFAULT_IMAGE
+
+
+def check_image(client: docker.DockerClient, ref: str) -> None:
+    """Refuse a missing image (say how to build it) or one built for another version."""
+    try:
+        with _translated(f"cannot inspect image {ref}"):
+            labels = client.images.get(ref).labels or {}
+    except BackendUnavailable as exc:
+        if exc.data.get("status") != 404:
+            raise
+        raise BackendUnavailable(
+            f"the sandbox image {ref} is not built on this Docker host: run `make image`",
+            backend="docker", image=ref,
+        ) from None
+    found = labels.get(IMAGE_VERSION_LABEL)
+    if ref == DEFAULT_IMAGE and found != __version__:
+        raise BackendUnavailable(
+            f"image {ref} was built for sandbox {found or 'unknown'}, this is {__version__}: "
+            "run `make image` to rebuild it", backend="docker", image=ref, found=found,
+            expected=__version__,
+        )
+
+
+# ------------------------------------------------------------------------------ container config
+
+
+def owner_labels(jail_id: str, lifecycle: str) -> dict[str, str]:
+    me = psutil.Process()
+    return {
+        LABEL_OWNER: f"{os.getpid()}@{socket.gethostname()}",
+        LABEL_OWNER_STARTED: f"{me.create_time():.2f}",
+        LABEL_JAIL: jail_id,
+        LABEL_LIFECYCLE: lifecycle,
+        LABEL_VERSION: __version__,
+    }
+
+
+def _ulimits(profile: Profile) -> list[Ulimit]:
+    lim = profile.limits
+    pairs = (("nofile", lim.nofile), ("fsize", lim.file_size), ("cpu", lim.cpu_time_s))
+    return [Ulimit(name=name, soft=int(value), hard=int(value)) for name, value in pairs if value is not None]
+
+
+def _resources(profile: Profile) -> dict[str, Any]:
+    lim = profile.limits
+    res: dict[str, Any] = {"ulimits": _ulimits(profile)}
+    if lim.memory is not None:
+        # Swap equal to memory: no swap at all, so a memory bomb meets the limit, not the disk.
+        res.update(mem_limit=lim.memory, memswap_limit=lim.memory)
+    if lim.pids is not None:
+        res["pids_limit"] = lim.pids
+    if lim.cpus is not None:
+        res["nano_cpus"] = int(lim.cpus * 1e9)
+    return res
+
+
+def _tmpfs(profile: Profile) -> dict[str, str]:
+    size = f",size={profile.limits.tmp_size}" if profile.limits.tmp_size else ""
+    return {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
+
+
+def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path) -> dict[str, Any]:
+    """The create() arguments of a jail's container: every confinement knob in one place.
+
+    The Docker socket is never mounted; the only bind is the workspace (or its private copy),
+    at the workspace's own absolute path.
+    """
+    ws = str(workspace)
+    return {
+        "image": image_ref(profile),
+        "command": ["sleep", "infinity"],
+        "user": KEEPER_USER,
+        "labels": owner_labels(jail_id, profile.docker.lifecycle),
+        "detach": True,
+        "hostname": "sandbox",
+        "network_mode": "bridge" if profile.network.mode == "host" else "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on
+        "tmpfs": _tmpfs(profile),
+        "mounts": [Mount(target=ws, source=str(source), type="bind",
+                         read_only=profile.mount.strategy == "ro")],
+        "working_dir": ws,
+        "environment": {},
+        # The daemon removes it by itself if it dies with us or is restarted without us.
+        "auto_remove": True,
+        **_resources(profile),
+    }
+
+
+def exec_user(profile: Profile, workspace: Path) -> str:
+    """The uid:gid commands run as: the workspace owner's, so files stay theirs.
+
+    A root-owned workspace (the caller is root) gets the profile's user instead (1000:1000 by
+    default): the jail never runs commands as uid 0.
+    """
+    if profile.docker.user != f"{SANDBOX_UID}:{SANDBOX_GID}":
+        return profile.docker.user
+    st = workspace.stat()
+    if st.st_uid == 0:
+        return profile.docker.user
+    return f"{st.st_uid}:{st.st_gid}"
+
+
+def _uid_gid(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    try:
+        return int(uid), int(gid or uid)
+    except ValueError:
+        raise InvalidArgument(f"docker.user must be numeric uid:gid, got {user!r}", user=user) from None
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+class _ChunkStream(ByteReceiveStream):
+    """A memory object stream of byte chunks seen as a byte stream."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
+        self._receive = receive
+        self._pending = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if not self._pending:
+            try:
+                self._pending = await self._receive.receive()
+            except anyio.EndOfStream:
+                raise
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def aclose(self) -> None:
+        self._receive.close()
+
+    def close(self) -> None:
+        self._receive.close()
+
+
+def _unwrap_socket(sock: Any) -> socket.socket | None:
+    raw = getattr(sock, "_sock", sock)
+    return raw if isinstance(raw, socket.socket) else None
+
+
+class _Pump:
+    """Reads one exec's multiplexed output in a thread and forwards it frame by frame."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        out_send, out_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        err_send, err_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        self._sends: dict[int, MemoryObjectSendStream[bytes]] = {STDOUT: out_send, STDERR: err_send}
+        self.stdout, self.stderr = _ChunkStream(out_recv), _ChunkStream(err_recv)
+        self.done = anyio.Event()
+        self.error: BaseException | None = None
+        self._token = anyio.lowlevel.current_token()
+        raw = _unwrap_socket(sock)
+        if raw is not None:
+            raw.settimeout(None)  # a silent command is not a dead daemon; close() unblocks us
+        threading.Thread(target=self._run, name="docker-exec-pump", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for stream_id, data in frames_iter(self.sock, tty=False):
+                self._forward(self._sends.get(stream_id, self._sends[STDERR]), data)
+        except (OSError, ValueError) as exc:  # the daemon died or we closed the socket
+            self.error = exc
+        finally:
+            with contextlib.suppress(RuntimeError):  # the event loop is gone
+                for send in self._sends.values():
+                    anyio.from_thread.run_sync(send.close, token=self._token)
+                anyio.from_thread.run_sync(self.done.set, token=self._token)
+
+    def _forward(self, send: MemoryObjectSendStream[bytes], data: bytes) -> None:
+        # Blocks while the buffer is full: back-pressure to the daemon, memory stays bounded.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            anyio.from_thread.run(send.send, data, token=self._token)
+
+    def close(self) -> None:
+        self.stdout.close()
+        self.stderr.close()
+        raw = _unwrap_socket(self.sock)
+        with contextlib.suppress(OSError):
+            if raw is not None:
+                raw.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+
+
+# ------------------------------------------------------------------------------ one container
+
+
+@dataclass
+class Sweep:
+    ok: bool
+    oom_kills: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Runtime:
+    """One running container and the blocking operations on it (run them in a worker thread)."""
+
+    client: docker.DockerClient
+    container: Container
+    user: str
+    started: float = field(default_factory=time.time)
+    oom_kills: int = 0
+
+    @property
+    def id(self) -> str:
+        return str(self.container.id)
+
+    @classmethod
+    def create(cls, client: docker.DockerClient, config: dict[str, Any], user: str) -> Runtime:
+        container = client.containers.create(**config)
+        try:
+            container.start()
+        except BaseException:
+            with contextlib.suppress(docker.errors.DockerException, OSError):
+                container.remove(force=True)
+            raise
+        return cls(client, container, user)
+
+    def exec_start(self, argv: list[str], env: dict[str, str], cwd: str) -> tuple[str, Any]:
+        created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=False,
+                                              tty=False, environment=env, workdir=cwd, user=self.user)
+        exec_id = str(created["Id"])
+        return exec_id, self.client.api.exec_start(exec_id, detach=False, tty=False, stream=False,
+                                                   socket=True)
+
+    def exec_output(self, argv: list[str], user: str) -> tuple[int | None, str]:
+        created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, user=user)
+        output = self.client.api.exec_start(created["Id"])
+        code = self.client.api.exec_inspect(created["Id"]).get("ExitCode")
+        return code, output.decode("utf-8", errors="replace") if isinstance(output, bytes) else ""
+
+    def exit_code(self, exec_id: str) -> int | None:
+        deadline = time.monotonic() + 5
+        while True:
+            info = self.client.api.exec_inspect(exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
+
+    def sweep(self, grace: float) -> Sweep:
+        ticks = math.ceil(grace / 0.02) if grace > 0 else 0
+        code, out = self.exec_output(["/bin/sh", "-c", SWEEP, "sweep", str(ticks)], self.user)
+        if code != 0:
+            return Sweep(False, detail=f"sweep exit {code}: {out.strip()[:200]}")
+        count = next((int(line.split()[1]) for line in out.splitlines() if line.startswith("oom_kill ")), None)
+        return Sweep(True, count)
+
+    def running(self) -> list[int]:
+        uid = self.user.partition(":")[0]
+        code, out = self.exec_output(["/bin/sh", "-c", LIST, "list", uid], KEEPER_USER)
+        return sorted(int(p) for p in out.split() if p.isdigit()) if code == 0 else []
+
+    def alive(self) -> bool:
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return False
+        return bool(self.container.attrs.get("State", {}).get("Running"))
+
+    def oom_events(self) -> bool:
+        events = self.client.api.events(since=int(self.started) - 1, until=int(time.time()) + 1,
+                                        filters={"container": self.id, "event": "oom"}, decode=True)
+        return any(True for _ in events)
+
+    def remove(self) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            try:
+                self.container.remove(force=True)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: auto-remove is already removing it
+                    raise
+
+
+# ------------------------------------------------------------------------------ process
+
+
+class DockerProcess(Process):
+    """One call: an exec in a container; killed by sweeping its uid out of that container."""
+
+    def __init__(self, runtime: Runtime, exec_id: str, pump: _Pump, on_done: Callable[[DockerProcess], None],
+                 owns_container: bool) -> None:
+        self.runtime = runtime
+        self.exec_id = exec_id
+        self._pump = pump
+        self.stdout = pump.stdout
+        self.stderr = pump.stderr
+        self._on_done = on_done
+        self._owns_container = owns_container
+        self._oom_before = runtime.oom_kills
+        self._oom = False
+        self._swept = False
+        self._killing = False
+        self.returncode: int | None = None
+
+    async def wait(self) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        await self._pump.done.wait()
+        code = await _run_sync("cannot read the exit status of the call", self.runtime.exit_code, self.exec_id)
+        if code is None or self._pump.error is not None and code is None:
+            raise BackendUnavailable("the Docker daemon stopped answering during the call",
+                                     backend="docker", container=self.runtime.id)
+        if code == 137 and not self._killing:
+            await self._check_container(code)
+        self.returncode = code
+        return code
+
+    async def _check_container(self, code: int) -> None:
+        """An exit by SIGKILL we did not send: was the whole container killed from outside?"""
+        if await _run_sync("cannot inspect the container", self.runtime.alive):
+            return
+        oom = await _run_sync("cannot read the daemon's events", self.runtime.oom_events)
+        self._oom = oom
+        self._swept = True  # nothing is left: the container is gone
+        raise BackendUnavailable(
+            f"the container {self.runtime.id[:12]} was killed from outside "
+            f"({'out of memory' if oom else 'docker kill or stop'}); the call's exit status was {code}",
+            backend="docker", container=self.runtime.id, exit_code=code, oom_killed=oom,
+        )
+
+    async def kill_tree(self, grace: float) -> None:
+        if self._swept:
+            return
+        self._killing = True
+        with anyio.CancelScope(shield=True):
+            await self._sweep(grace)
+
+    async def _sweep(self, grace: float) -> None:
+        try:
+            result = await _run_sync("cannot kill the call's processes", self.runtime.sweep, grace)
+        except BackendUnavailable:
+            if not await self._container_gone():
+                raise
+            result = Sweep(True)
+        if result.oom_kills is not None:
+            self._oom = result.oom_kills > self._oom_before
+            self.runtime.oom_kills = result.oom_kills
+        if not result.ok or self._owns_container:
+            # The sweep could not run (pids exhausted) or the container is this call's alone:
+            # removing the container kills everything in its pid namespace.
+            await _run_sync("cannot remove the call's container", self.runtime.remove)
+        self._swept = True
+        self._finish()
+
+    async def _container_gone(self) -> bool:
+        with contextlib.suppress(BackendUnavailable):
+            return not await _run_sync("cannot inspect the container", self.runtime.alive)
+        return False
+
+    def running_pids(self) -> list[int]:
+        if self._swept and self._owns_container:
+            return []
+        with contextlib.suppress(docker.errors.DockerException, OSError):
+            return self.runtime.running()
+        return []
+
+    def oom_killed(self) -> bool:
+        return self._oom
+
+    def release(self) -> None:
+        self._pump.close()
+        if self._owns_container and not self._swept:
+            threading.Thread(target=_quietly, args=(self.runtime.remove,), daemon=True).start()
+        self._finish()
+
+    def _finish(self) -> None:
+        self._on_done(self)
+
+
+def _quietly(func: Callable[[], None]) -> None:
+    with contextlib.suppress(docker.errors.DockerException, OSError):
+        func()
+
+
+# ------------------------------------------------------------------------------ jail
+
+
+class DockerJail(Jail):
+    backend = "docker"
+
+    def __init__(self, client: docker.DockerClient, workspace: Path, profile: Profile, source: Path,
+                 tree: CopyTree | None, user: str) -> None:
+        self.client = client
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self.user = user
+        self.id = uuid.uuid4().hex[:12]
+        self._config = container_config(profile, self.id, workspace, source)
+        self._warm: Runtime | None = None
+        self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
+        self._held: DockerProcess | None = None
+        self._dirty = False  # the last call's leftovers were not swept yet
+        self._live: set[DockerProcess] = set()
+        self._closed = False
+
+    @property
+    def warm(self) -> bool:
+        return self.profile.docker.lifecycle == "session"
+
+    @property
+    def container_id(self) -> str | None:
+        return self._warm.id if self._warm else None
+
+    async def start(self) -> None:
+        if self.warm:
+            self._warm = await self._new_runtime()
+
+    async def _new_runtime(self) -> Runtime:
+        return await _run_sync("cannot start the jail's container", Runtime.create, self.client,
+                               self._config, self.user)
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> DockerProcess:
+        if self._closed:
+            raise InvalidArgument("the jail is closed", jail=self.id)
+        if not argv:
+            raise InvalidArgument("empty argv: name a command to run")
+        if not self.warm:
+            runtime = await self._new_runtime()
+            try:
+                return await self._exec(runtime, argv, env, cwd, owns=True)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await _run_sync("cannot remove the call's container", runtime.remove)
+                raise
+        await self._slot.acquire()
+        try:
+            runtime = await self._ready_runtime()
+            proc = await self._exec(runtime, argv, env, cwd, owns=False)
+        except BaseException:
+            self._slot.release()
+            raise
+        self._held, self._dirty = proc, True
+        return proc
+
+    async def _ready_runtime(self) -> Runtime:
+        """The warm container, swept of the previous call, recreated if it died."""
+        if self._warm is not None and self._dirty:
+            result = await _run_sync("cannot sweep the container", self._warm.sweep, 0)
+            if not result.ok:
+                await _run_sync("cannot remove the container", self._warm.remove)
+                self._warm = None
+        if self._warm is not None and self._dirty and not await _run_sync(
+                "cannot inspect the container", self._warm.alive):
+            self._warm = None
+        self._dirty = False
+        if self._warm is None:
+            self._warm = await self._new_runtime()
+        return self._warm
+
+    async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
+                    cwd: str | None, owns: bool) -> DockerProcess:
+        cmd = ["/bin/sh", "-c", WRAPPER, "sandbox", *argv]
+        exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
+                                        cmd, base_env(self.profile, env), cwd or str(self.workspace))
+        proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done, owns)
+        self._live.add(proc)
+        return proc
+
+    def _done(self, proc: DockerProcess) -> None:
+        self._live.discard(proc)
+        if self._held is proc:
+            self._held = None
+            self._dirty = not proc._swept
+            self._slot.release()
+        if proc.runtime is self._warm and proc._swept and not proc._owns_container:
+            # A failed sweep removed the warm container; the next call gets a new one.
+            with contextlib.suppress(docker.errors.DockerException, OSError):
+                if not self._warm.alive():
+                    self._warm = None
+
+    async def changes(self) -> Changeset | None:
+        return await self.tree.changes() if self.tree else None
+
+    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
+        if self.tree is None:
+            return await super().apply(changeset, paths)
+        return await self.tree.apply(changeset, paths)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for proc in list(self._live):
+                proc.release()
+            # Removing the containers kills everything in them; the label catches any stray one.
+            await anyio.to_thread.run_sync(_remove_jail_containers, self.client, self.id)
+            self._warm = None
+            if self.tree is not None:
+                await anyio.to_thread.run_sync(self.tree.remove)
+
+
+def _remove_jail_containers(client: docker.DockerClient, jail_id: str) -> None:
+    with contextlib.suppress(docker.errors.DockerException, OSError):
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL_JAIL}={jail_id}"}):
+            Runtime(client, container, KEEPER_USER).remove()
+
+
+# ------------------------------------------------------------------------------ backend
+
+
+def _own_tree(tree: CopyTree, user: str) -> None:
+    """Hand the private copy to the command uid (we are root, it is not) and re-baseline it.
+
+    chown changes every entry's ctime, so the snapshot the changeset compares against is taken
+    again afterwards: the chown is ours, not the jail's.
+    """
+    uid, gid = _uid_gid(user)
+    if os.geteuid() != 0 or tree.root.stat().st_uid == uid:
+        return
+    with map_errors("cannot hand the private copy to the jail's user", BackendUnavailable):
+        os.chown(tree.root, uid, gid)
+        for rel, _stamp in list(walk(tree.root)):
+            os.chown(tree.root / rel, uid, gid, follow_symlinks=False)
+        tree.copy = dict(walk(tree.root))
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def probe(self) -> Report:
+        return probe()
+
+    async def open_jail(self, workspace: Path, profile: Profile) -> DockerJail:
+        self.check(profile)
+        ws = check_workspace(workspace)
+        client = await anyio.to_thread.run_sync(connect)
+        await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
+        user = exec_user(profile, ws)
+        _uid_gid(user)
+        tree: CopyTree | None = None
+        if profile.mount.strategy == "copy":
+            tree = await CopyTree.prepare(ws)
+            await anyio.to_thread.run_sync(_own_tree, tree, user)
+        elif profile.mount.strategy == "overlay":
+            raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
+        jail = DockerJail(client, ws, profile, tree.root if tree else ws, tree, user)
+        try:
+            await jail.start()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await jail.aclose()
+            raise
+        return jail
+
+
+# ------------------------------------------------------------------------------ probe
+
+
+_PROVIDED = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "tree-kill",
+             "no-new-privs", "non-root", "no-caps", "env-scrubbed", "new-session", "fsize-limit",
+             "tmp-size-limit")
+
+
+def _security_options(info: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for option in info.get("SecurityOptions") or []:
+        fields = dict(part.split("=", 1) for part in str(option).split(",") if "=" in part)
+        if "name" in fields:
+            found[fields["name"]] = fields.get("profile", "on")
+    return found
+
+
+def _grant_limits(report: Report, info: dict[str, Any]) -> None:
+    cgroup = f"cgroup v{info.get('CgroupVersion', '1')} ({info.get('CgroupDriver', '?')})"
+    report.details["cgroup"] = cgroup
+    report.grant("memory-limit", bool(info.get("MemoryLimit")), f"the daemon's {cgroup} has no memory limit")
+    report.grant("pids-limit", bool(info.get("PidsLimit")), f"the daemon's {cgroup} has no pids limit")
+    report.grant("cpu-limit", bool(info.get("CpuCfsQuota")), f"the daemon's {cgroup} has no CPU quota")
+    report.details["swap-limit"] = bool(info.get("SwapLimit"))
+
+
+def _probe_report(client: docker.DockerClient) -> Report:
+    info: dict[str, Any] = client.info()
+    report = Report("docker", True)
+    report.details.update(server=info.get("ServerVersion"), host=client.api.base_url,
+                          image=DEFAULT_IMAGE, kernel=info.get("KernelVersion"))
+    try:
+        check_image(client, DEFAULT_IMAGE)
+    except BackendUnavailable as exc:
+        return Report("docker", False, exc.message, details=report.details)
+    security = _security_options(info)
+    report.details["userns-remap"] = "userns" in security
+    report.details["rootless"] = "rootless" in security
+    for name in _PROVIDED:
+        report.grant(name, True)
+    _grant_limits(report, info)
+    seccomp = security.get("seccomp")
+    report.grant("seccomp", seccomp is not None and seccomp != "unconfined",
+                 "the daemon runs containers without seccomp")
+    report.details["seccomp-profile"] = seccomp
+    report.grant("overlay", False, "the docker backend offers ro, rw and copy mounts, not overlay")
+    return report
+
+
+@cache
+def probe() -> Report:
+    """Daemon reachable (short timeout), image present, what the daemon enforces (cached)."""
+    try:
+        client = connect(PROBE_TIMEOUT_S)
+        with _translated("cannot query the Docker daemon"):
+            return _probe_report(client)
+    except BackendUnavailable as exc:
+        return Report("docker", False, exc.message)
+
+
+# ------------------------------------------------------------------------------ gc
+
+
+def _owner_gone(labels: Mapping[str, str]) -> bool:
+    pid_text, _, host = labels.get(LABEL_OWNER, "").partition("@")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False  # another machine's executor: we cannot tell, leave it
+    try:
+        started = psutil.Process(int(pid_text)).create_time()
+    except psutil.Error:
+        return True
+    return f"{started:.2f}" != labels.get(LABEL_OWNER_STARTED)
+
+
+def gc(all: bool = False) -> list[str]:  # noqa: A002 - mirrors `sandbox gc --all`
+    """Remove sandbox containers whose executor is gone (every sandbox container with ``all``).
+
+    Returns the names of the containers removed.
+    """
+    client = connect()
+    removed: list[str] = []
+    with _translated("cannot list sandbox containers"):
+        containers = client.containers.list(all=True, filters={"label": LABEL_OWNER})
+    for container in containers:
+        if all or _owner_gone(container.labels):
+            with _translated(f"cannot remove container {container.name}"):
+                Runtime(client, container, KEEPER_USER).remove()
+            removed.append(str(container.name))
+    return removed
+
+
+backend_class = DockerBackend

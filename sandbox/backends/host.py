@@ -1,0 +1,134 @@
+"""No isolation: the command runs on the host, as the caller, in the workspace itself.
+
+For trusted use and as the baseline benchmarks compare against; ``auto`` never picks it. It
+still scrubs the environment and, where this host has cgroups, tracks and limits the call's
+processes so the tree kill holds; the probe says plainly what it does not guarantee.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sandbox.backends import cgroups, local
+from sandbox.backends.base import Backend, Jail
+from sandbox.backends.environment import base_env
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, map_errors
+from sandbox.guarantees import Report
+from sandbox.mounts import CopyTree, check_workspace
+
+if TYPE_CHECKING:
+    from sandbox.mounts import ApplyReport, Changeset
+    from sandbox.profile import Profile
+
+
+
+class HostJail(Jail):
+    backend = "host"
+
+    def __init__(self, workspace: Path, profile: Profile, tree: CopyTree | None) -> None:
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self._live: set[local.LocalProcess] = set()
+        self._closed = False
+
+    @property
+    def cwd(self) -> Path:
+        return self.tree.root if self.tree else self.workspace
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> local.LocalProcess:
+        if self._closed:
+            raise InvalidArgument("the jail is closed")
+        if not argv:
+            raise InvalidArgument("empty argv: name a command to run")
+        group = local.call_cgroup(self.profile)
+        hold_r, hold_w = os.pipe()
+        # The child waits on the pipe until it is in its cgroup, then becomes the command.
+        hold = f'read -r _ <&{hold_r}; exec {hold_r}<&-; exec "$@"'
+        try:
+            with map_errors("cannot start the command", BackendUnavailable):
+                proc = await anyio.open_process(
+                    ["/bin/sh", "-c", hold, "sandbox-host", *argv], stdin=subprocess.DEVNULL,
+                    cwd=cwd or self.cwd, env=base_env(self.profile, env) | {"HOME": str(self.cwd)},
+                    start_new_session=True, pass_fds=(hold_r,),
+                )
+            child = local.LocalProcess(proc, proc.pid, group, self._live.discard, kernel_reaps=False)
+            local.confine(proc.pid, self.profile, group)
+            os.write(hold_w, b"go\n")
+        except BaseException:
+            if group:
+                group.remove()
+            raise
+        finally:
+            os.close(hold_r)
+            os.close(hold_w)
+        self._live.add(child)
+        return child
+
+    async def changes(self) -> Changeset | None:
+        return await self.tree.changes() if self.tree else None
+
+    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
+        if self.tree is None:
+            return await super().apply(changeset, paths)
+        return await self.tree.apply(changeset, paths)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for proc in list(self._live):
+                await proc.kill_tree(0)
+                proc.release()
+            if self.tree is not None:
+                await anyio.to_thread.run_sync(self.tree.remove)
+
+
+class HostBackend(Backend):
+    name = "host"
+
+    def probe(self) -> Report:
+        return probe()
+
+    async def open_jail(self, workspace: Path, profile: Profile) -> HostJail:
+        self.check(profile)
+        if profile.mount.strategy not in ("rw", "copy"):
+            raise GuaranteeUnavailable(
+                f"the host backend cannot enforce mount {profile.mount.strategy!r}; use rw or copy, "
+                "or a real backend (bwrap, docker)", backend="host")
+        ws = check_workspace(workspace)
+        tree = await CopyTree.prepare(ws) if profile.mount.strategy == "copy" else None
+        return HostJail(ws, profile, tree)
+
+
+@cache
+def probe() -> Report:
+    report = Report("host", True)
+    report.details["warning"] = "no isolation: the command sees and can change everything the caller can"
+    none = "the host backend does not isolate"
+    for name in ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "no-new-privs",
+                 "non-root", "no-caps", "new-session", "seccomp", "overlay", "tmp-size-limit"):
+        report.grant(name, False, none)
+    report.grant("env-scrubbed", True)
+    report.grant("cpu-limit", True)
+    report.grant("fsize-limit", True)
+    pids = cgroups.hierarchies()["pids"]
+    report.grant("tree-kill", isinstance(pids, cgroups.Hierarchy),
+                 "without a pids cgroup, double-forked processes can escape the kill" if isinstance(pids, str) else "")
+    for ctrl, name in (("memory", "memory-limit"), ("pids", "pids-limit")):
+        where = cgroups.hierarchies()[ctrl]
+        report.grant(name, isinstance(where, cgroups.Hierarchy), where if isinstance(where, str) else "")
+    return report
+
+
+backend_class = HostBackend

@@ -1,0 +1,125 @@
+"""What the bwrap and host backends share: per-call cgroups, rlimits and the tree kill.
+
+A local call's processes are known two ways: as descendants of the call's first process (for
+bwrap, the pid namespace's init, which adopts every orphan of the namespace) and as members
+of the call's cgroups (which nothing inside can leave). The kill signals the union of both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+import psutil
+
+from sandbox.backends import cgroups
+from sandbox.backends.base import Process
+from sandbox.errors import BackendUnavailable, map_errors
+
+if TYPE_CHECKING:
+    from anyio.abc import Process as AnyioProcess
+
+    from sandbox.profile import Profile
+
+
+def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
+    """Cgroups for the profile's memory/pids/cpu limits, on the controllers this host has."""
+    lim = profile.limits
+    wanted = {"memory": (lim.memory, "memory"), "pids": (lim.pids, "pids"), "cpus": (lim.cpus, "cpu")}
+    usable = {
+        key: value for key, (value, controller) in wanted.items()
+        if value is not None and isinstance(cgroups.hierarchies()[controller], cgroups.Hierarchy)
+    }
+    # Tree tracking wants a cgroup even when no limit is set; pids.max "max" costs nothing.
+    if not usable and isinstance(cgroups.hierarchies()["pids"], cgroups.Hierarchy):
+        usable = {"pids": 2**22}
+    if not usable:
+        return None
+    with map_errors("cannot create the call's cgroup", BackendUnavailable):
+        return cgroups.CallCgroup.create(cgroups.Limits(**usable))
+
+
+def rlimits(profile: Profile) -> list[tuple[int, int]]:
+    lim = profile.limits
+    pairs = [(psutil.RLIMIT_CPU, lim.cpu_time_s), (psutil.RLIMIT_FSIZE, lim.file_size),
+             (psutil.RLIMIT_NOFILE, lim.nofile)]
+    return [(res, int(value)) for res, value in pairs if value is not None]
+
+
+def confine(pid: int, profile: Profile, group: cgroups.CallCgroup | None) -> None:
+    """Put a held (not yet running the command) process in its cgroups and set its rlimits."""
+    with map_errors("cannot confine the call's first process", BackendUnavailable):
+        if group is not None:
+            group.add(pid)
+        target = psutil.Process(pid)
+        for resource, value in rlimits(profile):
+            target.rlimit(resource, (value, value))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+class LocalProcess(Process):
+    """A call started by us on this host, under bwrap (``kernel_reaps``: pid namespace) or not."""
+
+    def __init__(self, proc: AnyioProcess, root_pid: int, cgroup: cgroups.CallCgroup | None,
+                 on_release: Callable[[LocalProcess], None], *, kernel_reaps: bool) -> None:
+        self._proc = proc
+        self.root_pid = root_pid
+        self.cgroup = cgroup
+        self.kernel_reaps = kernel_reaps
+        self.on_release = on_release
+        assert proc.stdout is not None and proc.stderr is not None
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.returncode: int | None = None
+
+    async def wait(self) -> int:
+        self.returncode = await self._proc.wait()
+        return self.returncode
+
+    def running_pids(self) -> list[int]:
+        pids: set[int] = set(self.cgroup.pids()) if self.cgroup else set()
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.root_pid)
+            pids.add(root.pid)
+            pids.update(child.pid for child in root.children(recursive=True))
+        return sorted(p for p in pids if _alive(p))
+
+    async def kill_tree(self, grace: float) -> None:
+        # Under bwrap the root is the namespace's init: TERM it and the kernel kills the rest
+        # at once, leaving them no grace; so TERM goes to everything else first.
+        victims = [p for p in self.running_pids() if p != self.root_pid or not self.kernel_reaps]
+        if grace > 0:
+            signal_all(victims, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(map(_alive, victims)):
+                await anyio.sleep(0.01)
+        with anyio.CancelScope(shield=True):
+            while pids := self.running_pids():
+                signal_all([self.root_pid, *pids], signal.SIGKILL)
+                await anyio.sleep(0.002)
+            await self.wait()
+
+    def oom_killed(self) -> bool:
+        return self.cgroup.oom_killed() if self.cgroup else False
+
+    def release(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        self.on_release(self)

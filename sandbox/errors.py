@@ -1,0 +1,108 @@
+"""The one exception tree of the sandbox.
+
+Every error that crosses a public call is a :class:`SandboxError` carrying a stable
+``code`` (the strings below never change meaning) and structured ``data``::
+
+    SandboxError                      code
+    ├── InvalidArgument               INVALID_ARGUMENT       bad input: argv, timeout, profile, path
+    ├── ToolDenied                    TOOL_DENIED            unknown tool, policy or user said no
+    ├── ToolFailed                    TOOL_FAILED            the tool ran and failed (exit != 0, I/O error)
+    ├── Timeout                       TIMEOUT                the deadline passed; the tree was killed
+    ├── Aborted                       ABORTED                cancelled by the caller; the tree was killed
+    ├── ShellNotFound                 SHELL_NOT_FOUND        no usable shell inside the jail
+    ├── BackendUnavailable            BACKEND_UNAVAILABLE    backend missing, daemon gone, jail failed to start
+    ├── GuaranteeUnavailable          GUARANTEE_UNAVAILABLE  a profile requires what this host cannot enforce
+    └── Conflict                      CONFLICT               apply/rollback refused: the target changed
+
+``map_errors`` translates OS-level errors where they cross into our code, so no raw
+``OSError`` leaks out of a public call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+
+class SandboxError(Exception):
+    code: ClassVar[str] = "SANDBOX_ERROR"
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data: dict[str, Any] = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "data": self.data}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidArgument(SandboxError):
+    code = "INVALID_ARGUMENT"
+
+
+class ToolDenied(SandboxError):
+    code = "TOOL_DENIED"
+
+
+class ToolFailed(SandboxError):
+    code = "TOOL_FAILED"
+
+
+class Timeout(SandboxError):
+    code = "TIMEOUT"
+
+
+class Aborted(SandboxError):
+    code = "ABORTED"
+
+
+class ShellNotFound(SandboxError):
+    code = "SHELL_NOT_FOUND"
+
+
+class BackendUnavailable(SandboxError):
+    code = "BACKEND_UNAVAILABLE"
+
+
+class GuaranteeUnavailable(SandboxError):
+    code = "GUARANTEE_UNAVAILABLE"
+
+
+class Conflict(SandboxError):
+    code = "CONFLICT"
+
+
+ERROR_CODES: tuple[str, ...] = tuple(
+    cls.code
+    for cls in (
+        InvalidArgument,
+        ToolDenied,
+        ToolFailed,
+        Timeout,
+        Aborted,
+        ShellNotFound,
+        BackendUnavailable,
+        GuaranteeUnavailable,
+        Conflict,
+    )
+)
+
+
+@contextlib.contextmanager
+def map_errors(what: str, default: type[SandboxError] = ToolFailed) -> Iterator[None]:
+    """Translate an ``OSError`` raised inside the block into our tree.
+
+    A full disk keeps its errno in ``data`` so a caller can tell it from other I/O failures.
+    """
+    try:
+        yield
+    except SandboxError:
+        raise
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
+        raise default(f"{what}: {exc.strerror or exc}", errno=name, path=exc.filename) from exc

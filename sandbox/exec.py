@@ -1,0 +1,194 @@
+"""Run one argv in a jail: two streams apart, bounded capture, timeout and abort kill the tree.
+
+Output is delivered to ``on_stdout``/``on_stderr`` as it arrives and kept per stream as a
+bounded head and tail, so memory stays flat whatever the command prints. The call returns
+only when every process it started is dead: after a normal exit leftovers are killed at once;
+on timeout or abort they get TERM, a grace period, then KILL. A caller's cancellation gets the
+same treatment, shielded, and is then re-raised (trio's rule: never leave a child behind).
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal as signal_module
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+from pydantic import BaseModel
+
+from sandbox.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
+
+    from sandbox.backends.base import Jail, Process
+    from sandbox.profile import Profile
+
+OutputCallback = Callable[[bytes], Awaitable[None] | None]
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 300.0
+READ_SIZE = 1 << 16
+
+
+class Capture:
+    """Keeps the first and last ``limit/2`` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail: deque[bytes] = deque()
+        self.tail_size = 0
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail.append(chunk)
+        self.tail_size += len(chunk)
+        while self.tail_size - len(self.tail[0]) >= self.tail_limit:
+            self.tail_size -= len(self.tail.popleft())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_limit + self.tail_limit
+
+    def text(self) -> str:
+        tail = b"".join(self.tail)
+        if not self.truncated:
+            return (bytes(self.head) + tail).decode("utf-8", errors="replace")
+        tail = tail[-self.tail_limit:]
+        omitted = self.total - len(self.head) - len(tail)
+        marker = f"\n[... {omitted} bytes omitted; {self.total} bytes in all ...]\n"
+        return self.head.decode("utf-8", errors="replace") + marker + tail.decode("utf-8", errors="replace")
+
+
+class ExecResult(BaseModel):
+    exit_code: int
+    signal: int | None
+    timed_out: bool
+    aborted: bool
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: float
+    spawn_ms: float
+    kill_ms: float | None = None
+    backend: str
+    mount: str
+    oom_killed: bool = False
+
+
+def check_timeout(timeout: float | None, profile: Profile) -> float:
+    """The effective timeout: the profile's default, or an override from 1 to 300 s."""
+    if timeout is None:
+        return float(profile.timeouts.default_s)
+    ceiling = min(MAX_TIMEOUT_S, profile.timeouts.max_s)
+    if isinstance(timeout, bool) or not MIN_TIMEOUT_S <= timeout <= ceiling:
+        raise InvalidArgument(
+            f"timeout must be between {MIN_TIMEOUT_S:g} and {ceiling:g} seconds, got {timeout!r}",
+            timeout=timeout,
+        )
+    return float(timeout)
+
+
+async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
+    async for chunk in stream:
+        capture.feed(chunk)
+        if callback is not None:
+            maybe = callback(chunk)
+            if inspect.isawaitable(maybe):
+                await maybe
+
+
+class _Outcome:
+    timed_out = False
+    aborted = False
+    kill_ms: float | None = None
+
+
+async def _supervise(proc: Process, limit: float, abort: anyio.Event | None, grace: float) -> _Outcome:
+    outcome = _Outcome()
+    async with anyio.create_task_group() as tg:
+
+        async def watch_abort() -> None:
+            assert abort is not None
+            await abort.wait()
+            outcome.aborted = True
+            tg.cancel_scope.cancel()
+
+        if abort is not None:
+            tg.start_soon(watch_abort)
+        with anyio.move_on_after(limit) as deadline:
+            await proc.wait()
+        outcome.timed_out = deadline.cancelled_caught
+        tg.cancel_scope.cancel()
+    stop = time.monotonic()
+    # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it.
+    await proc.kill_tree(grace if outcome.timed_out or outcome.aborted else 0)
+    if outcome.timed_out or outcome.aborted:
+        outcome.kill_ms = (time.monotonic() - stop) * 1000
+    return outcome
+
+
+def _status(returncode: int, outcome: _Outcome) -> tuple[int, int | None]:
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    if returncode > 128 and returncode - 128 < signal_module.NSIG:
+        return returncode, returncode - 128
+    return returncode, None
+
+
+async def run(
+    jail: Jail,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+    abort: anyio.Event | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> ExecResult:
+    """Run ``argv`` in ``jail``; see the module docstring for the guarantees."""
+    profile = jail.profile
+    limit = check_timeout(timeout, profile)
+    grace = profile.timeouts.kill_grace_s
+    out, err = Capture(profile.limits.capture_bytes), Capture(profile.limits.capture_bytes)
+    started = time.monotonic()
+    proc = await jail.spawn(list(argv), env=env, cwd=cwd)
+    spawned = time.monotonic()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_pump, proc.stdout, out, on_stdout)
+            tg.start_soon(_pump, proc.stderr, err, on_stderr)
+            outcome = await _supervise(proc, limit, abort, grace)
+        returncode = await proc.wait()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await proc.kill_tree(grace)
+        raise
+    finally:
+        oom = proc.oom_killed()
+        proc.release()
+    exit_code, sig = _status(returncode, outcome)
+    return ExecResult(
+        exit_code=exit_code, signal=sig, timed_out=outcome.timed_out, aborted=outcome.aborted,
+        stdout=out.text(), stderr=err.text(), stdout_bytes=out.total, stderr_bytes=err.total,
+        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        duration_ms=round((time.monotonic() - started) * 1000, 3),
+        spawn_ms=round((spawned - started) * 1000, 3),
+        kill_ms=None if outcome.kill_ms is None else round(outcome.kill_ms, 3),
+        backend=jail.backend, mount=jail.mount, oom_killed=oom,
+    )

@@ -1,0 +1,445 @@
+"""Mount strategies and the copy-in/copy-out changeset.
+
+``ro`` and ``rw`` bind the workspace itself. ``copy`` copies it into a private tree the jail
+writes to; :meth:`CopyTree.changes` then reports what the jail did, and :meth:`CopyTree.apply`
+brings approved changes back, one file at a time, atomically, without following symlinks, and
+only where the host file is still the one that was copied in.
+
+Change detection costs a ``stat`` per file, not a read: the kernel updates a file's ctime on
+every write, chmod or rename and nobody can set it back, so an entry whose (inode, ctime) in the
+private tree is unchanged since copy-in is unchanged. The same fingerprint of the host file
+(device, inode, size, mtime, ctime) guards ``apply``: any write to the host file since copy-in
+changes it, and that file is refused with CONFLICT. Content hashes (SHA-256) of changed files
+are in the changeset for review.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import anyio
+
+from sandbox import datadir
+from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
+
+Kind = Literal["file", "dir", "symlink", "special"]
+Status = Literal["added", "modified", "deleted"]
+FORBIDDEN_WORKSPACES = {Path(p) for p in ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64",
+                                          "/proc", "/sys", "/dev", "/boot", "/var", "/tmp", "/run")}
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+_CHUNK = 1 << 20
+
+
+def check_workspace(workspace: Path) -> Path:
+    """The canonical workspace directory, or a clear INVALID_ARGUMENT."""
+    try:
+        ws = Path(workspace).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise InvalidArgument(f"workspace {workspace} does not exist", workspace=str(workspace)) from exc
+    if not ws.is_dir():
+        raise InvalidArgument(f"workspace {ws} is not a directory", workspace=str(ws))
+    if ws in FORBIDDEN_WORKSPACES or ws == Path.home().resolve() and os.geteuid() != 0:
+        raise InvalidArgument(f"workspace {ws} is a system or home directory; choose a project directory",
+                              workspace=str(ws))
+    data = datadir.data_dir().resolve()
+    if data == ws or data.is_relative_to(ws) or ws.is_relative_to(data):
+        raise InvalidArgument(f"workspace {ws} overlaps the sandbox data directory {data}", workspace=str(ws))
+    return ws
+
+
+def _kind(mode: int) -> Kind:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "special"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What identifies one version of a directory entry without reading it."""
+
+    kind: Kind
+    mode: int
+    size: int
+    dev: int
+    ino: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+    target: str | None = None
+
+    @classmethod
+    def of(cls, path: str | Path, st: os.stat_result | None = None) -> Stamp:
+        st = st or os.lstat(path)
+        kind = _kind(st.st_mode)
+        return cls(kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns,
+                   st.st_ctime_ns, st.st_nlink, os.readlink(path) if kind == "symlink" else None)
+
+    def same_version(self, other: Stamp) -> bool:
+        return (self.kind, self.dev, self.ino, self.ctime_ns) == (other.kind, other.dev, other.ino, other.ctime_ns)
+
+
+def walk(root: Path) -> Iterator[tuple[str, Stamp]]:
+    """Every entry below ``root`` as (posix relative path, Stamp), never following symlinks."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(root / rel if rel else root) as it:
+            for entry in it:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                stamp = Stamp.of(entry.path, entry.stat(follow_symlinks=False))
+                yield path, stamp
+                if stamp.kind == "dir":
+                    stack.append(path)
+
+
+RISKY_FLAGS = ("git-hook", "git-config", "dotfile", "new-executable", "setuid", "symlink-outside",
+               "special-file", "hardlink")
+
+
+@dataclass
+class Change:
+    path: str
+    status: Status
+    kind: Kind
+    flags: list[str] = field(default_factory=list)
+    mode_before: int | None = None
+    mode_after: int | None = None
+    size: int | None = None
+    sha256: str | None = None
+    target: str | None = None
+    applicable: bool = True
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("mode_before", "mode_after"):
+            if data[key] is not None:
+                data[key] = oct(data[key])
+        return {k: v for k, v in data.items() if v not in (None, "")}
+
+
+@dataclass
+class Changeset:
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def risky(self) -> list[Change]:
+        return [c for c in self.changes if c.flags]
+
+    def summary(self) -> dict[str, int]:
+        counts = {"added": 0, "modified": 0, "deleted": 0, "flagged": len(self.risky)}
+        for change in self.changes:
+            counts[change.status] += 1
+        return counts
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in self.changes]
+
+
+@dataclass
+class ApplyReport:
+    applied: list[str] = field(default_factory=list)
+    conflicts: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _flags(rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None,
+           workspace: Path) -> list[str]:
+    parts = PurePosixPath(rel).parts
+    flags: list[str] = []
+    if parts[:2] == (".git", "hooks") and len(parts) > 2:
+        flags.append("git-hook")
+    if parts[:2] == (".git", "config"):
+        flags.append("git-config")
+    if any(p.startswith(".") for p in parts) and "git-hook" not in flags and "git-config" not in flags:
+        flags.append("dotfile")
+    if after is None:
+        return flags
+    was_exec = before is not None and before.kind == "file" and before.mode & 0o111
+    if kind == "file" and after.mode & 0o111 and not was_exec:
+        flags.append("new-executable")
+    if after.mode & (stat.S_ISUID | stat.S_ISGID):
+        flags.append("setuid")
+    if kind == "special":
+        flags.append("special-file")
+    if kind == "file" and after.nlink > 1:
+        flags.append("hardlink")
+    if kind == "symlink" and after.target is not None and not _link_stays_inside(rel, after.target, workspace):
+        flags.append("symlink-outside")
+    return flags
+
+
+def _link_stays_inside(rel: str, target: str, workspace: Path) -> bool:
+    if os.path.isabs(target):
+        resolved = os.path.normpath(target)
+    else:
+        resolved = os.path.normpath(os.path.join(str(workspace), os.path.dirname(rel), target))
+    return Path(resolved).is_relative_to(workspace)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                ca, cb = fa.read(_CHUNK), fb.read(_CHUNK)
+                if ca != cb:
+                    return False
+                if not ca:
+                    return True
+    except OSError:
+        return False
+
+
+class CopyTree:
+    """A private copy of a workspace that a jail writes to instead of the workspace."""
+
+    def __init__(self, workspace: Path, root: Path) -> None:
+        self.workspace = workspace
+        self.root = root
+        self.host: dict[str, Stamp] = {}
+        self.copy: dict[str, Stamp] = {}
+        self.bytes_copied = 0
+
+    @classmethod
+    async def prepare(cls, workspace: Path, parent: Path | None = None) -> CopyTree:
+        base = parent or datadir.subdir("copies")
+        root = base / f"copy-{uuid.uuid4().hex[:12]}"
+        tree = cls(workspace, root)
+        try:
+            await anyio.to_thread.run_sync(tree._copy_in)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(tree.remove)
+            raise
+        return tree
+
+    def _copy_in(self) -> None:
+        with map_errors(f"cannot copy the workspace {self.workspace}"):
+            self.host = dict(walk(self.workspace))
+            self.root.mkdir(mode=0o700)
+            # cp -a keeps modes, times, symlinks (unfollowed) and hardlinks; --reflink makes the
+            # copy O(1) per file on filesystems that share extents.
+            result = _run(["cp", "-a", "--reflink=auto", f"{self.workspace}/.", str(self.root)])
+            if result:
+                raise ToolFailed(f"copying the workspace failed: {result}", workspace=str(self.workspace))
+            self.copy = dict(walk(self.root))
+            self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
+
+    async def changes(self) -> Changeset:
+        return await anyio.to_thread.run_sync(self._changes)
+
+    def _changes(self) -> Changeset:
+        with map_errors("cannot read the private copy"):
+            now = dict(walk(self.root))
+        result = Changeset()
+        for rel in sorted(set(now) | set(self.copy)):
+            change = self._compare(rel, self.copy.get(rel), now.get(rel))
+            if change is not None:
+                result.changes.append(change)
+        return result
+
+    def _compare(self, rel: str, before: Stamp | None, after: Stamp | None) -> Change | None:
+        if before is not None and after is not None and before.same_version(after):
+            return None
+        if after is None:
+            assert before is not None
+            return self._change(rel, "deleted", before.kind, before, None)
+        if before is None or before.kind != after.kind:
+            return self._change(rel, "added" if before is None else "modified", after.kind, before, after)
+        if after.kind == "dir" and after.mode == before.mode:
+            return None
+        if after.kind == "symlink" and after.target == before.target:
+            return None
+        if (after.kind == "file" and after.mode == before.mode and after.size == before.size
+                and _same_content(self.root / rel, self.workspace / rel)):
+            return None
+        return self._change(rel, "modified", after.kind, before, after)
+
+    def _change(self, rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None) -> Change:
+        flags = _flags(rel, status, kind, before, after, self.workspace)
+        change = Change(rel, status, kind, flags, before.mode if before else None,
+                        after.mode if after else None)
+        if after is not None:
+            change.size = after.size
+            change.target = after.target
+            if kind == "file":
+                with contextlib.suppress(OSError):
+                    change.sha256 = _sha256(self.root / rel)
+        if "special-file" in flags:
+            change.applicable, change.reason = False, "FIFOs, sockets and devices never leave the jail"
+        elif "symlink-outside" in flags:
+            change.applicable, change.reason = False, "the symlink points outside the workspace"
+        return change
+
+    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
+        return await anyio.to_thread.run_sync(self._apply, changeset, set(paths) if paths is not None else None)
+
+    def _apply(self, changeset: Changeset, only: set[str] | None) -> ApplyReport:
+        report = ApplyReport()
+        ordered = sorted(changeset.changes, key=_apply_order)
+        for change in ordered:
+            if only is not None and change.path not in only:
+                continue
+            if not change.applicable:
+                report.skipped.append({"path": change.path, "reason": change.reason})
+                continue
+            try:
+                self._apply_one(change)
+            except Conflict as exc:
+                report.conflicts.append({"path": change.path, "reason": exc.message})
+            except OSError as exc:
+                report.skipped.append({"path": change.path, "reason": f"{exc.strerror or exc}"})
+            else:
+                report.applied.append(change.path)
+        return report
+
+    def _apply_one(self, change: Change) -> None:
+        parts = PurePosixPath(change.path).parts
+        if not parts or any(p in ("", ".", "..") for p in parts) or PurePosixPath(change.path).is_absolute():
+            raise Conflict("not a relative path inside the workspace", path=change.path)
+        with _open_parent(self.workspace, parts[:-1], create=change.status != "deleted") as pfd:
+            self._guard(change, pfd, parts[-1])
+            if change.status == "deleted":
+                _remove(pfd, parts[-1], change.kind)
+            elif change.kind == "dir":
+                _ensure_dir(pfd, parts[-1], (change.mode_after or 0o755) & ~_SPECIAL_BITS)
+            elif change.kind == "symlink":
+                _replace_symlink(pfd, parts[-1], change.target or "")
+            else:
+                _replace_file(pfd, parts[-1], self.root / change.path, (change.mode_after or 0o644) & ~_SPECIAL_BITS)
+
+    def _guard(self, change: Change, pfd: int, name: str) -> None:
+        """The host entry must still be what was copied in (or still absent for an addition)."""
+        try:
+            current: Stamp | None = Stamp.of(name, os.stat(name, dir_fd=pfd, follow_symlinks=False))
+        except FileNotFoundError:
+            current = None
+        except OSError as exc:
+            raise Conflict(f"cannot check the host file: {exc.strerror}") from exc
+        if current is not None and current.kind == "symlink":
+            current = Stamp(**{**asdict(current), "target": os.readlink(name, dir_fd=pfd)})
+        original = self.host.get(change.path)
+        if original is None:
+            if current is not None and not (change.kind == "dir" and current.kind == "dir"):
+                raise Conflict("the host created this path since copy-in")
+            return
+        if current is None or not original.same_version(current) or current.mtime_ns != original.mtime_ns:
+            raise Conflict("the host file changed since copy-in")
+
+    def remove(self) -> None:
+        if self.root.exists():
+            # A jail may leave directories without write permission behind; allow removal.
+            for dirpath, _dirs, _files in os.walk(self.root):
+                with contextlib.suppress(OSError):
+                    os.chmod(dirpath, 0o700)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _apply_order(change: Change) -> tuple[int, int, str]:
+    depth = change.path.count("/")
+    if change.status == "deleted":
+        return (1, -depth, change.path)  # children before their directory
+    return (0, depth, change.path)  # directories before their children
+
+
+@contextlib.contextmanager
+def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Iterator[int]:
+    """An fd of ``root/parts``, reached one component at a time with O_NOFOLLOW."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                raise Conflict(f"parent {part!r} is not a directory inside the workspace") from exc
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.sandbox-{uuid.uuid4().hex[:8]}"
+
+
+def _replace_file(pfd: int, name: str, source: Path, mode: int) -> None:
+    tmp = _temp_name(name)
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise OSError(0, "the changed entry is no longer a regular file")
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+        try:
+            while chunk := os.read(src, _CHUNK):
+                os.write(dst, chunk)
+            os.fchmod(dst, mode)
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=pfd)
+        raise
+    finally:
+        os.close(src)
+
+
+def _replace_symlink(pfd: int, name: str, target: str) -> None:
+    tmp = _temp_name(name)
+    os.symlink(target, tmp, dir_fd=pfd)
+    os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+
+
+def _ensure_dir(pfd: int, name: str, mode: int) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, mode, dir_fd=pfd)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _remove(pfd: int, name: str, kind: Kind) -> None:
+    if kind == "dir":
+        os.rmdir(name, dir_fd=pfd)
+    else:
+        os.unlink(name, dir_fd=pfd)
+
+
+def _run(argv: list[str]) -> str:
+    import subprocess
+
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")

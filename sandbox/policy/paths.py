@@ -1,0 +1,234 @@
+"""Path policy: canonical resolution, containment in the session roots, protected paths.
+
+Resolution follows the kernel: ``~`` is expanded, a relative path joins the workspace, and
+``os.path.realpath`` walks the components in order, so a symlink is followed *before* a later
+``..`` is applied (``link/../x`` means "beside the link's target", as ``open`` would see it).
+Components that do not exist yet are kept as written, which is "resolve the nearest existing
+parent, then append the rest" for a file about to be created.
+
+Containment compares canonical paths component by component: ``/work/app2`` is not inside
+``/work/app``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from sandbox.errors import InvalidArgument
+from sandbox.policy.verdict import Finding
+
+Root = Literal["workspace", "scratch", "external"]
+Escape = Literal["absolute", "parent", "symlink", "home"]
+Operation = Literal["read", "write"]
+
+# Defaults a profile or a trusted project extends; a leading "!" carves an exception.
+# Bare names (".env", "*.pem") match at any depth; "~/" and "/" patterns are absolute.
+DEFAULT_DENY_READ: tuple[str, ...] = (
+    "~/.ssh/**", "~/.aws/**", "~/.gnupg/**", "~/.netrc", "~/.git-credentials",
+    "~/.docker/config.json", "~/.kube/config", "~/.config/gcloud/**",
+    ".env", ".env.*", "!.env.example", "!.env.sample", "!.env.template", "!.env.dist",
+    "*.pem", "*.key", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
+)
+DEFAULT_DENY_WRITE: tuple[str, ...] = (
+    "~/.ssh/**", "~/.aws/**", "~/.gnupg/**", "~/.netrc", "~/.git-credentials",
+    "~/.docker/config.json", "~/.kube/config", "~/.config/gcloud/**",
+)
+SHELL_RC_FILES: tuple[str, ...] = (
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zshenv",
+    ".zprofile", ".zlogin", ".kshrc", ".cshrc", ".tcshrc", ".config/fish/config.fish", ".inputrc",
+)
+DEFAULT_CONFIRM_WRITE: tuple[str, ...] = (
+    ".env", ".env.*", "*.pem", "*.key", ".git/hooks/**", ".git/config", ".gitmodules",
+    ".sandbox/**", *SHELL_RC_FILES,
+)
+
+
+def within(root: str, path: str) -> bool:
+    """True when canonical ``path`` is ``root`` or below it (a relation between components)."""
+    if path == root:
+        return True
+    prefix = root if root.endswith(os.sep) else root + os.sep
+    return path.startswith(prefix)
+
+
+def _translate(body: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        if body.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif body.startswith("/**", i) and i + 3 == len(body):
+            out.append("(?:/.*)?")  # "dir/**" covers the directory itself, so a Glob on it is caught
+            i += 3
+        elif body.startswith("**", i):
+            out.append(".*")
+            i += 2
+        else:
+            out.append(_translate_char(body, i))
+            i += _char_width(body, i)
+    return "".join(out)
+
+
+def _char_width(body: str, i: int) -> int:
+    if body[i] == "[":
+        end = body.find("]", i + 2)
+        return end - i + 1 if end != -1 else 1
+    return 1
+
+
+def _translate_char(body: str, i: int) -> str:
+    char = body[i]
+    if char == "*":
+        return "[^/]*"
+    if char == "?":
+        return "[^/]"
+    width = _char_width(body, i)
+    if char == "[" and width > 1:
+        inner = body[i + 1 : i + width - 1]
+        if inner.startswith("!"):
+            inner = "^" + inner[1:]
+        return "[" + inner.replace("\\", "\\\\") + "]"
+    return re.escape(char)
+
+
+def glob_to_regex(pattern: str, homes: Iterable[str]) -> list[str]:
+    """Regexes over absolute '/'-paths for one protected-path glob (several homes when ~ is a link)."""
+    if pattern.startswith("~"):
+        rest = pattern[1:].lstrip("/")
+        return ["^" + re.escape(home.rstrip("/")) + "/" + _translate(rest) + "$" for home in homes]
+    if pattern.startswith("/"):
+        return ["^" + _translate(pattern) + "$"]
+    return ["(?:^|/)" + _translate(pattern.lstrip("./") if pattern.startswith("./") else pattern) + "$"]
+
+
+class PatternSet:
+    """A list of globs compiled into one include and one exclude regex."""
+
+    def __init__(self, patterns: Iterable[str], homes: Iterable[str]) -> None:
+        homes = tuple(homes)
+        patterns = tuple(patterns)
+        include: list[str] = []
+        exclude: list[str] = []
+        for pattern in patterns:
+            target = exclude if pattern.startswith("!") else include
+            target.extend(glob_to_regex(pattern.lstrip("!"), homes))
+        self.patterns = patterns
+        self._include = re.compile("|".join(include)) if include else None
+        self._exclude = re.compile("|".join(exclude)) if exclude else None
+
+    def matches(self, path: str) -> bool:
+        if self._include is None or not self._include.search(path):
+            return False
+        return not (self._exclude is not None and self._exclude.search(path))
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPath:
+    """One path argument, as written and as the kernel would reach it."""
+
+    raw: str
+    lexical: str
+    canonical: str
+    root: Root
+    escape: Escape | None
+
+    @property
+    def external(self) -> bool:
+        return self.root == "external"
+
+
+def _homes() -> tuple[str, ...]:
+    home = os.path.expanduser("~")
+    real = os.path.realpath(home)
+    return (home,) if real == home else (home, real)
+
+
+class PathPolicy:
+    """Resolves path arguments against the session roots and applies the protected lists."""
+
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str],
+        scratch: str | os.PathLike[str],
+        *,
+        deny_read: Iterable[str] = (),
+        deny_write: Iterable[str] = (),
+        confirm_write: Iterable[str] = (),
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.workspace = os.path.realpath(os.fspath(workspace))
+        self.scratch = os.path.realpath(os.fspath(scratch))
+        self.state_dir = os.path.realpath(os.fspath(state_dir)) if state_dir is not None else None
+        self.homes = _homes()
+        self.home = self.homes[0]
+        self.deny_read = PatternSet((*DEFAULT_DENY_READ, *deny_read), self.homes)
+        self.deny_write = PatternSet((*DEFAULT_DENY_WRITE, *deny_write), self.homes)
+        self.confirm_write = PatternSet((*DEFAULT_CONFIRM_WRITE, *confirm_write), self.homes)
+
+    def _joined(self, raw: str, base: str | None) -> str:
+        if "\0" in raw:
+            raise InvalidArgument("a path cannot contain a NUL byte", path=raw)
+        if raw == "~" or raw.startswith("~/"):
+            raw = self.home + raw[1:]
+        elif raw.startswith("~"):
+            raw = os.path.expanduser(raw)
+        return os.path.join(base or self.workspace, raw)
+
+    def expand(self, raw: str, base: str | None = None) -> str:
+        """The absolute, ``..``-normalised path, symlinks not followed."""
+        return os.path.normpath(self._joined(raw, base))
+
+    def root_of(self, canonical: str) -> Root:
+        # Scratch first: it is the more specific root if it ever sits inside the workspace.
+        if within(self.scratch, canonical):
+            return "scratch"
+        if within(self.workspace, canonical):
+            return "workspace"
+        return "external"
+
+    def resolve(self, raw: str, base: str | None = None) -> ResolvedPath:
+        joined = self._joined(raw, base)
+        lexical = os.path.normpath(joined)
+        canonical = os.path.realpath(joined)
+        root = self.root_of(canonical)
+        return ResolvedPath(raw, lexical, canonical, root, self._escape(raw, lexical, root))
+
+    def _escape(self, raw: str, lexical: str, root: Root) -> Escape | None:
+        if root != "external":
+            return None
+        if self.root_of(lexical) != "external":
+            return "symlink"
+        if raw.startswith("~"):
+            return "home"
+        return "absolute" if os.path.isabs(raw) else "parent"
+
+    def protection(self, path: ResolvedPath, operation: Operation) -> Finding | None:
+        """A deny or confirm finding when ``path`` (as written or as resolved) is protected."""
+        candidates = (path.canonical,) if path.canonical == path.lexical else (path.canonical, path.lexical)
+        for candidate in candidates:
+            finding = self._protect_one(candidate, operation)
+            if finding is not None:
+                return finding
+        return None
+
+    def _protect_one(self, path: str, operation: Operation) -> Finding | None:
+        if self.state_dir is not None and within(self.state_dir, path) and not within(self.scratch, path):
+            return Finding("deny", "path.sandbox-state", f"{path} belongs to the sandbox's own state")
+        if operation == "read":
+            if self.deny_read.matches(path):
+                return Finding("deny", "path.deny-read", f"reading {path} is not allowed (protected path)")
+            return None
+        if self.deny_write.matches(path):
+            return Finding("deny", "path.deny-write", f"writing {path} is not allowed (protected path)")
+        if self.confirm_write.matches(path):
+            return Finding("ask", "path.confirm-write", f"{path} is a protected path: writing needs approval")
+        return None
+
+    def readable(self, canonical: str) -> bool:
+        """For directory walks (Glob/Grep/LS): skip entries a direct Read would be denied."""
+        return self._protect_one(canonical, "read") is None

@@ -1,0 +1,35 @@
+"""The small vocabulary every policy module speaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Level = Literal["allow", "confirm", "deny"]
+Mode = Literal["ask", "accept-edits", "auto"]
+MODES: tuple[Mode, ...] = ("ask", "accept-edits", "auto")
+
+# How a Bash command is judged before the permission mode is applied, weakest first:
+# "exempt" runs silently, "mode" follows the permission mode, "ask" is confirmed in every mode,
+# "deny" never runs and is never asked.
+Layer = Literal["exempt", "mode", "ask", "deny"]
+LAYER_RANK: dict[Layer, int] = {"exempt": 0, "mode": 1, "ask": 2, "deny": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    layer: Layer
+    rule_id: str
+    reason: str
+
+
+EXEMPT = Finding("exempt", "exempt.read-only", "read-only command inside the session roots")
+
+
+def strongest(findings: list[Finding], default: Finding = EXEMPT) -> Finding:
+    """The finding that decides: the highest layer, the first one seen among equals."""
+    best = default
+    for finding in findings:
+        if LAYER_RANK[finding.layer] > LAYER_RANK[best.layer]:
+            best = finding
+    return best

@@ -1,0 +1,1 @@
+"""The agent-facing tools: parameter models (``params``) and, later, their implementations."""

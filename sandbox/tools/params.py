@@ -1,0 +1,143 @@
+"""Boundaries 1 and 2: which tools exist, and what their arguments may look like.
+
+Self-contained on purpose: the policy layer and the server import it without pulling in any
+backend. Every model forbids extra keys, so a misspelt argument is an error the model can read
+and fix, never a silently ignored option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox.errors import InvalidArgument, ToolDenied
+
+Risk = Literal["read", "write", "execute"]
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class BashParams(_Params):
+    command: str = Field(min_length=1, max_length=100_000)
+    timeout: float = Field(60, ge=1, le=300)
+    description: str | None = Field(None, max_length=500)
+
+
+class ReadParams(_Params):
+    path: str = Field(min_length=1, max_length=4096)
+    offset: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1)
+
+
+class WriteParams(_Params):
+    path: str = Field(min_length=1, max_length=4096)
+    content: str
+
+
+class EditOp(_Params):
+    old_text: str = Field(min_length=1)
+    new_text: str
+
+
+class EditParams(_Params):
+    path: str = Field(min_length=1, max_length=4096)
+    edits: list[EditOp] = Field(min_length=1)
+
+
+class GlobParams(_Params):
+    pattern: str = Field(min_length=1, max_length=4096)
+    path: str | None = Field(None, min_length=1, max_length=4096)
+
+
+class GrepParams(_Params):
+    pattern: str = Field(min_length=1, max_length=10_000)
+    path: str | None = Field(None, min_length=1, max_length=4096)
+    include: str | None = Field(None, min_length=1, max_length=1000)
+    context: int = Field(0, ge=0, le=20)
+    limit: int = Field(100, ge=1, le=1000)
+    ignore_case: bool = False
+
+
+class LSParams(_Params):
+    path: str | None = Field(None, min_length=1, max_length=4096)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A registered capability: its name, argument model and risk class.
+
+    ``path_field`` names the argument the path policy reads; ``plugin`` marks tools that the
+    plan operating mode hides whatever their risk.
+    """
+
+    name: str
+    params: type[BaseModel]
+    risk: Risk
+    description: str
+    path_field: str | None = None
+    plugin: bool = False
+
+
+_BUILTIN = (
+    ToolSpec("Bash", BashParams, "execute", "Run a non-interactive shell command in the workspace"),
+    ToolSpec("Read", ReadParams, "read", "Read a text file, optionally a line window", "path"),
+    ToolSpec("Write", WriteParams, "write", "Create or overwrite a file", "path"),
+    ToolSpec("Edit", EditParams, "write", "Replace exact text spans in a file", "path"),
+    ToolSpec("Glob", GlobParams, "read", "List files matching a glob pattern", "path"),
+    ToolSpec("Grep", GrepParams, "read", "Search file contents with a regular expression", "path"),
+    ToolSpec("LS", LSParams, "read", "List a directory", "path"),
+)
+
+_registry: dict[str, ToolSpec] = {spec.name: spec for spec in _BUILTIN}
+REGISTRY: Mapping[str, ToolSpec] = MappingProxyType(_registry)
+
+
+def register(spec: ToolSpec) -> None:
+    """Add a plugin tool; built-in names cannot be replaced."""
+    if spec.name in _registry:
+        raise InvalidArgument(f"a tool named {spec.name!r} is already registered", tool=spec.name)
+    _registry[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+    if any(spec.name == name for spec in _BUILTIN):
+        raise InvalidArgument(f"built-in tool {name!r} cannot be removed", tool=name)
+    _registry.pop(name, None)
+
+
+def lookup(name: str) -> ToolSpec:
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry))
+        raise ToolDenied(
+            f"unknown tool {name!r}: it is not available in this sandbox; available tools: {known}",
+            tool=name,
+            rule_id="capability.unknown-tool",
+        ) from None
+
+
+def _problems(exc: ValidationError) -> list[dict[str, str]]:
+    return [
+        {"field": ".".join(str(p) for p in err["loc"]) or "(arguments)", "problem": err["msg"]}
+        for err in exc.errors()
+    ]
+
+
+def validate(name: str, args: Mapping[str, Any]) -> BaseModel:
+    """Boundary 2: the validated arguments are the only thing the policy and the tool ever read."""
+    spec = lookup(name)
+    if not isinstance(args, Mapping):
+        raise InvalidArgument(f"{name}: arguments must be a JSON object", tool=name)
+    try:
+        return spec.params.model_validate(dict(args))
+    except ValidationError as exc:
+        problems = _problems(exc)
+        text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+        raise InvalidArgument(f"invalid arguments for {name}: {text}", tool=name, problems=problems) from exc

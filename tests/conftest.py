@@ -1,0 +1,98 @@
+"""Shared fixtures: a private data dir, and one parametrised jail fixture per backend.
+
+A backend that cannot run here is skipped with the reason its probe gives (what is missing),
+never passed silently. CI provides bubblewrap, a running dockerd and the image.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sandbox import profile as profiles
+from sandbox.backends import base
+from sandbox.errors import BackendUnavailable
+
+BACKENDS = ("bwrap", "docker")
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path_factory.mktemp("data")
+    monkeypatch.setenv("SANDBOX_DATA_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def backend_or_skip(name: str) -> base.Backend:
+    try:
+        backend = base.get(name)
+    except BackendUnavailable as exc:
+        pytest.skip(f"{name} backend unavailable: {exc.message}")
+    report = backend.probe()
+    if not report.available:
+        pytest.skip(f"{name} backend unavailable on this host: {report.reason}")
+    return backend
+
+
+@pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])
+def backend(request: pytest.FixtureRequest) -> base.Backend:
+    return backend_or_skip(request.param)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("# sample\n")
+    (ws / "src").mkdir()
+    (ws / "src" / "app.py").write_text("print('hello')\n")
+    return ws
+
+
+def make_profile(name: str = "default", **overrides: Any) -> profiles.Profile:
+    """A shipped profile with dotted-key overrides and no guarantee requirements of its own."""
+    prof = profiles.load(name)
+    return prof.with_overrides(**overrides)
+
+
+JailFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def open_jail(backend: base.Backend, workspace: Path) -> AsyncIterator[JailFactory]:
+    opened: list[base.Jail] = []
+
+    async def factory(profile: profiles.Profile | None = None, ws: Path | None = None) -> base.Jail:
+        jail = await backend.open_jail(ws or workspace, profile or make_profile())
+        opened.append(jail)
+        return jail
+
+    yield factory
+    for jail in opened:
+        await jail.aclose()
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique number to find a test's processes host-wide (sleep <marker>)."""
+    yield str(100000 + secrets.randbelow(899999))
+
+
+def survivors(marker: str) -> list[int]:
+    """Host pids whose command line carries ``marker`` (the kernel's view, any backend)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in cmdline):
+            found.append(proc.pid)
+    return found
