@@ -25,12 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -237,7 +239,8 @@ def import_rootfs(client: docker.DockerClient, tarball: Path) -> str:
 # ---------------------------------------------------------------- docker build
 
 
-def build(client: docker.DockerClient, dockerfile: str, tag: str, args: dict[str, str], offline: bool) -> None:
+def build(client: docker.DockerClient, dockerfile: str, tag: str, args: dict[str, str],
+          offline: bool) -> None:
     stream: Iterator[dict[str, Any]] = client.api.build(
         path=str(HERE), dockerfile=dockerfile, tag=tag, buildargs=args, rm=True, forcerm=True,
         pull=False, decode=True, network_mode="none" if offline else None,

@@ -27,13 +27,13 @@ import anyio
 from sandbox import datadir
 from sandbox.backends import cgroups, local
 from sandbox.backends.base import Backend, Jail
+from sandbox.backends.child import Child
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env
 from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
-    from anyio.abc import Process as AnyioProcess
 
     from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
@@ -122,7 +122,14 @@ class BwrapJail(Jail):
         self.id = uuid.uuid4().hex[:12]
         self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source)]
         self._live: set[local.LocalProcess] = set()
+        self._pool = local.CgroupPool(profile)
         self._closed = False
+
+    def _released(self, proc: local.LocalProcess) -> None:
+        self._live.discard(proc)
+        if proc.cgroup is not None:
+            self._pool.give_back(proc.cgroup)
+            proc.cgroup = None
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
@@ -131,12 +138,12 @@ class BwrapJail(Jail):
             raise InvalidArgument("the jail is closed", jail=self.id)
         if not argv:
             raise InvalidArgument("empty argv: name a command to run")
-        group = local.call_cgroup(self.profile)
+        group = self._pool.take()
         try:
             proc = await self._start(argv, env, cwd, group)
         except BaseException:
             if group:
-                group.remove()
+                self._pool.give_back(group)
             raise
         self._live.add(proc)
         return proc
@@ -152,19 +159,20 @@ class BwrapJail(Jail):
                "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
         try:
             with map_errors("cannot start bwrap", BackendUnavailable):
-                proc = await anyio.open_process(cmd, stdin=subprocess.DEVNULL, pass_fds=(info_w, block_r))
+                proc = Child(cmd, pass_fds=(info_w, block_r))
         finally:
             os.close(info_w)
             os.close(block_r)
         try:
             init_pid = await _read_init_pid(info_r, proc)
-            child = local.LocalProcess(proc, init_pid, group, self._live.discard, kernel_reaps=True)
+            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
             local.confine(init_pid, self.profile, group)
             os.write(block_w, b"1")
         except BaseException:
             with anyio.CancelScope(shield=True):
                 proc.kill()
                 await proc.wait()
+                await proc.aclose()
             raise
         finally:
             os.close(info_r)
@@ -187,11 +195,12 @@ class BwrapJail(Jail):
             for proc in list(self._live):
                 await proc.kill_tree(0)
                 proc.release()
+            self._pool.close()
             if self.tree is not None:
                 await anyio.to_thread.run_sync(self.tree.remove)
 
 
-async def _read_init_pid(fd: int, proc: AnyioProcess) -> int:
+async def _read_init_pid(fd: int, proc: Child) -> int:
     data = b""
     while not data.rstrip().endswith(b"}"):
         await anyio.wait_readable(fd)
@@ -203,7 +212,10 @@ async def _read_init_pid(fd: int, proc: AnyioProcess) -> int:
         return int(json.loads(data)["child-pid"])
     except (ValueError, KeyError):
         await proc.wait()
-        err = await proc.stderr.receive() if proc.stderr else b""
+        err = b""
+        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+            while len(err) < 4096:
+                err += await proc.stderr.receive()
         raise BackendUnavailable(
             f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
             backend="bwrap", exit_code=proc.returncode,

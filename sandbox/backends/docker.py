@@ -25,10 +25,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -50,6 +48,9 @@ from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, check_workspace, walk
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from pathlib import Path
+
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from docker.models.containers import Container
 
@@ -72,8 +73,14 @@ IMAGE_VERSION_LABEL = "sandbox.image.version"
 STDOUT, STDERR = 1, 2
 BUFFERED_CHUNKS = 64
 
-# Runs the command, then kills whatever it left behind (kill is a shell builtin: no fork).
-WRAPPER = 'mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; kill -KILL -1 2>/dev/null; exit $rc'
+# Kills whatever an earlier call might have left, runs the command, then kills whatever it left
+# behind (kill is a shell builtin: no fork, and kill -1 spares the shell itself).
+WRAPPER = ('kill -KILL -1 2>/dev/null; mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; '
+           'kill -KILL -1 2>/dev/null; exit $rc')
+# Execute-only copy of dash in the image: non-dumpable, so the call cannot ptrace its wrapper.
+WRAPPER_SHELL = "/usr/local/bin/sandbox-sh"
+# An exit status below this one means the wrapper itself exited, after its final kill -1.
+SIGNALLED = 128
 
 # TERM, up to $1 ticks of grace, KILL until ps shows nothing of this uid but the sweep itself;
 # then the memory cgroup's oom_kill count (v1 or v2 file, whichever the container shows).
@@ -124,7 +131,11 @@ def connect(timeout: float = API_TIMEOUT_S) -> docker.DockerClient:
     """A client from the usual environment (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
     with _translated("cannot reach the Docker daemon"):
         client = docker.from_env(timeout=int(math.ceil(timeout)))
-        client.ping()
+        try:
+            client.ping()
+        except BaseException:
+            client.close()
+            raise
     return client
 
 
@@ -153,7 +164,8 @@ def check_image(client: docker.DockerClient, ref: str) -> None:
             backend="docker", image=ref,
         ) from None
     found = labels.get(IMAGE_VERSION_LABEL)
-    if ref == DEFAULT_IMAGE and found != __version__:
+    # Our image must match this version; a custom image is refused only if it says it is ours.
+    if found != __version__ and (found is not None or ref == DEFAULT_IMAGE):
         raise BackendUnavailable(
             f"image {ref} was built for sandbox {found or 'unknown'}, this is {__version__}: "
             "run `make image` to rebuild it", backend="docker", image=ref, found=found,
@@ -262,10 +274,7 @@ class _ChunkStream(ByteReceiveStream):
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if not self._pending:
-            try:
-                self._pending = await self._receive.receive()
-            except anyio.EndOfStream:
-                raise
+            self._pending = await self._receive.receive()  # EndOfStream ends the byte stream too
         chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return chunk
 
@@ -300,7 +309,7 @@ class _Pump:
 
     def _run(self) -> None:
         try:
-            for stream_id, data in frames_iter(self.sock, tty=False):
+            for stream_id, data in frames_iter(self.sock, tty=False):  # type: ignore[no-untyped-call]
                 self._forward(self._sends.get(stream_id, self._sends[STDERR]), data)
         except (OSError, ValueError) as exc:  # the daemon died or we closed the socket
             self.error = exc
@@ -323,6 +332,8 @@ class _Pump:
             if raw is not None:
                 raw.shutdown(socket.SHUT_RDWR)
             self.sock.close()
+            if raw is not None:
+                raw.close()
 
 
 # ------------------------------------------------------------------------------ one container
@@ -344,6 +355,7 @@ class Runtime:
     user: str
     started: float = field(default_factory=time.time)
     oom_kills: int = 0
+    removed: bool = False
 
     @property
     def id(self) -> str:
@@ -388,8 +400,8 @@ class Runtime:
         code, out = self.exec_output(["/bin/sh", "-c", SWEEP, "sweep", str(ticks)], self.user)
         if code != 0:
             return Sweep(False, detail=f"sweep exit {code}: {out.strip()[:200]}")
-        count = next((int(line.split()[1]) for line in out.splitlines() if line.startswith("oom_kill ")), None)
-        return Sweep(True, count)
+        counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("oom_kill ")]
+        return Sweep(True, counts[0] if counts else None)
 
     def running(self) -> list[int]:
         uid = self.user.partition(":")[0]
@@ -409,6 +421,7 @@ class Runtime:
         return any(True for _ in events)
 
     def remove(self) -> None:
+        self.removed = True
         with contextlib.suppress(docker.errors.NotFound):
             try:
                 self.container.remove(force=True)
@@ -442,8 +455,8 @@ class DockerProcess(Process):
         if self.returncode is not None:
             return self.returncode
         await self._pump.done.wait()
-        code = await _run_sync("cannot read the exit status of the call", self.runtime.exit_code, self.exec_id)
-        if code is None or self._pump.error is not None and code is None:
+        code = await _run_sync("cannot read the call's exit status", self.runtime.exit_code, self.exec_id)
+        if code is None:
             raise BackendUnavailable("the Docker daemon stopped answering during the call",
                                      backend="docker", container=self.runtime.id)
         if code == 137 and not self._killing:
@@ -466,6 +479,11 @@ class DockerProcess(Process):
 
     async def kill_tree(self, grace: float) -> None:
         if self._swept:
+            return
+        if self.returncode is not None and self.returncode < SIGNALLED and not self._owns_container:
+            # The wrapper reached its own kill -1: nothing of the call is left to sweep.
+            self._swept = True
+            self._finish()
             return
         self._killing = True
         with anyio.CancelScope(shield=True):
@@ -582,7 +600,9 @@ class DockerJail(Jail):
         return proc
 
     async def _ready_runtime(self) -> Runtime:
-        """The warm container, swept of the previous call, recreated if it died."""
+        """The warm container, swept of the previous call, recreated if it died or was removed."""
+        if self._warm is not None and self._warm.removed:
+            self._warm = None
         if self._warm is not None and self._dirty:
             result = await _run_sync("cannot sweep the container", self._warm.sweep, 0)
             if not result.ok:
@@ -598,7 +618,7 @@ class DockerJail(Jail):
 
     async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
                     cwd: str | None, owns: bool) -> DockerProcess:
-        cmd = ["/bin/sh", "-c", WRAPPER, "sandbox", *argv]
+        cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
         exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
                                         cmd, base_env(self.profile, env), cwd or str(self.workspace))
         proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done, owns)
@@ -611,11 +631,6 @@ class DockerJail(Jail):
             self._held = None
             self._dirty = not proc._swept
             self._slot.release()
-        if proc.runtime is self._warm and proc._swept and not proc._owns_container:
-            # A failed sweep removed the warm container; the next call gets a new one.
-            with contextlib.suppress(docker.errors.DockerException, OSError):
-                if not self._warm.alive():
-                    self._warm = None
 
     async def changes(self) -> Changeset | None:
         return await self.tree.changes() if self.tree else None
@@ -635,6 +650,7 @@ class DockerJail(Jail):
             # Removing the containers kills everything in them; the label catches any stray one.
             await anyio.to_thread.run_sync(_remove_jail_containers, self.client, self.id)
             self._warm = None
+            self.client.close()
             if self.tree is not None:
                 await anyio.to_thread.run_sync(self.tree.remove)
 
@@ -673,18 +689,21 @@ class DockerBackend(Backend):
     async def open_jail(self, workspace: Path, profile: Profile) -> DockerJail:
         self.check(profile)
         ws = check_workspace(workspace)
-        client = await anyio.to_thread.run_sync(connect)
-        await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
+        if profile.mount.strategy == "overlay":
+            raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
         user = exec_user(profile, ws)
         _uid_gid(user)
-        tree: CopyTree | None = None
-        if profile.mount.strategy == "copy":
-            tree = await CopyTree.prepare(ws)
-            await anyio.to_thread.run_sync(_own_tree, tree, user)
-        elif profile.mount.strategy == "overlay":
-            raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
+        client = await anyio.to_thread.run_sync(connect)
+        try:
+            await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
+            tree = await CopyTree.prepare(ws) if profile.mount.strategy == "copy" else None
+        except BaseException:
+            client.close()
+            raise
         jail = DockerJail(client, ws, profile, tree.root if tree else ws, tree, user)
         try:
+            if tree is not None:
+                await anyio.to_thread.run_sync(_own_tree, tree, user)
             await jail.start()
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -747,10 +766,15 @@ def probe() -> Report:
     """Daemon reachable (short timeout), image present, what the daemon enforces (cached)."""
     try:
         client = connect(PROBE_TIMEOUT_S)
+    except BackendUnavailable as exc:
+        return Report("docker", False, exc.message)
+    try:
         with _translated("cannot query the Docker daemon"):
             return _probe_report(client)
     except BackendUnavailable as exc:
         return Report("docker", False, exc.message)
+    finally:
+        client.close()
 
 
 # ------------------------------------------------------------------------------ gc
@@ -772,15 +796,15 @@ def gc(all: bool = False) -> list[str]:  # noqa: A002 - mirrors `sandbox gc --al
 
     Returns the names of the containers removed.
     """
-    client = connect()
     removed: list[str] = []
-    with _translated("cannot list sandbox containers"):
-        containers = client.containers.list(all=True, filters={"label": LABEL_OWNER})
-    for container in containers:
-        if all or _owner_gone(container.labels):
-            with _translated(f"cannot remove container {container.name}"):
-                Runtime(client, container, KEEPER_USER).remove()
-            removed.append(str(container.name))
+    with contextlib.closing(connect()) as client:
+        with _translated("cannot list sandbox containers"):
+            containers = client.containers.list(all=True, filters={"label": LABEL_OWNER})
+        for container in containers:
+            if all or _owner_gone(container.labels):
+                with _translated(f"cannot remove container {container.name}"):
+                    Runtime(client, container, KEEPER_USER).remove()
+                removed.append(str(container.name))
     return removed
 
 

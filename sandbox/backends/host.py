@@ -18,6 +18,7 @@ import anyio
 
 from sandbox.backends import cgroups, local
 from sandbox.backends.base import Backend, Jail
+from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, map_errors
 from sandbox.guarantees import Report
@@ -37,7 +38,14 @@ class HostJail(Jail):
         self.profile = profile
         self.tree = tree
         self._live: set[local.LocalProcess] = set()
+        self._pool = local.CgroupPool(profile)
         self._closed = False
+
+    def _released(self, proc: local.LocalProcess) -> None:
+        self._live.discard(proc)
+        if proc.cgroup is not None:
+            self._pool.give_back(proc.cgroup)
+            proc.cgroup = None
 
     @property
     def cwd(self) -> Path:
@@ -50,23 +58,23 @@ class HostJail(Jail):
             raise InvalidArgument("the jail is closed")
         if not argv:
             raise InvalidArgument("empty argv: name a command to run")
-        group = local.call_cgroup(self.profile)
+        group = self._pool.take()
         hold_r, hold_w = os.pipe()
         # The child waits on the pipe until it is in its cgroup, then becomes the command.
         hold = f'read -r _ <&{hold_r}; exec {hold_r}<&-; exec "$@"'
         try:
             with map_errors("cannot start the command", BackendUnavailable):
-                proc = await anyio.open_process(
-                    ["/bin/sh", "-c", hold, "sandbox-host", *argv], stdin=subprocess.DEVNULL,
-                    cwd=cwd or self.cwd, env=base_env(self.profile, env) | {"HOME": str(self.cwd)},
-                    start_new_session=True, pass_fds=(hold_r,),
+                proc = Child(
+                    ["/bin/sh", "-c", hold, "sandbox-host", *argv], pass_fds=(hold_r,),
+                    cwd=cwd or str(self.cwd), env=base_env(self.profile, env) | {"HOME": str(self.cwd)},
+                    new_session=True,
                 )
-            child = local.LocalProcess(proc, proc.pid, group, self._live.discard, kernel_reaps=False)
+            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             local.confine(proc.pid, self.profile, group)
             os.write(hold_w, b"go\n")
         except BaseException:
             if group:
-                group.remove()
+                self._pool.give_back(group)
             raise
         finally:
             os.close(hold_r)
@@ -90,6 +98,7 @@ class HostJail(Jail):
             for proc in list(self._live):
                 await proc.kill_tree(0)
                 proc.release()
+            self._pool.close()
             if self.tree is not None:
                 await anyio.to_thread.run_sync(self.tree.remove)
 

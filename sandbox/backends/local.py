@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -22,9 +23,35 @@ from sandbox.backends.base import Process
 from sandbox.errors import BackendUnavailable, map_errors
 
 if TYPE_CHECKING:
-    from anyio.abc import Process as AnyioProcess
-
+    from sandbox.backends.child import Child
     from sandbox.profile import Profile
+
+
+class CgroupPool:
+    """A jail's idle call cgroups, reused so a call pays for an attach, not a creation."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.idle: list[cgroups.CallCgroup] = []
+
+    def take(self) -> cgroups.CallCgroup | None:
+        if self.idle:
+            group = self.idle.pop()
+            group.rearm()
+            return group
+        return call_cgroup(self.profile)
+
+    def give_back(self, group: cgroups.CallCgroup) -> None:
+        leftovers = sorted(group.pids())
+        if leftovers:  # a broken promise above: kill, and never share this cgroup again
+            signal_all(leftovers, signal.SIGKILL)
+            group.remove()
+        else:
+            self.idle.append(group)
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().remove()
 
 
 def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
@@ -46,8 +73,8 @@ def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
 
 def rlimits(profile: Profile) -> list[tuple[int, int]]:
     lim = profile.limits
-    pairs = [(psutil.RLIMIT_CPU, lim.cpu_time_s), (psutil.RLIMIT_FSIZE, lim.file_size),
-             (psutil.RLIMIT_NOFILE, lim.nofile)]
+    pairs = [(resource.RLIMIT_CPU, lim.cpu_time_s), (resource.RLIMIT_FSIZE, lim.file_size),
+             (resource.RLIMIT_NOFILE, lim.nofile)]
     return [(res, int(value)) for res, value in pairs if value is not None]
 
 
@@ -56,9 +83,8 @@ def confine(pid: int, profile: Profile, group: cgroups.CallCgroup | None) -> Non
     with map_errors("cannot confine the call's first process", BackendUnavailable):
         if group is not None:
             group.add(pid)
-        target = psutil.Process(pid)
-        for resource, value in rlimits(profile):
-            target.rlimit(resource, (value, value))
+        for res, value in rlimits(profile):
+            resource.prlimit(pid, res, (value, value))
 
 
 def _alive(pid: int) -> bool:
@@ -77,14 +103,14 @@ def signal_all(pids: Sequence[int], sig: int) -> None:
 class LocalProcess(Process):
     """A call started by us on this host, under bwrap (``kernel_reaps``: pid namespace) or not."""
 
-    def __init__(self, proc: AnyioProcess, root_pid: int, cgroup: cgroups.CallCgroup | None,
+    def __init__(self, proc: Child, root_pid: int, cgroup: cgroups.CallCgroup | None,
                  on_release: Callable[[LocalProcess], None], *, kernel_reaps: bool) -> None:
+        """``on_release`` hands the cgroup back to the jail's pool and forgets the process."""
         self._proc = proc
         self.root_pid = root_pid
         self.cgroup = cgroup
         self.kernel_reaps = kernel_reaps
         self.on_release = on_release
-        assert proc.stdout is not None and proc.stderr is not None
         self.stdout = proc.stdout
         self.stderr = proc.stderr
         self.returncode: int | None = None
@@ -95,13 +121,18 @@ class LocalProcess(Process):
 
     def running_pids(self) -> list[int]:
         pids: set[int] = set(self.cgroup.pids()) if self.cgroup else set()
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.root_pid)
-            pids.add(root.pid)
-            pids.update(child.pid for child in root.children(recursive=True))
+        if self.cgroup is None or not self.kernel_reaps:
+            # Without a cgroup, descendants are the only record (double forks can escape it).
+            with contextlib.suppress(psutil.Error):
+                pids.update(child.pid for child in psutil.Process(self.root_pid).children(recursive=True))
+        pids.add(self.root_pid)
         return sorted(p for p in pids if _alive(p))
 
     async def kill_tree(self, grace: float) -> None:
+        if self.kernel_reaps and self.returncode is not None:
+            # bwrap exits only after its child, the namespace's init, has: and the kernel lets
+            # an init finish exiting only once every process of its namespace is gone.
+            return
         # Under bwrap the root is the namespace's init: TERM it and the kernel kills the rest
         # at once, leaving them no grace; so TERM goes to everything else first.
         victims = [p for p in self.running_pids() if p != self.root_pid or not self.kernel_reaps]
@@ -120,6 +151,5 @@ class LocalProcess(Process):
         return self.cgroup.oom_killed() if self.cgroup else False
 
     def release(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.remove()
+        self._proc.close()
         self.on_release(self)

@@ -1,0 +1,129 @@
+"""Executor benchmarks against raw bubblewrap, as ratios measured in one run.
+
+- per-call overhead: exec.run over N calls of `true` in one jail vs spawning bare `bwrap` with
+  the same flags N times (subprocess, no cgroups, no rlimits, no capture);
+- kill latency: from the deadline to the last process dead, for a tree of setsid'd,
+  double-forked and TERM-ignoring children (target: grace + 200 ms);
+- streaming: 1 GiB of stdout through the jail vs the same through bare bwrap read by a plain
+  loop, and the executor's peak RSS while streaming.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+
+from sandbox import exec as executor, profile as profiles
+from sandbox.backends import base, bwrap
+from sandbox.backends.environment import base_env
+
+CALLS = int(os.environ.get("BENCH_CALLS", "40"))
+KILLS = int(os.environ.get("BENCH_KILLS", "5"))
+STREAM = 1 << 30
+TREE = ("trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 1000' & ( (sleep 1000 &) & ); "
+        "nohup sleep 1000 >/dev/null 2>&1 & sleep 1000")
+
+
+def raw_cmd(prof: profiles.Profile, ws: Path, argv: list[str]) -> list[str]:
+    env = [a for k, v in base_env(prof).items() for a in ("--setenv", k, v)]
+    return [bwrap.bwrap_path() or "bwrap", *bwrap.jail_args(prof, ws, ws), "--chdir", str(ws),
+            "--clearenv", *env, "--", *argv]
+
+
+def raw_calls(prof: profiles.Profile, ws: Path) -> list[float]:
+    cmd = raw_cmd(prof, ws, ["true"])
+    times = []
+    for _ in range(CALLS):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+async def sandbox_calls(jail: base.Jail) -> list[float]:
+    times = []
+    for _ in range(CALLS):
+        t = time.perf_counter()
+        result = await executor.run(jail, ["true"])
+        assert result.exit_code == 0
+        times.append(time.perf_counter() - t)
+    return times
+
+
+async def kill_latencies(jail: base.Jail) -> list[float]:
+    out = []
+    for _ in range(KILLS):
+        result = await executor.run(jail, ["/bin/sh", "-c", TREE], timeout=1)
+        assert result.timed_out and result.kill_ms is not None
+        out.append(result.kill_ms)
+    return out
+
+
+def raw_stream(prof: profiles.Profile, ws: Path) -> float:
+    cmd = raw_cmd(prof, ws, ["head", "-c", str(STREAM), "/dev/zero"])
+    t = time.perf_counter()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        total = 0
+        while chunk := proc.stdout.read1(1 << 16):
+            total += len(chunk)
+    assert total == STREAM
+    return time.perf_counter() - t
+
+
+async def sandbox_stream(jail: base.Jail) -> tuple[float, int]:
+    me = psutil.Process()
+    peak = me.memory_info().rss
+    count = 0
+
+    def sample(_chunk: bytes) -> None:
+        nonlocal peak, count
+        count += 1
+        if count % 256 == 0:
+            peak = max(peak, me.memory_info().rss)
+
+    t = time.perf_counter()
+    result = await executor.run(jail, ["head", "-c", str(STREAM), "/dev/zero"], on_stdout=sample)
+    assert result.stdout_bytes == STREAM
+    return time.perf_counter() - t, peak
+
+
+def ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+async def main() -> int:
+    ws = Path(tempfile.mkdtemp(prefix="bench-ws-"))
+    prof = profiles.load("default")
+    backend = base.get("bwrap")
+    async with await backend.open_jail(ws, prof) as jail:
+        await executor.run(jail, ["true"])  # warm caches (probe, masks, cgroup discovery)
+        raw = raw_calls(prof, ws)
+        ours = await sandbox_calls(jail)
+        kills = await kill_latencies(jail)
+        rss_before = psutil.Process().memory_info().rss
+        stream_ours, peak = await sandbox_stream(jail)
+    stream_raw = raw_stream(prof, ws)
+    grace_ms = prof.timeouts.kill_grace_s * 1000
+    print(f"exec overhead   : exec.run median {ms(ours):.2f} ms, bare bwrap {ms(raw):.2f} ms over {CALLS} calls "
+          f"-> ratio {ms(ours) / ms(raw):.2f}x (target <= 1.30x)")
+    print(f"tree kill       : median {statistics.median(kills):.0f} ms, max {max(kills):.0f} ms after the deadline "
+          f"(grace {grace_ms:.0f} ms; target <= {grace_ms + 200:.0f} ms every time) over {KILLS} kills")
+    print(f"stdout 1 GiB    : through the jail {STREAM / stream_ours / 2**20:.0f} MiB/s, bare bwrap "
+          f"{STREAM / stream_raw / 2**20:.0f} MiB/s -> ratio {stream_raw / stream_ours:.2f}x of raw speed")
+    print(f"executor memory : peak RSS {peak / 2**20:.0f} MiB while streaming 1 GiB "
+          f"(+{(peak - rss_before) / 2**20:.1f} MiB over the start)")
+    ok = ms(ours) / ms(raw) <= 1.3 and max(kills) <= grace_ms + 200
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(anyio.run(main))

@@ -1,0 +1,229 @@
+"""The audit log: one SQLite row per tool call, secrets redacted before they are written.
+
+WAL journal and one transaction per record: a crash (even SIGKILL mid-write) leaves either the
+whole row or nothing, never half a record. Columns are NOT NULL where a value always exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from sandbox import datadir
+from sandbox.errors import map_errors
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from sandbox.policy.authorize import Authorization
+    from sandbox.policy.gate import ToolCall
+
+SCHEMA_VERSION = 1
+PREVIEW_CHARS = 400
+REDACTED = "[REDACTED]"
+
+_SECRET_NAME = (r"[A-Za-z0-9_.-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
+                r"|private[_-]?key|credential|auth|session[_-]?id|cookie|signature|salt|dsn)[A-Za-z0-9_.-]*")
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY"
+                r"( BLOCK)?-----|\Z)", re.S), "[REDACTED PRIVATE KEY]"),
+    (re.compile(r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(?:(bearer|basic|token|digest)\s+)?"
+                r"[^\s'\",;]+"), rf"\1\2\3 {REDACTED}"),
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {REDACTED}"),
+    (re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@'\"]+):[^@\s'\"]+@"), rf"\1:{REDACTED}@"),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+                r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
+                r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|npm_[A-Za-z0-9]{30,}"
+                r"|hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}"
+                r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), REDACTED),
+    # "password": "x" and password: x (JSON, YAML, headers)
+    (re.compile(rf"(?im)((?:^\s*{_SECRET_NAME}|\"{_SECRET_NAME}\")\s*:\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}}]+)"),
+     rf'\1"{REDACTED}"'),
+    # NAME=value, export NAME=value, --password=value, --token value
+    (re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|]+)"), rf"\1{REDACTED}"),
+    (re.compile(rf"(?i)(--?{_SECRET_NAME}\s+)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|-][^\s;&|]*)"),
+     rf"\1{REDACTED}"),
+    # Long high-entropy runs (mixed letters and digits) are treated as keys even without a name.
+    (re.compile(r"\b(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{40,}={0,2}"), REDACTED),
+)
+
+
+def redact(text: str) -> str:
+    """Remove tokens, keys, passwords, private key blocks and secret-looking NAME=value pairs."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact_value(value: Any, key: str = "") -> Any:
+    """Redact a JSON-like structure; every value under an env/environment key is dropped."""
+    if key.lower() in ("env", "environ", "environment"):
+        return {k: REDACTED for k in value} if isinstance(value, Mapping) else REDACTED
+    if re.fullmatch(_SECRET_NAME, key, re.I) and isinstance(value, str | int | float):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {k: redact_value(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_value(v) for v in value]
+    return redact(value) if isinstance(value, str) else value
+
+
+def args_digest(args: Mapping[str, Any]) -> str:
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def args_preview(args: Mapping[str, Any]) -> str:
+    text = json.dumps(redact_value(args), sort_keys=True, default=str, ensure_ascii=False)
+    # Redact again after truncation would be useless; truncate after redacting so a cut cannot
+    # split a secret into an unrecognisable (and so unredacted) half.
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    session_id: str
+    turn_id: str
+    tool_call_id: str
+    tool: str
+    args_hash: str
+    args_preview: str
+    resource: str
+    root: str
+    external: str  # "none" or the escape kind: absolute | parent | symlink | home | command
+    level: str  # what the policy said: allow | confirm | deny
+    decision: str  # the final word: allow | allow-once | allow-session | deny
+    decided_by: str  # rule | mode | grant | turn-denial | user | unattended | timeout | error | …
+    rule_id: str
+    mode: str
+    prompted: bool
+    permission_wait_ms: float
+    duration_ms: float
+    overhead_ms: float
+    total_ms: float
+    ok: bool
+    error_code: str | None
+    policy_version: str
+    ts: float = field(default_factory=time.time)
+
+    @classmethod
+    def build(cls, call: ToolCall, auth: Authorization, *, args: Mapping[str, Any] | None = None,
+              duration_ms: float = 0.0, overhead_ms: float = 0.0, total_ms: float = 0.0,
+              ok: bool = False, error_code: str | None = None, policy_version: str = "") -> AuditRecord:
+        """From a call and its authorization; ``args`` defaults to the validated params."""
+        data = dict(args) if args is not None else _dump(call.params)
+        decision = auth.decision
+        final = (auth.answer or "allow") if auth.allowed else "deny"
+        external = decision.escape or ("command" if decision.external else "none")
+        return cls(
+            call.session_id, call.turn_id, call.tool_call_id, call.name, args_digest(data), args_preview(data),
+            redact(decision.resource), decision.root or "", external, decision.level, final, auth.decided_by,
+            decision.rule_id, decision.mode, auth.prompted, auth.wait_ms, duration_ms, overhead_ms, total_ms,
+            ok, error_code, policy_version,
+        )
+
+
+def _dump(params: BaseModel) -> dict[str, Any]:
+    return params.model_dump(mode="json")
+
+
+_COLUMNS = tuple(f.name for f in fields(AuditRecord))
+_SQL_TYPES = {"bool": "INTEGER", "float": "REAL", "str": "TEXT", "str | None": "TEXT"}
+
+
+def _schema() -> str:
+    cols = []
+    for f in fields(AuditRecord):
+        kind = _SQL_TYPES[str(f.type)]
+        null = "" if str(f.type).endswith("None") else " NOT NULL"
+        cols.append(f"{f.name} {kind}{null}")
+    return f"CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(cols)})"
+
+
+class AuditLog:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or datadir.subdir("audit") / "audit.sqlite3"
+        self._lock = threading.Lock()
+        with map_errors(f"cannot open the audit log {self.path}"):
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic, survives process crashes
+            db.execute(_schema())
+            db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            db.close()
+            raise OSError(f"audit database unusable: {exc}") from exc
+        return db
+
+    def record(self, record: AuditRecord) -> None:
+        values = [getattr(record, name) for name in _COLUMNS]
+        sql = f"INSERT INTO calls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        with self._lock, map_errors("cannot write the audit log"):
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(sql, values)
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise OSError(str(exc)) from exc
+
+    def _rollback(self) -> None:
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # no transaction was open
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            cursor = self._db.execute(f"SELECT id, {', '.join(_COLUMNS)} FROM calls ORDER BY id")
+            names = [d[0] for d in cursor.description]
+            return [_typed(dict(zip(names, row, strict=True))) for row in cursor.fetchall()]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            total = self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+            by = {col: dict(self._db.execute(f"SELECT {col}, COUNT(*) FROM calls GROUP BY {col} "
+                                             "ORDER BY COUNT(*) DESC").fetchall())
+                  for col in ("decision", "decided_by", "tool", "level")}
+            denied = self._db.execute(
+                "SELECT rule_id, COUNT(*) FROM calls WHERE decision = 'deny' GROUP BY rule_id "
+                "ORDER BY COUNT(*) DESC LIMIT 10").fetchall()
+            prompted, wait = self._db.execute(
+                "SELECT COALESCE(SUM(prompted), 0), COALESCE(AVG(permission_wait_ms), 0) FROM calls "
+                "WHERE prompted = 1").fetchone()
+        return {"total": total, "by_decision": by["decision"], "by_decided_by": by["decided_by"],
+                "by_tool": by["tool"], "by_level": by["level"], "top_denying_rules": dict(denied),
+                "prompted": prompted, "mean_permission_wait_ms": round(wait, 3)}
+
+    def export_jsonl(self, fp: IO[str]) -> int:
+        rows = self.rows()
+        for row in rows:
+            fp.write(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n")
+        return len(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    row["prompted"] = bool(row["prompted"])
+    row["ok"] = bool(row["ok"])
+    return row
+
+
+__all__ = ["AuditLog", "AuditRecord", "args_digest", "args_preview", "asdict", "redact", "redact_value"]

@@ -1,0 +1,210 @@
+"""``sandbox policy …``, ``sandbox audit …`` and ``sandbox trust …``: judge without running,
+manage rules and trust, read the audit log. Bad input prints one line on stderr and exits 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sandbox import datadir
+from sandbox.audit import AuditLog
+from sandbox.errors import SandboxError
+from sandbox.policy import load_ruleset
+from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
+from sandbox.policy.rules import BUILTIN_RULES, RuleStore
+from sandbox.policy.trust import TrustStore
+from sandbox.profile import Policy
+from sandbox.tools.params import validate
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _guard(handler: Handler) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except SandboxError as exc:
+            print(f"sandbox: {exc.message}", file=sys.stderr)
+            return 2
+    return run
+
+
+def register(subparsers: Any) -> None:
+    _register_policy(subparsers)
+    _register_audit(subparsers)
+    trust = subparsers.add_parser("trust", help="trust a project directory's .sandbox/policy.toml")
+    trust.add_argument("directory", nargs="?")
+    trust.add_argument("--revoke", action="store_true", help="record the directory as untrusted")
+    trust.add_argument("--list", action="store_true", help="list stored trust decisions")
+    trust.set_defaults(func=_guard(_trust))
+
+
+def _register_policy(subparsers: Any) -> None:
+    policy = subparsers.add_parser("policy", help="test and manage the permission policy")
+    sub = policy.add_subparsers(dest="policy_command", required=True)
+    test = sub.add_parser("test", help="print the decision for a command or tool call, without running it")
+    test.add_argument("--mode", choices=("ask", "accept-edits", "auto"))
+    test.add_argument("--plan", action="store_true", help="evaluate in the plan operating mode")
+    test.add_argument("--workspace", type=Path, default=Path.cwd())
+    test.add_argument("--tool", help="a tool name (default Bash)")
+    test.add_argument("--args", dest="tool_args", help="the tool's arguments as a JSON object")
+    test.add_argument("--json", action="store_true")
+    trust = test.add_mutually_exclusive_group()
+    trust.add_argument("--trust-project", dest="trust_override", action="store_const", const=True)
+    trust.add_argument("--no-trust-project", dest="trust_override", action="store_const", const=False)
+    test.add_argument("command", nargs=argparse.REMAINDER, help='-- "<bash command>"')
+    test.set_defaults(func=_guard(_test))
+    for action in ("allow", "block", "ask"):
+        rule = sub.add_parser(action, help=f"add a user {action} rule (substring / command pattern)")
+        rule.add_argument("text")
+        rule.add_argument("--tool", default="Bash")
+        rule.set_defaults(func=_guard(_add_rule), action=action)
+    remove = sub.add_parser("remove", help="delete a user rule or disable a built-in rule by id")
+    remove.add_argument("rule_id")
+    remove.set_defaults(func=_guard(_remove_rule))
+    restore = sub.add_parser("restore", help="re-enable a disabled built-in rule")
+    restore.add_argument("rule_id")
+    restore.set_defaults(func=_guard(_restore_rule))
+    listing = sub.add_parser("list", help="list built-in and user rules")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=_guard(_list_rules))
+
+
+def _register_audit(subparsers: Any) -> None:
+    audit = subparsers.add_parser("audit", help="read the audit log")
+    sub = audit.add_subparsers(dest="audit_command", required=True)
+    stats = sub.add_parser("stats", help="decisions by outcome, tool and rule")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=_guard(_stats))
+    export = sub.add_parser("export", help="export every record")
+    export.add_argument("--jsonl", action="store_true", required=True)
+    export.add_argument("--output", type=Path)
+    export.set_defaults(func=_guard(_export))
+
+
+def _bad(message: str) -> int:
+    print(f"sandbox: {message}", file=sys.stderr)
+    return 2
+
+
+def _test(args: argparse.Namespace) -> int:
+    parts = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = " ".join(parts).strip()
+    tool = args.tool or "Bash"
+    if tool == "Bash" and args.tool_args is None:
+        if not command:
+            return _bad('nothing to test: give -- "<bash command>" or --tool NAME --args JSON')
+        raw: Any = {"command": command}
+    else:
+        if command or args.tool_args is None:
+            return _bad("--tool needs --args JSON and no command")
+        try:
+            raw = json.loads(args.tool_args)
+        except ValueError as exc:
+            return _bad(f"--args is not valid JSON: {exc}")
+        if not isinstance(raw, dict):
+            return _bad("--args must be a JSON object")
+    if not args.workspace.is_dir():
+        return _bad(f"workspace {args.workspace} is not a directory")
+    decision = _evaluate(args, tool, raw)
+    _print_decision(decision, args.json)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, tool: str, raw: dict[str, Any]) -> Decision:
+    settings = Policy(mode=args.mode, operating_mode="plan" if args.plan else "agent")
+    rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
+    for notice in rules.notices:
+        print(f"sandbox: {notice}", file=sys.stderr)
+    scratch = datadir.data_dir() / "scratch" / "policy-test"
+    gate = Gate(args.workspace, scratch, settings, rules)
+    call = ToolCall("policy-test", "turn-1", "call-1", tool, validate(tool, raw))
+    return gate.evaluate(call, SessionState("policy-test"))
+
+
+def _print_decision(decision: Decision, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({
+            "decision": decision.level, "reason": decision.reason, "rule_id": decision.rule_id,
+            "resource": decision.resource, "root": decision.root, "external": decision.external,
+            "mode": decision.mode, "tool": decision.tool, "decided_by": decision.decided_by,
+        }, indent=2))
+        return
+    print(f"{decision.level}: {decision.reason}\n  rule: {decision.rule_id}  mode: {decision.mode}"
+          f"  resource: {decision.resource}")
+
+
+def _add_rule(args: argparse.Namespace) -> int:
+    rule = RuleStore().add(args.action, args.text, args.tool)
+    print(f"added {args.action} rule {rule.id}: {rule.text!r}")
+    return 0
+
+
+def _remove_rule(args: argparse.Namespace) -> int:
+    print(RuleStore().remove(args.rule_id))
+    return 0
+
+
+def _restore_rule(args: argparse.Namespace) -> int:
+    print(RuleStore().restore(args.rule_id))
+    return 0
+
+
+def _list_rules(args: argparse.Namespace) -> int:
+    rules = RuleStore().ruleset()
+    builtin = [{"id": r.id, "layer": r.layer, "enabled": rules.enabled(r.id), "description": r.description}
+               for r in BUILTIN_RULES]
+    user = [r.model_dump(exclude_defaults=True) | {"id": r.id} for r in rules.user]
+    if args.json:
+        print(json.dumps({"builtin": builtin, "user": user}, indent=2))
+        return 0
+    for item in builtin:
+        state = "on " if item["enabled"] else "off"
+        print(f"{state} {item['id']:22} {item['layer']:6} {item['description']}")
+    for rule in user:
+        print(f"on  {rule['id']:22} {rule['action']:6} {rule.get('text') or rule.get('command') or rule.get('path')}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    stats = AuditLog().stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"{stats['total']} calls, {stats['prompted']} prompted "
+          f"(mean wait {stats['mean_permission_wait_ms']} ms)")
+    for title in ("by_decision", "by_decided_by", "by_tool", "top_denying_rules"):
+        pairs = ", ".join(f"{k}={v}" for k, v in stats[title].items()) or "-"
+        print(f"  {title.replace('_', ' ')}: {pairs}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    log = AuditLog()
+    if args.output is None:
+        log.export_jsonl(sys.stdout)
+        return 0
+    try:
+        with args.output.open("w", encoding="utf-8") as handle:
+            count = log.export_jsonl(handle)
+    except OSError as exc:
+        return _bad(f"cannot write {args.output}: {exc.strerror}")
+    print(f"exported {count} records to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _trust(args: argparse.Namespace) -> int:
+    store = TrustStore()
+    if args.list:
+        for path, trusted in store.entries().items():
+            print(f"{'trusted  ' if trusted else 'untrusted'} {path}")
+        return 0
+    if not args.directory:
+        return _bad("give a directory, or --list")
+    path = store.set(args.directory, not args.revoke)
+    print(f"{'untrusted' if args.revoke else 'trusted'}: {path}")
+    return 0

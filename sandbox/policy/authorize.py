@@ -1,0 +1,49 @@
+"""Boundaries 3 and 4 together: evaluate, ask when needed, remember grants and denials."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandbox.errors import ToolDenied
+from sandbox.policy.approvals import ApprovalRequest, Approver, decide
+from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Authorization:
+    decision: Decision  # what the policy said before anyone was asked
+    allowed: bool
+    decided_by: str  # rule | mode | grant | turn-denial | user | unattended | timeout | error | …
+    reason: str
+    answer: str | None = None
+    prompted: bool = False
+    wait_ms: float = 0.0
+
+    def raise_if_denied(self) -> None:
+        if not self.allowed:
+            raise ToolDenied(self.reason, rule_id=self.decision.rule_id, decided_by=self.decided_by,
+                             resource=self.decision.resource, tool=self.decision.tool)
+
+
+def request_for(call: ToolCall, decision: Decision) -> ApprovalRequest:
+    return ApprovalRequest(
+        session_id=call.session_id, turn_id=call.turn_id, tool_call_id=call.tool_call_id,
+        tool=call.name, operation=decision.operation, resource=decision.resource,
+        reason=decision.reason, rule_id=decision.rule_id, root=decision.root,
+        external=decision.external, allow_session=decision.grantable,
+    )
+
+
+async def authorize(gate: Gate, state: SessionState, call: ToolCall, approver: Approver,
+                    timeout: float | None = None) -> Authorization:
+    decision = gate.evaluate(call, state)
+    if decision.level != "confirm":
+        return Authorization(decision, decision.level == "allow", decision.decided_by, decision.reason)
+    limit = timeout if timeout is not None else float(gate.settings.approval_timeout_s)
+    outcome = await decide(approver, request_for(call, decision), limit)
+    if outcome.answer == "allow-session" and decision.grantable:
+        state.grant_session(call.name)
+    elif outcome.answer == "deny":
+        state.note_denied(call.turn_id, call.name, decision.resource)
+    return Authorization(decision, outcome.allowed, outcome.decided_by, outcome.reason,
+                         outcome.answer, True, outcome.wait_ms)

@@ -1,0 +1,523 @@
+"""Command rules for Bash: every simple command inside a command line is judged.
+
+Layers, strongest first (as in safety-gate): **deny** (format a disk, write a raw block device,
+delete /, ~, a top-level system directory or a drive root: never run, never asked); **ask**
+(user ask rules and a few built-ins: confirmed in every mode); **exempt** (read-only commands
+whose paths stay inside the roots: run silently); everything else follows the permission mode.
+
+Wrappers (sudo, env, nice, timeout, xargs, bash -c, sh -c, eval, find -exec, …) are unwrapped and
+the inner command judged. What cannot be known statically (a command name from ``$(…)``, code
+from a variable, syntax the parser rejects) is never exempt and is confirmed in every mode: the
+point of an obfuscated command is to look harmless, so "follows the mode" would let ``auto``
+run it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import itertools
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sandbox.policy.flags import Shape, shape
+from sandbox.policy.paths import PathPolicy, ResolvedPath
+from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
+from sandbox.policy.rules import BUILTIN_IDS, RuleSet
+from sandbox.policy.shell import Simple, Unparseable, Word, parse
+from sandbox.policy.verdict import Finding, Layer, strongest
+
+MAX_DEPTH = 6
+SENSITIVE_VAR = re.compile(
+    r"^(PATH|LD_\w*|DYLD_\w*|BASH_ENV|ENV|IFS|PS4|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|GIT_\w*|PAGER|\w*_PAGER"
+    r"|EDITOR|VISUAL|BROWSER|PYTHONPATH|PYTHONSTARTUP|NODE_OPTIONS|PERL5OPT|PERL5LIB|RUBYOPT|CDPATH|HOME"
+    r"|BASH_FUNC_\w*|HISTFILE)$"
+)
+SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "rbash"})
+INTERPRETERS = frozenset({"python", "python2", "python3", "perl", "ruby", "node", "nodejs", "php", "lua",
+                          "deno", "bun", "tclsh", "osascript", "pwsh", "powershell"})
+ESCALATION = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
+# Wrappers that run their operand as a command: name -> positionals to skip before it.
+WRAPPERS: dict[str, int] = {
+    "env": 0, "nice": 0, "ionice": 0, "timeout": 1, "nohup": 0, "stdbuf": 0, "time": 0, "setsid": 0,
+    "command": 0, "builtin": 0, "exec": 0, "xargs": 0, "chrt": 1, "taskset": 1, "flock": 1,
+    "busybox": 0, "sudo": 0, "doas": 0, "pkexec": 0, "run0": 0, "unbuffer": 0, "watch": 0, "strace": 0,
+    "ltrace": 0, "chroot": 1, "firejail": 0, "caffeinate": 0, "script": 0, "torsocks": 0, "proxychains": 0,
+}
+FORMATTERS = frozenset({"mke2fs", "mkswap", "wipefs", "fdisk", "sfdisk", "cfdisk", "gdisk", "sgdisk",
+                        "parted", "mkntfs", "mkdosfs", "newfs", "format", "blkdiscard", "mklabel"})
+DELETERS = frozenset({"rm", "rmdir", "unlink", "shred", "srm", "wipe", "trash", "trash-put"})
+SYSTEM_DIRS = frozenset({
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+    "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/snap", "/nix",
+    "/System", "/Library", "/Applications", "/Users", "/Volumes", "/private", "/cores", "/lost+found",
+})
+DRIVE_ROOT = re.compile(r"^(?:[A-Za-z]:[\\/]*|/mnt/[A-Za-z]/*|/cygdrive/[A-Za-z]/*|/[A-Za-z]/*)$")
+BLOCK_DEVICE = re.compile(
+    r"^/dev/(?:sd[a-z]+\d*|hd[a-z]+\d*|vd[a-z]+\d*|xvd[a-z]+\d*|nvme\d+(?:n\d+)?(?:p\d+)?|mmcblk\d+(?:p\d+)?"
+    r"|r?disk\d+(?:s\d+)?|dm-\d+|md\d+|loop\d+|mapper/.+|sr\d+|zram\d+|disk/.+)$"
+)
+HARMLESS_DEVICES = re.compile(r"^/dev/(?:null|zero|stdout|stderr|stdin|tty|fd/\d+|urandom|random|full)$")
+WILDCARD_COMPONENT = re.compile(r"^[.*?]*\*[.*?]*$")
+PUBLISHERS: dict[str, str] = {
+    "npm": "publish", "pnpm": "publish", "yarn": "publish", "bun": "publish", "twine": "upload",
+    "cargo": "publish", "gem": "push", "poetry": "publish", "flit": "publish", "hatch": "publish",
+    "uv": "publish", "dotnet": "nuget", "mvn": "deploy", "gradle": "publish",
+}
+WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
+
+
+@dataclass(frozen=True, slots=True)
+class CommandVerdict:
+    finding: Finding
+    findings: tuple[Finding, ...]
+    external: bool
+    paths: tuple[ResolvedPath, ...]
+
+
+def judge(command: str, paths: PathPolicy, rules: RuleSet) -> CommandVerdict:
+    """Judge a whole command line; the strongest finding decides."""
+    judge_ = _Judge(paths, rules)
+    judge_.run(command)
+    findings = tuple(judge_.findings)
+    external = any(p.external for p in judge_.resolved)
+    return CommandVerdict(strongest(list(findings)), findings, external, tuple(judge_.resolved))
+
+
+def _has_glob(text: str) -> bool:
+    return any(char in text for char in "*?[")
+
+
+class _Judge:
+    def __init__(self, paths: PathPolicy, rules: RuleSet) -> None:
+        self.paths = paths
+        self.rules = rules
+        self.compiled = [r for r in rules.compiled(paths.homes) if r.rule.tool == "Bash"]
+        self.findings: list[Finding] = []
+        self.resolved: list[ResolvedPath] = []
+        self.cwd: str | None = paths.workspace
+        self.depth = 0
+        self.critical = self._critical_paths()
+
+    def _critical_paths(self) -> frozenset[str]:
+        critical = {"/", *SYSTEM_DIRS}
+        for home in self.paths.homes:
+            critical.add(home)
+            parent = os.path.dirname(home)
+            while parent not in ("/", ""):
+                critical.add(parent)
+                parent = os.path.dirname(parent)
+        return frozenset(critical)
+
+    def add(self, layer: Layer, rule_id: str, reason: str) -> None:
+        if rule_id in BUILTIN_IDS and not self.rules.enabled(rule_id):
+            return
+        self.findings.append(Finding(layer, rule_id, reason))
+
+    # -- whole command lines ---------------------------------------------------------------
+
+    def run(self, command: str) -> None:
+        if self.depth > MAX_DEPTH:
+            self.add("ask", "shell.too-deep", "commands nested too deeply to judge")
+            return
+        self._text_rules(command)
+        try:
+            script = parse(command)
+        except Unparseable as exc:
+            self.add("ask", "parse.unparseable", f"{exc}; a command that cannot be parsed is confirmed")
+            self._coarse(command)
+            return
+        if script.functions:
+            self.add("mode", "shell.function", "defines shell functions, so names may not mean what they seem")
+        for text in script.nested:
+            self._nested(text)
+        for cmd in script.commands:
+            self._pipe_to_shell(cmd)
+            self._simple(cmd)
+
+    def _nested(self, text: str) -> None:
+        saved = self.cwd
+        self.depth += 1
+        try:
+            self.run(text)
+        finally:
+            self.depth -= 1
+            self.cwd = saved
+
+    def _text_rules(self, command: str) -> None:
+        for rule in self.compiled:
+            if rule.rule.action != "allow" and rule.matches_text(command):
+                layer: Layer = "deny" if rule.rule.action == "block" else "ask"
+                self.add(layer, rule.rule.id, f"matches your {rule.rule.action} rule {rule.rule.text!r}")
+
+    def _coarse(self, command: str) -> None:
+        """For text the grammar rejects: still find the deny layer's commands among the words."""
+        try:
+            lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            tokens = list(lexer)
+        except ValueError:
+            return
+        words = [Word(t.strip("()`"), "$" in t) for t in tokens]
+        for index, word in enumerate(words):
+            if os.path.basename(word.text) in (DELETERS | FORMATTERS | {"dd", "find", "mv"}) or \
+                    word.text.startswith("mkfs"):
+                end = next((j for j in range(index, len(tokens)) if tokens[j] in (";", "&&", "||", "|",
+                                                                                    ";;", "&", "\n")),
+                           len(tokens))
+                self._deny_layer(os.path.basename(word.text), words[index + 1 : end])
+
+    def _pipe_to_shell(self, cmd: Simple) -> None:
+        if cmd.stage == 0 or not cmd.words or cmd.words[0].dynamic:
+            return
+        words = list(cmd.words)
+        while words and os.path.basename(words[0].text) in ESCALATION | {"env", "command", "exec"}:
+            words = [w for w in words[1:] if not w.text.startswith("-")]
+        if not words:
+            return
+        name = os.path.basename(words[0].text)
+        args = [w.text for w in words[1:]]
+        program_from_stdin = not [a for a in args if not a.startswith("-")] or "-" in args or "-s" in args
+        if name in SHELLS | INTERPRETERS and program_from_stdin and "-c" not in args:
+            self.add("ask", "ask.pipe-to-shell", f"the pipeline feeds data to {name} as a program")
+
+    # -- one simple command -----------------------------------------------------------------
+
+    def _simple(self, cmd: Simple) -> None:
+        for assignment in cmd.assignments:
+            self._assignment(assignment)
+        for redirect in cmd.redirects:
+            if redirect.target is not None and redirect.op not in ("<<<",):
+                self._redirect(redirect.op, redirect.target)
+        if cmd.words:
+            self._argv(list(cmd.words), unknown_args=False)
+
+    def _assignment(self, text: str) -> None:
+        name = text.split("=", 1)[0].rstrip("+").split("[", 1)[0]
+        if SENSITIVE_VAR.match(name):
+            self.add("mode", "shell.sensitive-variable", f"sets {name}, which changes what later commands run")
+
+    def _redirect(self, op: str, target: Word) -> None:
+        if target.procsub:
+            return
+        if target.dynamic:
+            self.add("mode", "shell.dynamic-path", f"redirects to {target.text}, only known at run time")
+            return
+        if HARMLESS_DEVICES.match(target.text):
+            return
+        resolved = self._resolve(target.text)
+        if resolved is None:
+            self.add("mode", "shell.unknown-cwd", "redirects relative to a directory only known at run time")
+        elif op in WRITE_REDIRECTS:
+            self._write_target(resolved)
+        else:
+            self._read_target(resolved)
+
+    def _resolve(self, text: str) -> ResolvedPath | None:
+        if self.cwd is None and not text.startswith(("/", "~")):
+            return None
+        resolved = self.paths.resolve(text, self.cwd)
+        self.resolved.append(resolved)
+        return resolved
+
+    def _write_target(self, path: ResolvedPath) -> None:
+        if BLOCK_DEVICE.match(path.canonical) or BLOCK_DEVICE.match(path.lexical):
+            self.add("deny", "deny.raw-device", f"writes to the raw block device {path.lexical}")
+            return
+        finding = self.paths.protection(path, "write")
+        if finding is not None:
+            self.add(finding.layer, finding.rule_id, finding.reason)
+        if path.root == "external":
+            self.add("mode", "path.external", f"writes {path.canonical}, outside the workspace")
+        elif path.root == "workspace":
+            self.add("mode", "shell.writes", f"writes {path.canonical}")
+
+    def _read_target(self, path: ResolvedPath) -> bool:
+        """Checks a path the command reads; False when it keeps the command from being exempt."""
+        finding = self.paths.protection(path, "read")
+        if finding is not None:
+            self.add(finding.layer, finding.rule_id, finding.reason)
+            return False
+        if path.root == "external":
+            self.add("mode", "path.external", f"reads {path.canonical}, outside the workspace")
+            return False
+        return True
+
+    # -- argv, wrappers ---------------------------------------------------------------------
+
+    def _argv(self, words: list[Word], unknown_args: bool) -> None:
+        head = words[0]
+        if head.dynamic:
+            self.add("ask", "shell.dynamic-command", f"the command name {head.text!r} is only known at run time")
+            self._deny_layer("", words[1:])
+            return
+        name = os.path.basename(head.text)
+        args = words[1:]
+        if name in WRAPPERS:
+            self._wrapper(name, args, unknown_args)
+        elif name in SHELLS:
+            self._shell(name, args)
+        elif name == "eval":
+            self._eval(args)
+        else:
+            self._command(head, name, args, unknown_args)
+
+    def _wrapper(self, name: str, args: list[Word], unknown_args: bool) -> None:
+        if name in ESCALATION:
+            self.add("ask", "ask.sudo", f"{name} runs a command with elevated privileges")
+        if name == "command" and args and args[0].text in ("-v", "-V"):
+            return  # a lookup, runs nothing
+        inner = self._wrapped(name, args)
+        if name == "xargs":
+            unknown_args = True
+            self.add("mode", "shell.xargs", "xargs builds arguments from its input at run time")
+        if inner:
+            self._argv(inner, unknown_args)
+        elif name in ("env", "xargs", "watch", "script"):
+            self.add("mode", "shell.command", f"{name} without a command")
+
+    def _wrapped(self, name: str, args: list[Word]) -> list[Word]:
+        """The inner command of a wrapper: skip its options, assignments and fixed operands."""
+        takes = {"sudo": "ugUhpCrtD", "doas": "uC", "env": "uCS", "nice": "n", "ionice": "cnp",
+                 "timeout": "sk", "stdbuf": "ioe", "xargs": "IinPdLsaE", "flock": "wE", "exec": "a",
+                 "watch": "nd", "strace": "oepsu"}.get(name, "")
+        index = 0
+        while index < len(args):
+            text = args[index].text
+            if text == "--":
+                index += 1
+                break
+            if name == "env" and "=" in text and not text.startswith("-"):
+                self._assignment(text)
+            elif not text.startswith("-") or text == "-":
+                break
+            elif len(text) == 2 and text[1] in takes:
+                index += 1
+            index += 1
+        skip = WRAPPERS[name]
+        return args[index + skip :]
+
+    def _shell(self, name: str, args: list[Word]) -> None:
+        has_c, index = False, 0
+        while index < len(args) and args[index].text.startswith(("-", "+")) and args[index].text != "--":
+            text = args[index].text
+            has_c = has_c or (not text.startswith("--") and "c" in text[1:])
+            index += 2 if text in ("-o", "+o", "-O", "+O") else 1
+        if index < len(args) and args[index].text == "--":
+            index += 1
+        if not has_c:
+            self.add("mode", "shell.script", f"{name} runs a script")
+            return
+        if index >= len(args) or args[index].dynamic:
+            self.add("ask", "shell.dynamic-code", f"{name} -c runs code only known at run time")
+            return
+        self._nested(args[index].text)
+
+    def _eval(self, args: list[Word]) -> None:
+        if any(word.dynamic for word in args):
+            self.add("ask", "shell.dynamic-code", "eval runs code only known at run time")
+            return
+        self._nested(" ".join(word.text for word in args))
+
+    # -- a command with its name known -------------------------------------------------------
+
+    def _command(self, head: Word, name: str, args: list[Word], unknown_args: bool) -> None:
+        texts = [word.text for word in args]
+        cmd = shape(name, texts)
+        self._deny_layer(name, args)
+        allowed = self._user_rules(cmd)
+        self._builtin_asks(name, cmd, texts)
+        if name == "find":
+            self._find_exec(args)
+        if name in INTERPRETERS:
+            self.add("mode", "shell.interpreter", f"{name} runs a program")
+        paths_ok = self._path_args(name, args, cmd, read_only=name in READ_ONLY)
+        if name in ("cd", "pushd"):
+            self._cd(args)
+        if allowed or self._exempt(head, name, cmd, texts, unknown_args, paths_ok):
+            return
+        self.add("mode", "shell.command", f"{name} is not a read-only command")
+
+    def _exempt(self, head: Word, name: str, cmd: Shape, texts: Sequence[str], unknown_args: bool,
+                paths_ok: bool) -> bool:
+        predicate = READ_ONLY.get(name)
+        if predicate is None or unknown_args or not paths_ok:
+            return False
+        if "/" in head.text and os.path.dirname(head.text) not in ("/bin", "/usr/bin", "/usr/local/bin"):
+            return False  # ./ls is a program in the workspace, not the system's ls
+        if not self.rules.enabled("exempt.read-only"):
+            return False
+        return predicate(cmd, texts)
+
+    def _user_rules(self, cmd: Shape) -> bool:
+        allowed = False
+        for rule in self.compiled:
+            if not rule.matches_simple(cmd):
+                continue
+            if rule.rule.action == "allow":
+                allowed = True
+            else:
+                layer: Layer = "deny" if rule.rule.action == "block" else "ask"
+                self.add(layer, rule.rule.id, f"matches your {rule.rule.action} rule {rule.rule.text or rule.rule.command!r}")
+        return allowed
+
+    def _builtin_asks(self, name: str, cmd: Shape, texts: Sequence[str]) -> None:
+        if name == "git":
+            sub, rest = git_subcommand(texts)
+            forced = {"-f", "--force", "--force-with-lease", "--force-if-includes", "--mirror", "--delete"}
+            if sub == "push" and (forced & set(rest) or any(a.startswith(("+", "--force")) for a in rest)
+                                  or any(a.startswith("-") and not a.startswith("--") and "f" in a for a in rest)):
+                self.add("ask", "ask.git-force-push", "force-pushes to a git remote")
+        verb = PUBLISHERS.get(name)
+        if verb is not None and verb in cmd.positionals:
+            self.add("ask", "ask.publish", f"{name} {verb} publishes a package")
+
+    def _find_exec(self, args: list[Word]) -> None:
+        index = 0
+        while index < len(args):
+            if args[index].text in ("-exec", "-execdir", "-ok", "-okdir"):
+                end = next((j for j in range(index + 1, len(args)) if args[j].text in (";", "+")), len(args))
+                inner = [Word(w.text, w.dynamic or "{}" in w.text) for w in args[index + 1 : end]]
+                if inner:
+                    self._argv(inner, unknown_args=True)
+                index = end
+            index += 1
+
+    def _cd(self, args: list[Word]) -> None:
+        targets = [w for w in args if not w.text.startswith("-")]
+        if not targets:
+            self.cwd = self.paths.home
+        elif targets[0].dynamic or self.cwd is None and not targets[0].text.startswith(("/", "~")):
+            self.cwd = None
+        else:
+            self.cwd = self.paths.resolve(targets[0].text, self.cwd).canonical
+
+    # -- paths named by a command -------------------------------------------------------------
+
+    def _path_words(self, name: str, args: list[Word], cmd: Shape) -> list[Word]:
+        if name in NO_PATH_ARGS:
+            return []
+        if name == "find":
+            return list(itertools.takewhile(lambda w: not w.text.startswith(("-", "(", "!")), args))
+        values = set(cmd.values)
+        words = [w for w in args if not w.text.startswith("-") or w.text == "-"]
+        if name in PATTERN_FIRST and not {"-e", "-f", "--regexp", "--file"} & cmd.flags and words:
+            words = words[1:]
+        extra = [Word(v, False) for v in values if "/" in v or v.startswith(("~", "."))]
+        return [w for w in words if w.text not in values] + extra
+
+    def _path_args(self, name: str, args: list[Word], cmd: Shape, read_only: bool) -> bool:
+        ok = True
+        for word in self._path_words(name, args, cmd):
+            if word.procsub or word.text == "-":
+                continue
+            if word.dynamic:
+                ok = False
+                continue
+            for text in self._expand_glob(word.text) if read_only else (word.text,):
+                ok = self._path_arg(text, read_only) and ok
+        return ok
+
+    def _expand_glob(self, text: str) -> list[str]:
+        if not _has_glob(text) or self.cwd is None:
+            return [text]
+        pattern = self.paths.expand(text, self.cwd)
+        # Bounded: a glob over a huge tree must not make the gate slow; what we saw stands for it.
+        return [text, *itertools.islice(glob.iglob(pattern, include_hidden=True), 256)]
+
+    def _path_arg(self, text: str, read_only: bool) -> bool:
+        if HARMLESS_DEVICES.match(text):
+            return True
+        resolved = self._resolve(text)
+        if resolved is None:
+            return False
+        if not self._read_target(resolved):
+            return False
+        if read_only:
+            return True
+        finding = self.paths.protection(resolved, "write")
+        if finding is not None:
+            self.add(finding.layer, finding.rule_id, finding.reason)
+        return True
+
+    # -- the deny layer ---------------------------------------------------------------------------
+
+    def _deny_layer(self, name: str, args: Sequence[Word]) -> None:
+        texts = [word.text for word in args]
+        if name in FORMATTERS or name.startswith("mkfs"):
+            self.add("deny", "deny.format", f"{name} formats or partitions a disk")
+        self._deletion(name, args, texts)
+        self._device_write(name, texts)
+
+    def _deletion(self, name: str, args: Sequence[Word], texts: list[str]) -> None:
+        positionals = _positionals(args)
+        if name in DELETERS:
+            targets = positionals
+        elif name == "mv":
+            targets = positionals[:-1]
+        elif name == "find" and ({"-delete"} & set(texts) or self._find_runs_rm(texts)):
+            targets = list(itertools.takewhile(lambda w: not w.text.startswith(("-", "(", "!")), args))
+        elif name == "":
+            targets = positionals  # an unknown command name: judge its operands as if it deleted
+        else:
+            return
+        for word in targets:
+            if self._catastrophic(word):
+                self.add("deny", "deny.delete-root",
+                         f"{name or 'this command'} would delete {word.text}: a root, home or system directory")
+                return
+        recursive = {"-r", "-R", "--recursive"} & shape(name, texts).flags or name == "find"
+        if name and recursive and any(w.dynamic for w in targets):
+            self.add("ask", "shell.dynamic-delete", "deletes recursively a path only known at run time")
+
+    @staticmethod
+    def _find_runs_rm(texts: list[str]) -> bool:
+        return any(texts[i] in ("-exec", "-execdir", "-ok", "-okdir") and i + 1 < len(texts)
+                   and os.path.basename(texts[i + 1]) in DELETERS for i in range(len(texts)))
+
+    def _catastrophic(self, word: Word) -> bool:
+        text = word.text
+        if DRIVE_ROOT.match(text):
+            return True
+        if word.dynamic or (self.cwd is None and not text.startswith(("/", "~"))):
+            return False
+        lexical = self.paths.expand(text, self.cwd)
+        candidates = {lexical} if _has_glob(lexical) else {lexical, os.path.realpath(lexical)}
+        return any(self._critical(candidate) for candidate in candidates)
+
+    def _critical(self, path: str) -> bool:
+        while path != "/" and WILDCARD_COMPONENT.match(os.path.basename(path)):
+            path = os.path.dirname(path)  # "/usr/*" and "~/.*" empty the directory itself
+        if path in self.critical:
+            return True
+        return _has_glob(path) and any(fnmatch.fnmatchcase(c, path) for c in self.critical)
+
+    def _device_write(self, name: str, texts: list[str]) -> None:
+        positionals = [t for t in texts if not t.startswith("-")]
+        if name == "dd":
+            targets = [t[3:] for t in texts if t.startswith("of=")]
+        elif name in ("tee", "shred", "wipe", "badblocks", "blkdiscard", "truncate"):
+            targets = positionals
+        elif name in ("cp", "mv", "install", "ln", "rsync", "pv", "cat") and positionals:
+            targets = positionals[-1:] if name != "cat" else []
+        else:
+            return
+        for target in targets:
+            lexical = self.paths.expand(target, self.cwd or "/")
+            if BLOCK_DEVICE.match(lexical) or BLOCK_DEVICE.match(os.path.realpath(lexical)):
+                self.add("deny", "deny.raw-device", f"{name} writes to the raw block device {target}")
+                return
+
+
+def _positionals(args: Sequence[Word]) -> list[Word]:
+    out: list[Word] = []
+    ended = False
+    for word in args:
+        if not ended and word.text == "--":
+            ended = True
+        elif ended or not word.text.startswith("-") or word.text == "-":
+            out.append(word)
+    return out

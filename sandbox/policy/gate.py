@@ -1,0 +1,251 @@
+"""Boundary 3: modes, risk levels, grants and the decision handed to the executor.
+
+The gate reads only validated arguments. Deny always wins: no mode, grant or user rule turns a
+denied call into an allowed one. Decisions are ``allow``, ``confirm`` (ask the user) or ``deny``;
+see ``authorize`` for the whole flow including the approval.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from sandbox import datadir
+from sandbox.errors import ToolDenied
+from sandbox.policy import commands
+from sandbox.policy.paths import Escape, PathPolicy, ResolvedPath, Root
+from sandbox.policy.rules import CompiledRule, RuleSet
+from sandbox.policy.verdict import Finding, Level, Mode
+from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
+
+DecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
+_GLOB_CHARS = frozenset("*?[{")
+_RULE_LEVEL: dict[str, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    session_id: str
+    turn_id: str
+    tool_call_id: str
+    name: str
+    params: BaseModel
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    level: Level
+    reason: str
+    rule_id: str
+    resource: str  # canonical path, or the command for Bash
+    root: Root | None
+    external: bool
+    tool: str
+    operation: str  # "read" | "write" | "execute"
+    mode: Mode
+    grantable: bool = True  # False: an allow-session grant never covers this confirmation
+    decided_by: DecidedBy = "rule"
+    escape: Escape | None = None
+    target: ResolvedPath | None = None
+
+
+@dataclass
+class SessionState:
+    """Grants and denials of one session; never shared with, nor inherited by, another session."""
+
+    session_id: str
+    mode: Mode | None = None
+    grants: set[str] = field(default_factory=set)
+    _denied: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+
+    def grant_session(self, tool: str) -> None:
+        self.grants.add(tool)
+
+    def has_grant(self, tool: str) -> bool:
+        return tool in self.grants
+
+    def note_denied(self, turn_id: str, tool: str, resource: str) -> None:
+        self._denied.setdefault(turn_id, set()).add((tool, resource))
+
+    def was_denied(self, turn_id: str, tool: str, resource: str) -> bool:
+        return (tool, resource) in self._denied.get(turn_id, ())
+
+    def end_turn(self, turn_id: str) -> None:
+        self._denied.pop(turn_id, None)
+
+
+class Gate:
+    def __init__(
+        self,
+        workspace: Path,
+        scratch: Path,
+        settings: Any,
+        rules: RuleSet | None = None,
+        global_mode: Mode | None = None,
+        *,
+        data_dir: Path | None = None,
+    ) -> None:
+        """``settings`` is a ``sandbox.profile.Policy``; ``rules`` defaults to the profile's own."""
+        self.settings = settings
+        self.rules = rules if rules is not None else RuleSet.from_settings(settings)
+        self.global_mode = global_mode
+        self.paths = PathPolicy(
+            workspace, scratch,
+            deny_read=self.rules.deny_read, deny_write=self.rules.deny_write,
+            confirm_write=self.rules.confirm_write,
+            state_dir=data_dir if data_dir is not None else datadir.data_dir(),
+        )
+        self.policy_version = self.rules.version
+        self._file_rules = [r for r in self.rules.compiled(self.paths.homes) if r.paths is not None]
+
+    def mode_for(self, state: SessionState) -> Mode:
+        """Session setting, then the profile, then the global default, then ``ask``."""
+        mode: Mode = state.mode or self.settings.mode or self.global_mode or "ask"
+        return mode
+
+    def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
+        mode = self.mode_for(state)
+        decision = self._decide(call, state, mode)
+        return self._with_session(call, state, decision)
+
+    # -- per risk class -----------------------------------------------------------------------
+
+    def _decide(self, call: ToolCall, state: SessionState, mode: Mode) -> Decision:
+        base = Decision("deny", "", "", call.name, None, False, call.name, "execute", mode)
+        if state.session_id != call.session_id:
+            return replace(base, reason="this call belongs to another session", rule_id="session.mismatch")
+        try:
+            spec = lookup(call.name)
+        except ToolDenied as exc:
+            return replace(base, reason=exc.message, rule_id="capability.unknown-tool")
+        if not isinstance(call.params, spec.params):
+            return replace(base, reason=f"{call.name} arguments were not validated", rule_id="capability.params")
+        if self.settings.operating_mode == "plan" and (spec.risk == "write" or spec.plugin):
+            return replace(base, reason=f"{call.name} is not available in plan mode", rule_id="mode.plan",
+                           operation=spec.risk)
+        if spec.name == "Bash":
+            return self._bash(call, mode)
+        if spec.risk == "execute":
+            return self._by_mode(replace(base, resource=call.name), mode, "mode.execute",
+                                 f"{call.name} runs code")
+        return self._file(spec, call, mode)
+
+    def _file(self, spec: ToolSpec, call: ToolCall, mode: Mode) -> Decision:
+        target = self.target(spec, call.params)
+        operation: Literal["read", "write"] = "write" if spec.risk == "write" else "read"
+        base = Decision("allow", "", "", target.canonical, target.root, target.external, call.name,
+                        operation, mode, escape=target.escape, target=target)
+        protected = self.paths.protection(target, operation)
+        if protected is not None and protected.layer == "deny":
+            return replace(base, level="deny", reason=protected.reason, rule_id=protected.rule_id)
+        ruled = self._file_rule(spec, target, base)
+        if ruled is not None:
+            return ruled
+        if protected is not None:
+            return replace(base, level="confirm", reason=protected.reason, rule_id=protected.rule_id,
+                           grantable=False)
+        if target.external:
+            return self._external(base, mode)
+        if operation == "read" or target.root == "scratch":
+            reason = "reads inside the session roots" if operation == "read" else "writes the scratch directory"
+            return replace(base, reason=reason, rule_id=f"risk.{operation}.{target.root}")
+        if mode == "ask":
+            return replace(base, level="confirm", reason=f"{call.name} changes {target.canonical}",
+                           rule_id="mode.ask", decided_by="mode")
+        return replace(base, reason=f"{mode} mode allows edits in the workspace", rule_id=f"mode.{mode}",
+                       decided_by="mode")
+
+    def _external(self, base: Decision, mode: Mode) -> Decision:
+        what = f"{base.resource} is outside the workspace and scratch roots ({base.escape} path)"
+        if mode == "auto":
+            return replace(base, reason=f"auto mode allows an explicit external path: {what}",
+                           rule_id="path.external", decided_by="mode")
+        return replace(base, level="confirm", reason=what, rule_id="path.external", decided_by="mode")
+
+    def _file_rule(self, spec: ToolSpec, target: ResolvedPath, base: Decision) -> Decision | None:
+        rule = _first_rule(self._file_rules, spec.name, target)
+        if rule is None:
+            return None
+        text = f"matches your {rule.rule.action} rule {rule.rule.id} ({rule.rule.path})"
+        level = _RULE_LEVEL[rule.rule.action]
+        return replace(base, level=level, reason=text, rule_id=rule.rule.id, grantable=level != "confirm")
+
+    def _bash(self, call: ToolCall, mode: Mode) -> Decision:
+        assert isinstance(call.params, BashParams)
+        verdict = commands.judge(call.params.command, self.paths, self.rules)
+        base = Decision("allow", verdict.finding.reason, verdict.finding.rule_id, call.params.command,
+                        "workspace", verdict.external, call.name, "execute", mode)
+        return self._from_finding(base, verdict.finding, mode)
+
+    def _from_finding(self, base: Decision, finding: Finding, mode: Mode) -> Decision:
+        if finding.layer == "deny":
+            return replace(base, level="deny")
+        if finding.layer == "ask":
+            return replace(base, level="confirm", grantable=False)
+        if finding.layer == "exempt":
+            return base
+        return self._by_mode(base, mode, finding.rule_id, finding.reason)
+
+    @staticmethod
+    def _by_mode(base: Decision, mode: Mode, rule_id: str, reason: str) -> Decision:
+        if mode == "auto":
+            return replace(base, level="allow", reason=f"auto mode: {reason}", rule_id=rule_id, decided_by="mode")
+        return replace(base, level="confirm", reason=reason, rule_id=rule_id, decided_by="mode")
+
+    # -- grants, turn denials, TOCTOU -------------------------------------------------------------
+
+    @staticmethod
+    def _with_session(call: ToolCall, state: SessionState, decision: Decision) -> Decision:
+        if decision.level != "confirm":
+            return decision
+        if state.was_denied(call.turn_id, call.name, decision.resource):
+            return replace(decision, level="deny", decided_by="turn-denial", rule_id="turn.denied",
+                           reason="the user already denied this call in this turn; it is not asked again")
+        if decision.grantable and state.has_grant(call.name):
+            return replace(decision, level="allow", decided_by="grant", rule_id="grant.allow-session",
+                           reason=f"allowed for this session ({call.name}): {decision.reason}")
+        return decision
+
+    def target(self, spec: ToolSpec, params: BaseModel) -> ResolvedPath:
+        """The canonical path a file tool will touch (for Glob: the directory its pattern starts in)."""
+        raw = getattr(params, spec.path_field, None) if spec.path_field else None
+        if isinstance(params, GlobParams):
+            raw = _glob_base(params.pattern, raw)
+        return self.paths.resolve(raw or ".")
+
+    def recheck(self, decision: Decision, params: BaseModel) -> None:
+        """After approval, just before running: the target must still be the approved one."""
+        if decision.target is None:
+            return
+        now = self.target(lookup(decision.tool), params)
+        if now.canonical != decision.target.canonical or now.root != decision.target.root:
+            raise ToolDenied(
+                f"{decision.tool}: the target changed after approval ({decision.target.canonical} -> "
+                f"{now.canonical}); nothing was done",
+                rule_id="path.changed", approved=decision.target.canonical, now=now.canonical,
+            )
+
+
+def _glob_base(pattern: str, path: str | None) -> str:
+    """The fixed leading components of a glob: ``../../etc/*.conf`` searches ``../../etc``."""
+    parts = pattern.split("/")
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if _GLOB_CHARS & set(part):
+            break
+        fixed.append(part)
+    prefix = "/".join(fixed) if fixed != [""] else "/"
+    if pattern.startswith("/") or pattern.startswith("~"):
+        return prefix or "/"
+    return os.path.join(path or ".", prefix) if prefix else (path or ".")
+
+
+def _first_rule(rules: list[CompiledRule], tool: str, target: ResolvedPath) -> CompiledRule | None:
+    order = {"block": 0, "ask": 1, "allow": 2}
+    matching = [r for r in rules if r.rule.tool in (tool, "*") and r.paths is not None
+                and (r.paths.matches(target.canonical) or r.paths.matches(target.lexical))]
+    return min(matching, key=lambda r: order[r.rule.action]) if matching else None

@@ -1,0 +1,106 @@
+"""Project trust: a workspace's own policy file loads only when the user trusts that directory.
+
+Decisions are stored per canonical directory; the nearest ancestor with a decision applies; a
+one-run override (``--trust-project`` / ``--no-trust-project``) beats both. A project file can
+add rules and protected paths, never change the mode, the unattended answer or the approval
+timeout: cloning a repository must not grant it a permission upgrade. Trust never widens what
+the OS boundary allows; it only decides whether the file is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox import datadir
+from sandbox.errors import InvalidArgument
+from sandbox.policy.rules import BUILTIN_IDS, RuleSet, atomic_write, parse_rules
+
+PROJECT_POLICY = Path(".sandbox") / "policy.toml"
+_PROJECT_KEYS = frozenset({"rules", "deny_read", "deny_write", "confirm_write", "remove_rules"})
+
+
+@dataclass(frozen=True, slots=True)
+class TrustDecision:
+    directory: str
+    trusted: bool
+    source: str  # "override" | the directory whose stored decision applied | "default"
+
+
+class TrustStore:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or datadir.subdir("policy") / "trust.json"
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise InvalidArgument(f"cannot read the trust store {self.path}: {exc}", file=str(self.path)) from exc
+        return data if isinstance(data, dict) else {}
+
+    def set(self, directory: str | os.PathLike[str], trusted: bool) -> str:
+        canonical = os.path.realpath(directory)
+        if not os.path.isdir(canonical):
+            raise InvalidArgument(f"not a directory: {directory}", path=str(directory))
+        data = self._load()
+        data[canonical] = {"trusted": trusted, "at": time.time()}
+        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return canonical
+
+    def entries(self) -> dict[str, bool]:
+        return {path: bool(entry.get("trusted")) for path, entry in sorted(self._load().items())}
+
+    def decision(self, directory: str | os.PathLike[str], override: bool | None = None) -> TrustDecision:
+        canonical = os.path.realpath(directory)
+        if override is not None:
+            return TrustDecision(canonical, override, "override")
+        entries = self.entries()
+        current = canonical
+        while True:
+            if current in entries:
+                return TrustDecision(canonical, entries[current], current)
+            parent = os.path.dirname(current)
+            if parent == current:
+                return TrustDecision(canonical, False, "default")
+            current = parent
+
+
+def project_rules(workspace: str | os.PathLike[str], store: TrustStore | None = None,
+                  override: bool | None = None) -> RuleSet:
+    """The workspace's policy file as a RuleSet, or an empty one with a notice saying why not."""
+    path = Path(os.path.realpath(workspace)) / PROJECT_POLICY
+    if not path.is_file():
+        return RuleSet()
+    decision = (store or TrustStore()).decision(workspace, override)
+    if not decision.trusted:
+        return RuleSet(notices=(f"ignored {path}: the project is not trusted (run `sandbox trust "
+                                f"{decision.directory}` to load it)",))
+    return _load_project(path)
+
+
+def _load_project(path: Path) -> RuleSet:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidArgument(f"invalid project policy {path}: {exc}", file=str(path)) from exc
+    section = data.get("policy", data)
+    notices = [f"ignored key {key!r} in {path}: a project cannot set it"
+               for key in sorted(set(section) - _PROJECT_KEYS)]
+    removed = [rid for rid in section.get("remove_rules", ()) if rid in BUILTIN_IDS and not rid.startswith("deny.")]
+    notices += [f"ignored remove_rules entry {rid!r} in {path}: a project cannot remove it"
+                for rid in section.get("remove_rules", ()) if rid not in removed]
+    return RuleSet(
+        user=tuple(parse_rules(section.get("rules", ()), str(path))),
+        removed=frozenset(removed),
+        deny_read=tuple(section.get("deny_read", ())),
+        deny_write=tuple(section.get("deny_write", ())),
+        confirm_write=tuple(section.get("confirm_write", ())),
+        notices=tuple(notices),
+    )

@@ -1,0 +1,311 @@
+"""Docker-specific behaviour against a real dockerd: lifecycles, labels, gc, faults.
+
+The shared contracts (streams, tree kill, limits, mounts) are in test_contracts.py; these are
+what only the Docker backend has. Skipped only when no daemon is reachable or the image is not
+built, with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import docker
+import docker.errors
+import pytest
+
+from sandbox import exec as executor
+from sandbox.backends import docker as dockerb
+from sandbox.errors import BackendUnavailable
+from tests.conftest import backend_or_skip, make_profile
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Iterator
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+@pytest.fixture
+def backend() -> dockerb.DockerBackend:
+    found = backend_or_skip("docker")
+    assert isinstance(found, dockerb.DockerBackend)
+    return found
+
+
+@pytest.fixture
+def client(backend: dockerb.DockerBackend) -> Iterator[docker.DockerClient]:
+    with contextlib.closing(dockerb.connect()) as c:
+        yield c
+
+
+@pytest.fixture
+async def jails() -> AsyncIterator[list[dockerb.DockerJail]]:
+    opened: list[dockerb.DockerJail] = []
+    yield opened
+    for jail in opened:
+        await jail.aclose()
+
+
+async def unavailable(call: Awaitable[None]) -> BackendUnavailable:
+    """The BackendUnavailable a call raised, alone or inside task groups' exception groups."""
+    try:
+        await call
+    except BaseException as exc:  # noqa: BLE001 - unwrapped and checked below
+        found = _first(exc)
+        if found is None:
+            raise
+        return found
+    raise AssertionError("the call did not raise BackendUnavailable")
+
+
+def _first(exc: BaseException) -> BackendUnavailable | None:
+    if isinstance(exc, BackendUnavailable):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def jail_containers(client: docker.DockerClient, jail: dockerb.DockerJail) -> list[str]:
+    found = client.containers.list(all=True, filters={"label": f"{dockerb.LABEL_JAIL}={jail.id}"})
+    return [str(c.id) for c in found]
+
+
+async def open_jail(backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
+                    **overrides: object) -> dockerb.DockerJail:
+    jail = await backend.open_jail(workspace, make_profile(**overrides))
+    jails.append(jail)
+    return jail
+
+
+async def test_session_lifecycle_reuses_one_labelled_container(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
+        client: docker.DockerClient) -> None:
+    jail = await open_jail(backend, jails, workspace)
+    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; hostname"])
+    second = await executor.run(jail, ["cat", "/tmp/kept"])
+    assert (first.stdout, second.stdout) == ("sandbox\n", "x\n")
+    (cid,) = jail_containers(client, jail)
+    labels = client.containers.get(cid).labels
+    assert labels[dockerb.LABEL_OWNER] == f"{os.getpid()}@{os.uname().nodename}"
+    assert labels[dockerb.LABEL_LIFECYCLE] == "session"
+    await jail.aclose()
+    assert jail_containers(client, jail) == []
+
+
+async def test_call_lifecycle_uses_a_fresh_container_per_call(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
+        client: docker.DockerClient) -> None:
+    jail = await open_jail(backend, jails, workspace, **{"docker.lifecycle": "call"})
+    assert jail_containers(client, jail) == []
+    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; cat /proc/1/cmdline | tr '\\0' ' '"])
+    second = await executor.run(jail, ["sh", "-c", "cat /tmp/kept || echo fresh"])
+    assert "tini" in first.stdout and "fresh" in second.stdout
+    assert jail_containers(client, jail) == []
+
+
+async def test_container_confinement_settings(backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail],
+                                              workspace: Path, client: docker.DockerClient) -> None:
+    jail = await open_jail(backend, jails, workspace, **{"limits.cpus": 0.5})
+    (cid,) = jail_containers(client, jail)
+    host = client.containers.get(cid).attrs["HostConfig"]
+    assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"] and host["NetworkMode"] == "none"
+    assert host["Memory"] == host["MemorySwap"] == jail.profile.limits.memory
+    assert host["PidsLimit"] == jail.profile.limits.pids and host["NanoCpus"] == 500_000_000
+    assert {u["Name"] for u in host["Ulimits"]} == {"nofile", "fsize", "cpu"}
+    binds = [m["Source"] for m in client.containers.get(cid).attrs["Mounts"]]
+    assert binds == [str(workspace)] and all("docker.sock" not in b for b in binds)
+    seccomp = await executor.run(jail, ["grep", "^Seccomp:", "/proc/self/status"])
+    assert seccomp.stdout.split() == ["Seccomp:", "2"]
+
+
+async def test_timeout_leaves_no_process_in_the_container(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    jail = await open_jail(backend, jails, workspace)
+    script = "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 600' & sleep 600"
+    proc = await jail.spawn(["sh", "-c", script])
+    with anyio.fail_after(10):
+        while len(await anyio.to_thread.run_sync(proc.running_pids)) < 3:  # noqa: ASYNC110 - polls docker
+            await anyio.sleep(0.05)
+    await proc.kill_tree(0.2)
+    assert await anyio.to_thread.run_sync(proc.running_pids) == []
+    proc.release()
+
+
+async def test_gc_removes_containers_of_a_dead_executor(client: docker.DockerClient) -> None:
+    dead = await anyio.open_process(["true"])
+    await dead.wait()
+    labels = {dockerb.LABEL_OWNER: f"{dead.pid}@{os.uname().nodename}", dockerb.LABEL_OWNER_STARTED: "1.00",
+              dockerb.LABEL_JAIL: "gc-test"}
+    container = client.containers.create(dockerb.DEFAULT_IMAGE, ["true"], labels=labels)
+    mine = client.containers.create(dockerb.DEFAULT_IMAGE, ["true"],
+                                    labels=dockerb.owner_labels("gc-test-live", "session"))
+    try:
+        removed = await anyio.to_thread.run_sync(dockerb.gc)
+        assert container.name in removed and mine.name not in removed
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(str(container.id))
+    finally:
+        for c in (container, mine):
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)
+
+
+async def test_missing_image_says_make_image(backend: dockerb.DockerBackend, workspace: Path) -> None:
+    with pytest.raises(BackendUnavailable, match="make image") as info:
+        await backend.open_jail(workspace, make_profile(**{"docker.image": "sandbox-runtime:0.0.0-missing"}))
+    assert info.value.data["image"] == "sandbox-runtime:0.0.0-missing"
+
+
+async def test_wrong_image_version_is_refused(client: docker.DockerClient) -> None:
+    ref = "sandbox-runtime:0.0.0-test"
+    container = client.containers.create(dockerb.DEFAULT_IMAGE, ["true"])
+    try:
+        container.commit("sandbox-runtime", "0.0.0-test", changes=['LABEL sandbox.image.version="0.0.0"'])
+        with pytest.raises(BackendUnavailable, match="built for sandbox 0.0.0") as info:
+            dockerb.check_image(client, ref)
+        assert info.value.data["expected"] == dockerb.__version__
+    finally:
+        container.remove(force=True)
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(ref)
+
+
+async def test_unreachable_daemon_fails_fast(backend: dockerb.DockerBackend, workspace: Path,
+                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="unreachable"):
+        await backend.open_jail(workspace, make_profile())
+    assert time.monotonic() - started < 5
+
+
+async def test_container_killed_from_outside_is_a_structured_error(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
+        client: docker.DockerClient) -> None:
+    jail = await open_jail(backend, jails, workspace)
+    cid = jail.container_id
+    assert cid is not None
+
+    async def kill_soon() -> None:
+        await anyio.sleep(1)
+        await anyio.to_thread.run_sync(lambda: client.containers.get(cid).kill())
+
+    async def call() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_soon)
+            await executor.run(jail, ["sleep", "60"], timeout=30)
+
+    error = await unavailable(call())
+    assert "killed from outside" in error.message
+    assert error.data["exit_code"] == 137 and error.data["oom_killed"] is False
+    again = await executor.run(jail, ["echo", "recovered"])
+    assert again.stdout == "recovered\n"
+
+
+# --- a second, disposable daemon that this test may kill ------------------------------------
+
+
+class SecondDaemon:
+    """A dockerd on its own socket, data root and containerd namespace, holding our image."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.host = f"unix://{root / 'docker.sock'}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        r = self.root
+        return ["dockerd", "--data-root", str(r / "data"), "--exec-root", str(r / "exec"),
+                "--pidfile", str(r / "pid"), "-H", self.host, "--bridge", "none", "--iptables=false",
+                "--ip-masq=false", "--containerd-namespace", "sbxtest",
+                "--containerd-plugins-namespace", "sbxtest-plugins"]
+
+    def start(self) -> None:
+        with (self.root / "dockerd.log").open("ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(docker.errors.DockerException), self.client(2) as c:
+                c.ping()
+                return
+            time.sleep(0.2)
+        pytest.skip(f"a second dockerd did not start: see {self.root / 'dockerd.log'}")
+
+    def client(self, timeout: int = 30) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.host, timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def second_daemon(client: docker.DockerClient) -> Iterator[SecondDaemon]:
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("starting a second dockerd needs root and dockerd")
+    root = Path("/tmp") / f"sbx-dockerd-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    daemon = SecondDaemon(root)
+    daemon.start()
+    try:
+        with daemon.client(300) as second:
+            second.images.load(b"".join(client.images.get(dockerb.DEFAULT_IMAGE).save()))
+        yield daemon
+    finally:
+        daemon.stop()
+        subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(300)
+async def test_daemon_dying_mid_call_is_backend_unavailable_and_leaves_nothing(
+        backend: dockerb.DockerBackend, second_daemon: SecondDaemon, workspace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", second_daemon.host)
+    jail = await backend.open_jail(workspace, make_profile())
+
+    async def kill_daemon() -> None:
+        await anyio.sleep(1.5)
+        await anyio.to_thread.run_sync(second_daemon.stop, signal.SIGKILL)
+
+    async def call() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_daemon)
+            await executor.run(jail, ["sleep", "120"], timeout=100)
+
+    started = time.monotonic()
+    try:
+        await unavailable(call())
+        assert time.monotonic() - started < 1.5 + 15
+    finally:
+        with anyio.fail_after(60):
+            await jail.aclose()
+    await anyio.to_thread.run_sync(second_daemon.start)
+    await anyio.to_thread.run_sync(assert_nothing_left, second_daemon)
+
+
+def assert_nothing_left(daemon: SecondDaemon) -> None:
+    """After a restart the daemon removes the auto-remove containers it was running."""
+    with daemon.client() as second:
+        deadline = time.monotonic() + 30
+        left = second.containers.list(all=True, filters={"label": dockerb.LABEL_OWNER})
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = second.containers.list(all=True, filters={"label": dockerb.LABEL_OWNER})
+        assert [c.name for c in left] == []

@@ -1,0 +1,43 @@
+"""A real directory tree with real symlinks, a private HOME and data directory per test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from policy_world import World
+
+from sandbox.policy.gate import SessionState
+
+
+def _touch(path: Path, text: str = "x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    home, data = tmp_path / "home", tmp_path / "data"
+    ws, app2, outside = tmp_path / "work" / "app", tmp_path / "work" / "app2", tmp_path / "outside"
+    scratch = data / "scratch" / "s1"
+    for directory in (home / ".ssh", home / ".aws", ws / "src", ws / ".git" / "hooks", app2, outside, scratch):
+        directory.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SANDBOX_DATA_DIR", str(data))
+    for path in (ws / "src" / "main.py", ws / "README.md", ws / ".env", ws / ".env.example", ws / "deploy.pem",
+                 ws / ".git" / "config", app2 / "secret.txt", outside / "notes.txt", home / ".ssh" / "id_rsa",
+                 home / ".bashrc", home / ".aws" / "credentials"):
+        _touch(path)
+    os.symlink(outside, ws / "link_out")
+    os.symlink(outside / "notes.txt", ws / "notes_link.txt")
+    os.symlink(outside / "new.txt", ws / "dangling.txt")
+    os.symlink(ws / "src", ws / "src_link")
+    os.symlink(home / ".ssh" / "id_rsa", ws / "key_link")
+    os.symlink(scratch.parent, scratch / "escape")
+    return World(tmp_path, home, ws, app2, outside, scratch, data)
+
+
+@pytest.fixture
+def state() -> SessionState:
+    return SessionState("s1")
