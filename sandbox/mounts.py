@@ -81,11 +81,13 @@ class Stamp:
     target: str | None = None
 
     @classmethod
-    def of(cls, path: str | Path, st: os.stat_result | None = None) -> Stamp:
-        st = st or os.lstat(path)
+    def of(cls, path: str | Path, st: os.stat_result | None = None, dir_fd: int | None = None) -> Stamp:
+        """``path`` is read with ``lstat``/``readlink``, relative to ``dir_fd`` when given."""
+        st = st or os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         kind = _kind(st.st_mode)
+        target = os.readlink(path, dir_fd=dir_fd) if kind == "symlink" else None
         return cls(kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns,
-                   st.st_ctime_ns, st.st_nlink, os.readlink(path) if kind == "symlink" else None)
+                   st.st_ctime_ns, st.st_nlink, target)
 
     def same_version(self, other: Stamp) -> bool:
         return (self.kind, self.dev, self.ino, self.ctime_ns) == (other.kind, other.dev, other.ino, other.ctime_ns)
@@ -336,13 +338,11 @@ class CopyTree:
     def _guard(self, change: Change, pfd: int, name: str) -> None:
         """The host entry must still be what was copied in (or still absent for an addition)."""
         try:
-            current: Stamp | None = Stamp.of(name, os.stat(name, dir_fd=pfd, follow_symlinks=False))
+            current: Stamp | None = Stamp.of(name, dir_fd=pfd)
         except FileNotFoundError:
             current = None
         except OSError as exc:
             raise Conflict(f"cannot check the host file: {exc.strerror}") from exc
-        if current is not None and current.kind == "symlink":
-            current = Stamp(**{**asdict(current), "target": os.readlink(name, dir_fd=pfd)})
         original = self.host.get(change.path)
         if original is None:
             if current is not None and not (change.kind == "dir" and current.kind == "dir"):

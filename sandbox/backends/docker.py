@@ -415,10 +415,19 @@ class Runtime:
             return False
         return bool(self.container.attrs.get("State", {}).get("Running"))
 
-    def oom_events(self) -> bool:
-        events = self.client.api.events(since=int(self.started) - 1, until=int(time.time()) + 1,
-                                        filters={"container": self.id, "event": "oom"}, decode=True)
-        return any(True for _ in events)
+    def events(self, *names: str) -> set[str]:
+        """Which of these container events the daemon logged since the container started."""
+        # A fractional `until` ends the query now; an int would block to the next second.
+        until: Any = f"{time.time():.6f}"
+        found = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
+                                       filters={"container": self.id, "event": list(names)})
+        return {str(event.get("status") or event.get("Action")) for event in found}
+
+    def killed_from_outside(self) -> tuple[bool, bool]:
+        """(killed, out of memory): `docker kill`/stop, an OOM of its init, a daemon restart."""
+        seen = self.events("kill", "die", "stop", "destroy", "oom")
+        killed = bool(seen & {"kill", "die", "stop", "destroy"}) or not self.alive()
+        return killed, "oom" in seen
 
     def remove(self) -> None:
         self.removed = True
@@ -466,10 +475,11 @@ class DockerProcess(Process):
 
     async def _check_container(self, code: int) -> None:
         """An exit by SIGKILL we did not send: was the whole container killed from outside?"""
-        if await _run_sync("cannot inspect the container", self.runtime.alive):
+        killed, oom = await _run_sync("cannot inspect the container", self.runtime.killed_from_outside)
+        if not killed:
             return
-        oom = await _run_sync("cannot read the daemon's events", self.runtime.oom_events)
         self._oom = oom
+        self.runtime.removed = True  # auto-remove takes it away; the next call gets a new one
         self._swept = True  # nothing is left: the container is gone
         raise BackendUnavailable(
             f"the container {self.runtime.id[:12]} was killed from outside "

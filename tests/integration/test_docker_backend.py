@@ -237,7 +237,7 @@ class SecondDaemon:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            with contextlib.suppress(docker.errors.DockerException), self.client(2) as c:
+            with contextlib.suppress(docker.errors.DockerException), contextlib.closing(self.client(2)) as c:
                 c.ping()
                 return
             time.sleep(0.2)
@@ -262,7 +262,7 @@ def second_daemon(client: docker.DockerClient) -> Iterator[SecondDaemon]:
     daemon = SecondDaemon(root)
     daemon.start()
     try:
-        with daemon.client(300) as second:
+        with contextlib.closing(daemon.client(300)) as second:
             second.images.load(b"".join(client.images.get(dockerb.DEFAULT_IMAGE).save()))
         yield daemon
     finally:
@@ -302,7 +302,7 @@ async def test_daemon_dying_mid_call_is_backend_unavailable_and_leaves_nothing(
 
 def assert_nothing_left(daemon: SecondDaemon) -> None:
     """After a restart the daemon removes the auto-remove containers it was running."""
-    with daemon.client() as second:
+    with contextlib.closing(daemon.client()) as second:
         deadline = time.monotonic() + 30
         left = second.containers.list(all=True, filters={"label": dockerb.LABEL_OWNER})
         while left and time.monotonic() < deadline:

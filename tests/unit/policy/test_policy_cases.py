@@ -51,7 +51,9 @@ CASES = load_cases()
 
 def _fill(value: Any, world: World) -> Any:
     if isinstance(value, str):
-        return value.format(**world.placeholders())
+        for key, path in world.placeholders().items():
+            value = value.replace("{" + key + "}", path)
+        return value
     if isinstance(value, dict):
         return {k: _fill(v, world) for k, v in value.items()}
     if isinstance(value, list):

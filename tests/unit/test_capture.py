@@ -1,0 +1,54 @@
+"""Bounded capture keeps a head and a tail and counts everything."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox import exec as executor
+from sandbox import profile as profiles
+from sandbox.errors import InvalidArgument
+
+
+def test_small_output_kept_whole() -> None:
+    cap = executor.Capture(1024)
+    for part in (b"hello ", b"world"):
+        cap.feed(part)
+    assert (cap.text(), cap.total, cap.truncated) == ("hello world", 11, False)
+
+
+def test_large_output_keeps_head_and_tail() -> None:
+    cap = executor.Capture(1024)
+    cap.feed(b"H" * 600)
+    for _ in range(1000):
+        cap.feed(b"m" * 1000)
+    cap.feed(b"T" * 100)
+    text = cap.text()
+    assert cap.truncated and cap.total == 600 + 1_000_000 + 100
+    assert text.startswith("H" * 512) and text.endswith("T" * 100)
+    assert f"{cap.total} bytes in all" in text
+    assert len(text) < 1024 + 100
+
+
+def test_tail_memory_is_bounded() -> None:
+    cap = executor.Capture(4096)
+    for _ in range(10_000):
+        cap.feed(b"x" * 4096)
+    assert cap.tail_size <= 4096 + 2048
+
+
+def test_one_huge_chunk() -> None:
+    cap = executor.Capture(1000)
+    cap.feed(b"a" * 10_000 + b"END")
+    assert cap.text().endswith("END") and cap.text().startswith("a" * 500)
+
+
+@pytest.mark.parametrize("bad", [0, 0.5, 301, -1, True])
+def test_timeout_bounds(bad: float) -> None:
+    with pytest.raises(InvalidArgument, match="between 1 and 300"):
+        executor.check_timeout(bad, profiles.load("default"))
+
+
+def test_timeout_default_and_override() -> None:
+    prof = profiles.load("default")
+    assert executor.check_timeout(None, prof) == 60
+    assert executor.check_timeout(1, prof) == 1 and executor.check_timeout(300, prof) == 300
