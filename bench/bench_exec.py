@@ -21,7 +21,8 @@ from pathlib import Path
 import anyio
 import psutil
 
-from sandbox import exec as executor, profile as profiles
+from sandbox import exec as executor
+from sandbox import profile as profiles
 from sandbox.backends import base, bwrap
 from sandbox.backends.environment import base_env
 
@@ -43,7 +44,7 @@ def raw_calls(prof: profiles.Profile, ws: Path) -> list[float]:
     times = []
     for _ in range(CALLS):
         t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.run(cmd, check=True, capture_output=True)
         times.append(time.perf_counter() - t)
     return times
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import anyio
 import psutil
 
-from sandbox import exec as executor, profile as profiles
+from sandbox import exec as executor
+from sandbox import profile as profiles
 from sandbox.backends import base
 
 HERE = Path(__file__).resolve().parent

@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from sandbox import datadir
 from sandbox.errors import map_errors
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pydantic import BaseModel
 
     from sandbox.policy.authorize import Authorization
@@ -66,7 +67,7 @@ def redact(text: str) -> str:
 def redact_value(value: Any, key: str = "") -> Any:
     """Redact a JSON-like structure; every value under an env/environment key is dropped."""
     if key.lower() in ("env", "environ", "environment"):
-        return {k: REDACTED for k in value} if isinstance(value, Mapping) else REDACTED
+        return dict.fromkeys(value, REDACTED) if isinstance(value, Mapping) else REDACTED
     if re.fullmatch(_SECRET_NAME, key, re.I) and isinstance(value, str | int | float):
         return REDACTED
     if isinstance(value, Mapping):

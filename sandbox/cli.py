@@ -24,6 +24,7 @@ from sandbox import profile as profiles
 from sandbox.backends import base
 from sandbox.errors import InvalidArgument, SandboxError
 
+Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX = 125
 
@@ -32,7 +33,7 @@ def _say(line: str) -> None:
     print(f"sandbox: {line}", file=sys.stderr, flush=True)
 
 
-def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_run(sub: Subparsers) -> None:
     run = sub.add_parser("run", help="run a command in a jail", description="Run ARGV in a jail.")
     run.add_argument("--profile", help="a shipped profile name or a TOML file (default: default)")
     run.add_argument("--backend", help="auto, bwrap, docker or host (default: the profile's, auto)")
@@ -231,7 +232,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sandbox", description="Run agent tools under an OS-level boundary.")
     parser.add_argument("--version", action="version", version=f"sandbox {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = typing.cast("Subparsers", parser.add_subparsers(dest="command", required=True))
     _add_run(sub)
     check = sub.add_parser("check", help="what each backend can guarantee on this host")
     check.add_argument("--backend", choices=base.BACKENDS)
@@ -247,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _register_optional(sub: Subparsers) -> None:
     """Subcommands of the other layers, registered when their modules are present."""
     import importlib
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class SandboxError(Exception):

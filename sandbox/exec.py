@@ -160,17 +160,25 @@ async def run(
     abort: anyio.Event | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    stdin: bytes | None = None,
+    capture_bytes: int | None = None,
 ) -> ExecResult:
-    """Run ``argv`` in ``jail``; see the module docstring for the guarantees."""
+    """Run ``argv`` in ``jail``; see the module docstring for the guarantees.
+
+    ``capture_bytes`` overrides the profile's per-stream capture (for machine-read output).
+    """
     profile = jail.profile
     limit = check_timeout(timeout, profile)
     grace = profile.timeouts.kill_grace_s
-    out, err = Capture(profile.limits.capture_bytes), Capture(profile.limits.capture_bytes)
+    keep = capture_bytes or profile.limits.capture_bytes
+    out, err = Capture(keep), Capture(keep)
     started = time.monotonic()
-    proc = await jail.spawn(list(argv), env=env, cwd=cwd)
+    proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin)
     spawned = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
+            if stdin is not None:
+                tg.start_soon(proc.feed_stdin)
             tg.start_soon(_pump, proc.stdout, out, on_stdout)
             tg.start_soon(_pump, proc.stderr, err, on_stderr)
             outcome = await _supervise(proc, limit, abort, grace)

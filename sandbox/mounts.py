@@ -21,15 +21,17 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from sandbox import datadir
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
 
 Kind = Literal["file", "dir", "symlink", "special"]
 Status = Literal["added", "modified", "deleted"]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -17,6 +16,9 @@ import pytest
 from sandbox import profile as profiles
 from sandbox.backends import base
 from sandbox.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 BACKENDS = ("bwrap", "docker")
 

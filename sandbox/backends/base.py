@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from pathlib import Path
+
     from anyio.abc import ByteReceiveStream
 
     from sandbox.guarantees import Report
@@ -54,7 +55,10 @@ class Process(ABC):
         """Whether the memory limit killed a process of this call."""
         return False
 
-    def release(self) -> None:
+    async def feed_stdin(self) -> None:  # noqa: B027 - only commands spawned with stdin need it
+        """Write the ``stdin`` given to ``spawn`` and close it; run beside the output pumps."""
+
+    def release(self) -> None:  # noqa: B027 - an optional hook; most backends hold nothing
         """Free what the call held (cgroups, exec ids) once it is over and its tree is dead."""
 
 
@@ -76,8 +80,10 @@ class Jail(ABC):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stdin: bytes | None = None,
     ) -> Process:
-        """Start ``argv`` inside the jail with stdin closed. ``env`` is added to the scrubbed base."""
+        """Start ``argv`` inside the jail. ``env`` is added to the scrubbed base; ``stdin`` is fed
+        to the command and then closed (``None``: stdin is closed from the start)."""
 
     async def changes(self) -> Changeset | None:
         """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
@@ -106,8 +112,11 @@ class Backend(ABC):
         """What this host lets this backend enforce, with the reason where not (cached)."""
 
     @abstractmethod
-    async def open_jail(self, workspace: Path, profile: Profile) -> Jail:
-        """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it."""
+    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> Jail:
+        """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it.
+
+        ``scratch``, when given, is an existing host directory shown read-write at the same path.
+        """
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""

@@ -17,7 +17,6 @@ import shutil
 import stat
 import subprocess
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +33,8 @@ from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
+
+    from collections.abc import Iterable, Mapping, Sequence
 
     from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
@@ -88,7 +89,7 @@ def _system_mounts() -> list[str]:
     return args
 
 
-def jail_args(profile: Profile, workspace: Path, source: Path) -> list[str]:
+def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | None = None) -> list[str]:
     """The bwrap arguments shared by every call of a jail (everything but fds, env and argv)."""
     ws = str(workspace)
     args = [
@@ -107,6 +108,7 @@ def jail_args(profile: Profile, workspace: Path, source: Path) -> list[str]:
         "--tmpfs", "/tmp",
         "--dir", SANDBOX_HOME,
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
+        *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         "--remount-ro", "/",
     ]
     return args
@@ -115,12 +117,13 @@ def jail_args(profile: Profile, workspace: Path, source: Path) -> list[str]:
 class BwrapJail(Jail):
     backend = "bwrap"
 
-    def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None) -> None:
+    def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None,
+                 scratch: Path | None = None) -> None:
         self.workspace = workspace
         self.profile = profile
         self.tree = tree
         self.id = uuid.uuid4().hex[:12]
-        self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source)]
+        self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source, scratch)]
         self._live: set[local.LocalProcess] = set()
         self._pool = local.CgroupPool(profile)
         self._closed = False
@@ -132,7 +135,8 @@ class BwrapJail(Jail):
             proc.cgroup = None
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        stdin: bytes | None = None,
     ) -> local.LocalProcess:
         if self._closed:
             raise InvalidArgument("the jail is closed", jail=self.id)
@@ -140,17 +144,18 @@ class BwrapJail(Jail):
             raise InvalidArgument("empty argv: name a command to run")
         group = self._pool.take()
         try:
-            proc = await self._start(argv, env, cwd, group)
+            proc = await self._start(argv, env, cwd, group, stdin is not None)
         except BaseException:
             if group:
                 self._pool.give_back(group)
             raise
+        proc.stdin_data = stdin
         self._live.add(proc)
         return proc
 
     async def _start(
         self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-        group: cgroups.CallCgroup | None,
+        group: cgroups.CallCgroup | None, stdin: bool,
     ) -> local.LocalProcess:
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
@@ -159,7 +164,7 @@ class BwrapJail(Jail):
                "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
         try:
             with map_errors("cannot start bwrap", BackendUnavailable):
-                proc = Child(cmd, pass_fds=(info_w, block_r))
+                proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
         finally:
             os.close(info_w)
             os.close(block_r)
@@ -238,7 +243,7 @@ class BwrapBackend(Backend):
     def probe(self) -> Report:
         return probe()
 
-    async def open_jail(self, workspace: Path, profile: Profile) -> BwrapJail:
+    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> BwrapJail:
         self.check(profile)
         ws = check_workspace(workspace)
         tree: CopyTree | None = None
@@ -246,7 +251,7 @@ class BwrapBackend(Backend):
         if profile.mount.strategy == "copy":
             tree = await CopyTree.prepare(ws)
             source = tree.root
-        return BwrapJail(ws, profile, source, tree)
+        return BwrapJail(ws, profile, source, tree, scratch)
 
 
 _ALWAYS = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "tree-kill",
@@ -286,9 +291,12 @@ def probe() -> Report:
         report.grant(name, problem is None, problem or "")
     for ctrl, guarantee in (("memory", "memory-limit"), ("pids", "pids-limit")):
         where = cgroups.hierarchies()[ctrl]
-        ok = isinstance(where, cgroups.Hierarchy)
-        report.grant(guarantee, ok and problem is None, where if isinstance(where, str) else problem or "")
-        report.details[f"cgroup-{ctrl}"] = f"v{where.version} {where.base}" if ok else where
+        if isinstance(where, cgroups.Hierarchy):
+            report.grant(guarantee, problem is None, problem or "")
+            report.details[f"cgroup-{ctrl}"] = f"v{where.version} {where.base}"
+        else:
+            report.grant(guarantee, False, where)
+            report.details[f"cgroup-{ctrl}"] = where
     report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
     report.grant("overlay", False, f"{report.details['version']} has no --overlay (bubblewrap 0.9 adds it)")
     return report

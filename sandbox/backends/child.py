@@ -11,10 +11,13 @@ import contextlib
 import fcntl
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import ByteReceiveStream
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 PIPE_SIZE = 1 << 20  # a bigger pipe halves the wakeups when a command floods its output
 READ_SIZE = 1 << 20
@@ -55,9 +58,11 @@ class Child:
     """``subprocess.Popen`` with stdin closed, stdout/stderr as streams and an awaitable exit."""
 
     def __init__(self, argv: Sequence[str], *, pass_fds: Sequence[int] = (), cwd: str | None = None,
-                 env: Mapping[str, str] | None = None, new_session: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, new_session: bool = False,
+                 stdin: bool = False) -> None:
         self.popen = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            list(argv), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=tuple(pass_fds), cwd=cwd, env=dict(env) if env is not None else None,
             start_new_session=new_session,
         )
@@ -67,10 +72,33 @@ class Child:
         self.stderr = FdReceiveStream(os.dup(self.popen.stderr.fileno()))
         self.popen.stdout.close()
         self.popen.stderr.close()
+        self.stdin_fd: int | None = None
+        if self.popen.stdin is not None:
+            self.stdin_fd = os.dup(self.popen.stdin.fileno())
+            self.popen.stdin.close()
+            os.set_blocking(self.stdin_fd, False)
         try:
             self._pidfd: int | None = os.pidfd_open(self.pid)
         except (AttributeError, OSError):  # kernel < 5.3: fall back to a waiting thread
             self._pidfd = None
+
+    async def feed(self, data: bytes) -> None:
+        """Write ``data`` to the child's stdin, then close it (EPIPE: the child stopped reading)."""
+        fd = self.stdin_fd
+        if fd is None:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    await anyio.wait_writable(fd)
+        except BrokenPipeError:
+            pass
+        finally:
+            self.stdin_fd = None
+            os.close(fd)
 
     @property
     def returncode(self) -> int | None:
@@ -99,6 +127,9 @@ class Child:
         """Release the pipes and the pidfd (the process itself must already be reaped or killed)."""
         self.stdout.close()
         self.stderr.close()
+        if self.stdin_fd is not None:
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
         self._close_pidfd()
 
     async def aclose(self) -> None:

@@ -127,8 +127,29 @@ def _short(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
+def _check_unix_socket() -> None:
+    """Fail fast, and without the SDK, when a local daemon's socket does not answer.
+
+    The SDK leaks the socket of a failed unix connect; trying it ourselves first avoids that.
+    """
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return
+    path = host.removeprefix("unix://")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe_sock:
+        probe_sock.settimeout(PROBE_TIMEOUT_S)
+        try:
+            probe_sock.connect(path)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Docker daemon: the Docker daemon is unreachable at {path} "
+                f"({exc.strerror or exc}); start dockerd or set DOCKER_HOST", backend="docker", host=host,
+            ) from None
+
+
 def connect(timeout: float = API_TIMEOUT_S) -> docker.DockerClient:
     """A client from the usual environment (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
+    _check_unix_socket()
     with _translated("cannot reach the Docker daemon"):
         client = docker.from_env(timeout=int(math.ceil(timeout)))
         try:
@@ -211,13 +232,17 @@ def _tmpfs(profile: Profile) -> dict[str, str]:
     return {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
 
 
-def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path) -> dict[str, Any]:
+def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path,
+                     scratch: Path | None = None) -> dict[str, Any]:
     """The create() arguments of a jail's container: every confinement knob in one place.
 
     The Docker socket is never mounted; the only bind is the workspace (or its private copy),
     at the workspace's own absolute path.
     """
     ws = str(workspace)
+    mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
+    if scratch is not None:
+        mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
     return {
         "image": image_ref(profile),
         "command": ["sleep", "infinity"],
@@ -230,8 +255,7 @@ def container_config(profile: Profile, jail_id: str, workspace: Path, source: Pa
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on
         "tmpfs": _tmpfs(profile),
-        "mounts": [Mount(target=ws, source=str(source), type="bind",
-                         read_only=profile.mount.strategy == "ro")],
+        "mounts": mounts,
         "working_dir": ws,
         "environment": {},
         # The daemon removes it by itself if it dies with us or is restarted without us.
@@ -324,6 +348,16 @@ class _Pump:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             anyio.from_thread.run(send.send, data, token=self._token)
 
+    def feed(self, data: bytes) -> None:
+        """Write the call's stdin and half-close it, so the command sees end of file."""
+        raw = _unwrap_socket(self.sock)
+        if raw is None:
+            raise BackendUnavailable("this Docker connection cannot carry stdin", backend="docker")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            raw.sendall(data)
+        with contextlib.suppress(OSError):
+            raw.shutdown(socket.SHUT_WR)
+
     def close(self) -> None:
         self.stdout.close()
         self.stderr.close()
@@ -372,8 +406,8 @@ class Runtime:
             raise
         return cls(client, container, user)
 
-    def exec_start(self, argv: list[str], env: dict[str, str], cwd: str) -> tuple[str, Any]:
-        created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=False,
+    def exec_start(self, argv: list[str], env: dict[str, str], cwd: str, stdin: bool) -> tuple[str, Any]:
+        created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin,
                                               tty=False, environment=env, workdir=cwd, user=self.user)
         exec_id = str(created["Id"])
         return exec_id, self.client.api.exec_start(exec_id, detach=False, tty=False, stream=False,
@@ -419,9 +453,10 @@ class Runtime:
         """Which of these container events the daemon logged since the container started."""
         # A fractional `until` ends the query now; an int would block to the next second.
         until: Any = f"{time.time():.6f}"
-        found = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
-                                       filters={"container": self.id, "event": list(names)})
-        return {str(event.get("status") or event.get("Action")) for event in found}
+        stream = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
+                                        filters={"container": self.id, "event": list(names)})
+        with contextlib.closing(stream):  # else its socket is left for the garbage collector
+            return {str(event.get("status") or event.get("Action")) for event in stream}
 
     def killed_from_outside(self) -> tuple[bool, bool]:
         """(killed, out of memory): `docker kill`/stop, an OOM of its init, a daemon restart."""
@@ -458,7 +493,11 @@ class DockerProcess(Process):
         self._oom = False
         self._swept = False
         self._killing = False
+        self.stdin_data: bytes | None = None
         self.returncode: int | None = None
+
+    async def feed_stdin(self) -> None:
+        await _run_sync("cannot write the call's stdin", self._pump.feed, self.stdin_data or b"")
 
     async def wait(self) -> int:
         if self.returncode is not None:
@@ -553,14 +592,14 @@ class DockerJail(Jail):
     backend = "docker"
 
     def __init__(self, client: docker.DockerClient, workspace: Path, profile: Profile, source: Path,
-                 tree: CopyTree | None, user: str) -> None:
+                 tree: CopyTree | None, user: str, scratch: Path | None = None) -> None:
         self.client = client
         self.workspace = workspace
         self.profile = profile
         self.tree = tree
         self.user = user
         self.id = uuid.uuid4().hex[:12]
-        self._config = container_config(profile, self.id, workspace, source)
+        self._config = container_config(profile, self.id, workspace, source, scratch)
         self._warm: Runtime | None = None
         self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
         self._held: DockerProcess | None = None
@@ -585,7 +624,8 @@ class DockerJail(Jail):
                                self._config, self.user)
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        stdin: bytes | None = None,
     ) -> DockerProcess:
         if self._closed:
             raise InvalidArgument("the jail is closed", jail=self.id)
@@ -594,7 +634,7 @@ class DockerJail(Jail):
         if not self.warm:
             runtime = await self._new_runtime()
             try:
-                return await self._exec(runtime, argv, env, cwd, owns=True)
+                return await self._exec(runtime, argv, env, cwd, stdin, owns=True)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await _run_sync("cannot remove the call's container", runtime.remove)
@@ -602,7 +642,7 @@ class DockerJail(Jail):
         await self._slot.acquire()
         try:
             runtime = await self._ready_runtime()
-            proc = await self._exec(runtime, argv, env, cwd, owns=False)
+            proc = await self._exec(runtime, argv, env, cwd, stdin, owns=False)
         except BaseException:
             self._slot.release()
             raise
@@ -627,11 +667,13 @@ class DockerJail(Jail):
         return self._warm
 
     async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
-                    cwd: str | None, owns: bool) -> DockerProcess:
+                    cwd: str | None, stdin: bytes | None, owns: bool) -> DockerProcess:
         cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
         exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
-                                        cmd, base_env(self.profile, env), cwd or str(self.workspace))
+                                        cmd, base_env(self.profile, env), cwd or str(self.workspace),
+                                        stdin is not None)
         proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done, owns)
+        proc.stdin_data = stdin
         self._live.add(proc)
         return proc
 
@@ -696,7 +738,7 @@ class DockerBackend(Backend):
     def probe(self) -> Report:
         return probe()
 
-    async def open_jail(self, workspace: Path, profile: Profile) -> DockerJail:
+    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> DockerJail:
         self.check(profile)
         ws = check_workspace(workspace)
         if profile.mount.strategy == "overlay":
@@ -710,7 +752,7 @@ class DockerBackend(Backend):
         except BaseException:
             client.close()
             raise
-        jail = DockerJail(client, ws, profile, tree.root if tree else ws, tree, user)
+        jail = DockerJail(client, ws, profile, tree.root if tree else ws, tree, user, scratch)
         try:
             if tree is not None:
                 await anyio.to_thread.run_sync(_own_tree, tree, user)

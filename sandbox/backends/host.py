@@ -8,10 +8,7 @@ processes so the tree kill holds; the probe says plainly what it does not guaran
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -25,6 +22,9 @@ from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from pathlib import Path
+
     from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
 
@@ -52,7 +52,8 @@ class HostJail(Jail):
         return self.tree.root if self.tree else self.workspace
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        stdin: bytes | None = None,
     ) -> local.LocalProcess:
         if self._closed:
             raise InvalidArgument("the jail is closed")
@@ -67,7 +68,7 @@ class HostJail(Jail):
                 proc = Child(
                     ["/bin/sh", "-c", hold, "sandbox-host", *argv], pass_fds=(hold_r,),
                     cwd=cwd or str(self.cwd), env=base_env(self.profile, env) | {"HOME": str(self.cwd)},
-                    new_session=True,
+                    new_session=True, stdin=stdin is not None,
                 )
             child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             local.confine(proc.pid, self.profile, group)
@@ -79,6 +80,7 @@ class HostJail(Jail):
         finally:
             os.close(hold_r)
             os.close(hold_w)
+        child.stdin_data = stdin
         self._live.add(child)
         return child
 
@@ -109,7 +111,7 @@ class HostBackend(Backend):
     def probe(self) -> Report:
         return probe()
 
-    async def open_jail(self, workspace: Path, profile: Profile) -> HostJail:
+    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> HostJail:
         self.check(profile)
         if profile.mount.strategy not in ("rw", "copy"):
             raise GuaranteeUnavailable(

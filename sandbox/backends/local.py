@@ -12,7 +12,6 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +22,8 @@ from sandbox.backends.base import Process
 from sandbox.errors import BackendUnavailable, map_errors
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from sandbox.backends.child import Child
     from sandbox.profile import Profile
 
@@ -67,8 +68,14 @@ def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
         usable = {"pids": 2**22}
     if not usable:
         return None
+    limits = cgroups.Limits(memory=_int(usable.get("memory")), pids=_int(usable.get("pids")),
+                            cpus=usable.get("cpus"))
     with map_errors("cannot create the call's cgroup", BackendUnavailable):
-        return cgroups.CallCgroup.create(cgroups.Limits(**usable))
+        return cgroups.CallCgroup.create(limits)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def rlimits(profile: Profile) -> list[tuple[int, int]]:
@@ -114,6 +121,10 @@ class LocalProcess(Process):
         self.stdout = proc.stdout
         self.stderr = proc.stderr
         self.returncode: int | None = None
+        self.stdin_data: bytes | None = None
+
+    async def feed_stdin(self) -> None:
+        await self._proc.feed(self.stdin_data or b"")
 
     async def wait(self) -> int:
         self.returncode = await self._proc.wait()
@@ -139,7 +150,8 @@ class LocalProcess(Process):
         if grace > 0:
             signal_all(victims, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(map(_alive, victims)):
+            # Polling: no event tells us that processes in another pid namespace exited.
+            while time.monotonic() < deadline and any(map(_alive, victims)):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         with anyio.CancelScope(shield=True):
             while pids := self.running_pids():

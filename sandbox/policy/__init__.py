@@ -8,11 +8,13 @@ must be confirmed, or is denied. Pure Python; independent of every backend.
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.policy.rules import RuleSet, RuleStore
 from sandbox.policy.trust import TrustStore, project_rules
+
+if TYPE_CHECKING:
+    import os
 
 
 def load_ruleset(settings: Any, workspace: str | os.PathLike[str], *, store: RuleStore | None = None,

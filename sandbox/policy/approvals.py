@@ -19,7 +19,6 @@ from typing import Literal, TextIO, get_args
 
 import anyio
 import anyio.to_thread
-import sniffio
 
 Answer = Literal["allow-once", "allow-session", "deny"]
 ANSWERS: frozenset[str] = frozenset(get_args(Answer))
@@ -163,9 +162,10 @@ def _outcome(approver: Approver, answer: object, start: float) -> ApprovalOutcom
 
 def _approver_cancelled_itself() -> bool:
     """A CancelledError with no cancellation pending on our task came from inside the approver."""
-    if sniffio.current_async_library() != "asyncio":
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not running on asyncio (trio): a Cancelled there is always ours
         return False
-    task = asyncio.current_task()
     return task is not None and task.cancelling() == 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox.errors import ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
-from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
+
+if TYPE_CHECKING:
+    from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,19 @@ import itertools
 import os
 import re
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox.policy.flags import Shape, shape
-from sandbox.policy.paths import PathPolicy, ResolvedPath
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
 from sandbox.policy.shell import Simple, Unparseable, Word, parse
 from sandbox.policy.verdict import Finding, Layer, strongest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sandbox.policy.paths import PathPolicy, ResolvedPath
 
 MAX_DEPTH = 6
 SENSITIVE_VAR = re.compile(
@@ -328,6 +332,8 @@ class _Judge:
         texts = [word.text for word in args]
         cmd = shape(name, texts)
         self._deny_layer(name, args)
+        if unknown_args and name in DELETERS:
+            self.add("ask", "shell.dynamic-delete", f"{name} deletes paths only known at run time (xargs, find -exec)")
         allowed = self._user_rules(cmd)
         self._builtin_asks(name, cmd, texts)
         if name == "find":
@@ -361,7 +367,8 @@ class _Judge:
                 allowed = True
             else:
                 layer: Layer = "deny" if rule.rule.action == "block" else "ask"
-                self.add(layer, rule.rule.id, f"matches your {rule.rule.action} rule {rule.rule.text or rule.rule.command!r}")
+                what = rule.rule.text or rule.rule.command
+                self.add(layer, rule.rule.id, f"matches your {rule.rule.action} rule {what!r}")
         return allowed
 
     def _builtin_asks(self, name: str, cmd: Shape, texts: Sequence[str]) -> None:

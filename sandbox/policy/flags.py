@@ -6,8 +6,11 @@ has one, so a rule or a check written one way matches every spelling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 _LONG: dict[str, dict[str, str]] = {
     "rm": {"recursive": "r", "force": "f", "dir": "d", "interactive": "i", "verbose": "v"},

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, Literal
 
 from sandbox import datadir
 from sandbox.errors import ToolDenied
 from sandbox.policy import commands
 from sandbox.policy.paths import Escape, PathPolicy, ResolvedPath, Root
 from sandbox.policy.rules import CompiledRule, RuleSet
-from sandbox.policy.verdict import Finding, Level, Mode
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from sandbox.policy.verdict import Finding, Level, Mode
 
 DecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
 _GLOB_CHARS = frozenset("*?[{")

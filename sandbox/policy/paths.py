@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sandbox.errors import InvalidArgument
 from sandbox.policy.verdict import Finding
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 Root = Literal["workspace", "scratch", "external"]
 Escape = Literal["absolute", "parent", "symlink", "home"]

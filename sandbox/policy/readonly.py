@@ -84,17 +84,17 @@ def _git(shape: Shape, args: Sequence[str]) -> bool:
     return True
 
 
-READ_ONLY: dict[str, Predicate] = {
-    name: _always
-    for name in (
+READ_ONLY: dict[str, Predicate] = dict.fromkeys(
+    (
         "ls", "cat", "head", "tail", "wc", "grep", "egrep", "fgrep", "pwd", "echo", "printf", "true",
         "false", "which", "type", "file", "stat", "du", "df", "diff", "cmp", "cut", "tr", "basename",
         "dirname", "realpath", "readlink", "whoami", "id", "uname", "test", "[", "sha256sum", "sha1sum",
         "sha512sum", "md5sum", "cksum", "b2sum", "jq", "column", "nl", "od", "hexdump", "seq", "sleep",
         "expr", "comm", "paste", "fold", "fmt", "rev", "tac", "strings", "locale", "nproc", "uptime",
         "cd", "pushd", "popd", "dirs", "read", ":", "wait", "arch", "tty", "groups", "getconf",
-    )
-}
+    ),
+    _always,
+)
 READ_ONLY.update({
     "sort": _no_flags("-o"),
     "uniq": _uniq,

@@ -13,10 +13,8 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -24,6 +22,10 @@ from sandbox import datadir
 from sandbox.errors import InvalidArgument
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.paths import PatternSet
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
 
 Action = Literal["allow", "block", "ask"]
 POLICY_VERSION = "1"

@@ -331,13 +331,13 @@ async def test_no_network_egress(open_jail: JailFactory) -> None:
     jail = await open_jail()
     script = (
         "import socket\n"
-        "for target in [('127.0.0.1', %d), ('1.1.1.1', 53)]:\n"
+        "for target in [('127.0.0.1', PORT), ('1.1.1.1', 53)]:\n"
         "    s = socket.socket(); s.settimeout(3)\n"
         "    try: s.connect(target); print('CONNECTED', target)\n"
         "    except OSError as e: print('blocked', e)\n"
         "try: print('RESOLVED', socket.gethostbyname('deb.debian.org'))\n"
         "except OSError as e: print('no dns', e)\n"
-    ) % port
+    ).replace("PORT", str(port))
     result = await executor.run(jail, ["python3", "-c", script])
     server.close()
     assert "CONNECTED" not in result.stdout and "RESOLVED" not in result.stdout

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from policy_world import World
 
 from sandbox.policy.gate import SessionState
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _touch(path: Path, text: str = "x") -> None:

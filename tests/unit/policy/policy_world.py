@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox.policy.gate import Gate, ToolCall
-from sandbox.policy.rules import RuleSet
 from sandbox.profile import Policy
 from sandbox.tools.params import validate
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sandbox.policy.rules import RuleSet
 
 
 @dataclass
@@ -27,7 +31,7 @@ class World:
 
     def gate(self, mode: str | None = "ask", plan: bool = False, rules: RuleSet | None = None,
              **policy: object) -> Gate:
-        settings = Policy(mode=mode, operating_mode="plan" if plan else "agent", **policy)  # type: ignore[arg-type]
+        settings = Policy.model_validate({"mode": mode, "operating_mode": "plan" if plan else "agent", **policy})
         return Gate(self.ws, self.scratch, settings, rules, data_dir=self.data)
 
     def call(self, tool: str, args: dict[str, object], session: str = "s1", turn: str = "t1") -> ToolCall:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from sandbox.policy.gate import SessionState
-from policy_world import World
+
+if TYPE_CHECKING:
+    from policy_world import World
 
 CASES_DIR = Path(__file__).parent / "cases"
 ALL_MODES = ("ask", "accept-edits", "auto")

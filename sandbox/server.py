@@ -1,0 +1,369 @@
+"""``sandbox serve``: JSON-RPC 2.0 over stdio, one JSON object per line, for agents.
+
+Requests run concurrently; output of a running tool arrives as ``tool.output`` notifications
+tagged ``stdout``/``stderr``; approvals are server-to-client ``approval.request`` calls that fail
+closed (no answer in time, an error answer or a closed pipe: deny). When stdin closes, every
+session is closed and every process it started is killed. See integrations/pi/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox import __version__
+from sandbox.audit import AuditLog
+from sandbox.backends.child import FdReceiveStream
+from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver
+from sandbox.session import Sandbox
+from sandbox.tools.params import REGISTRY
+from sandbox.tools.run import ToolResult
+
+PROTOCOL = 1
+MAX_LINE = 64 * 1024 * 1024
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
+Answer = Literal["allow-once", "allow-session", "deny"]
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InitializeParams(_Params):
+    client: str | None = None
+
+
+class SessionOpenParams(_Params):
+    workspace: str
+    profile: str | None = None
+    backend: Literal["auto", "bwrap", "docker", "host"] | None = None
+    mode: Literal["ask", "accept-edits", "auto"] | None = None
+    operating_mode: Literal["agent", "plan"] | None = None
+    mount: Literal["ro", "rw", "copy", "overlay"] | None = None
+    trust_project: bool | None = None
+
+
+class SessionParams(_Params):
+    session_id: str
+
+
+class ToolCallParams(_Params):
+    session_id: str
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = None
+    turn_id: str = "turn-0"
+
+
+class ToolCancelParams(_Params):
+    tool_call_id: str
+
+
+class RollbackParams(_Params):
+    session_id: str
+    snapshot_id: str
+
+
+class AuditQueryParams(_Params):
+    session_id: str | None = None
+    limit: int = Field(100, ge=1, le=10_000)
+
+
+class ApprovalAnswer(_Params):
+    decision: Answer
+
+
+class ToolOutput(_Params):
+    tool_call_id: str
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+METHOD_PARAMS: dict[str, type[BaseModel]] = {
+    "initialize": InitializeParams, "session.open": SessionOpenParams, "session.close": SessionParams,
+    "tool.call": ToolCallParams, "tool.cancel": ToolCancelParams, "snapshot.rollback": RollbackParams,
+    "audit.query": AuditQueryParams, "shutdown": _Params,
+}
+
+
+def schema() -> dict[str, Any]:
+    """JSON Schemas of every message, generated from the models above."""
+    return {
+        "protocol": PROTOCOL,
+        "requests": {name: model.model_json_schema() for name, model in METHOD_PARAMS.items()},
+        "results": {"tool.call": ToolResult.model_json_schema()},
+        "notifications": {"tool.output": ToolOutput.model_json_schema()},
+        "server_requests": {"approval.request": {"params": _approval_schema(),
+                                                 "result": ApprovalAnswer.model_json_schema()}},
+        "tools": {name: spec.params.model_json_schema() for name, spec in REGISTRY.items()},
+    }
+
+
+def _approval_schema() -> dict[str, Any]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ApprovalRequest).json_schema()
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+class Writer:
+    """Serialises whole lines onto a non-blocking fd (stdout)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._lock = anyio.Lock()
+        self.closed = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        async with self._lock:
+            while data and not self.closed:
+                try:
+                    data = data[os.write(self.fd, data):]
+                except BlockingIOError:
+                    await anyio.wait_writable(self.fd)
+                except (BrokenPipeError, OSError):
+                    self.closed = True
+
+
+class RpcApprover(Approver):
+    """Asks the client; its silence, an error answer or a closed pipe all mean deny (upstream)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def ask(self, request: ApprovalRequest) -> Answer:
+        params = {k: getattr(request, k) for k in ApprovalRequest.__dataclass_fields__}
+        reply = await self.server.request("approval.request", params)
+        return ApprovalAnswer.model_validate(reply).decision
+
+
+class Server:
+    def __init__(self, writer: Writer) -> None:
+        self.writer = writer
+        self.sessions: dict[str, Sandbox] = {}
+        self.aborts: dict[str, anyio.Event] = {}
+        self.by_request: dict[Any, str] = {}
+        self.pending: dict[str, Any] = {}
+        self.stop = anyio.Event()
+        self.handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "initialize": self.initialize, "session.open": self.session_open, "session.close": self.session_close,
+            "tool.call": self.tool_call, "tool.cancel": self.tool_cancel, "snapshot.rollback": self.rollback,
+            "audit.query": self.audit_query, "shutdown": self.shutdown,
+        }
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """A server-to-client request; raises ApprovalUnavailable when the client is gone or errs."""
+        if self.writer.closed or self.stop.is_set():
+            raise ApprovalUnavailable("the client is gone")
+        rid = f"s-{uuid.uuid4().hex[:12]}"
+        send, receive = anyio.create_memory_object_stream[Any](1)
+        self.pending[rid] = send
+        try:
+            await self.writer.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            with receive:
+                reply = await receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            raise ApprovalUnavailable("the client closed the connection") from exc
+        finally:
+            self.pending.pop(rid, None)
+        if "error" in reply:
+            raise ApprovalUnavailable(f"the client answered with an error: {reply['error']}")
+        return reply.get("result")
+
+    def _resolve(self, message: dict[str, Any]) -> None:
+        stream = self.pending.pop(str(message.get("id")), None)
+        if stream is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
+                stream.send_nowait(message)
+            stream.close()
+
+    def client_gone(self) -> None:
+        for stream in list(self.pending.values()):
+            stream.close()
+        self.pending.clear()
+        self.stop.set()
+
+    async def dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: {exc}"))
+            return
+        if not isinstance(message, dict):
+            await self._reply(None, error=RpcError(INVALID_REQUEST, "a message must be a JSON object"))
+            return
+        if "method" not in message:
+            self._resolve(message)
+            return
+        if message["method"] == "$/cancelRequest":
+            call = self.by_request.get((message.get("params") or {}).get("id"))
+            if call in self.aborts:
+                self.aborts[call].set()
+            return
+        await self._handle(message)
+
+    async def _handle(self, message: dict[str, Any]) -> None:
+        rid, method = message.get("id"), message.get("method")
+        try:
+            handler = self.handlers.get(str(method))
+            if handler is None:
+                raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; methods: {', '.join(self.handlers)}")
+            params = _validate(str(method), message.get("params") or {})
+            if isinstance(params, ToolCallParams):
+                params.tool_call_id = params.tool_call_id or f"call-{uuid.uuid4().hex[:12]}"
+                self.by_request[rid] = params.tool_call_id
+            result = await handler(params)
+        except RpcError as exc:
+            await self._reply(rid, error=exc)
+        except SandboxError as exc:
+            await self._reply(rid, error=RpcError(SANDBOX_ERROR, exc.message, exc.to_dict()))
+        else:
+            await self._reply(rid, result=result)
+            if method == "shutdown":
+                self.stop.set()
+        finally:
+            self.by_request.pop(rid, None)
+
+    async def _reply(self, rid: Any, *, result: Any = None, error: RpcError | None = None) -> None:
+        if rid is None and error is None:
+            return  # a notification gets no answer
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
+        if error is not None:
+            body["error"] = {"code": error.code, "message": error.message,
+                             **({"data": error.data} if error.data is not None else {})}
+        else:
+            body["result"] = result
+        await self.writer.send(body)
+
+    def _session(self, session_id: str) -> Sandbox:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise RpcError(INVALID_PARAMS, f"unknown session {session_id!r}",
+                           {"code": "INVALID_ARGUMENT", "session_id": session_id}) from None
+
+    # -- methods ----------------------------------------------------------------------------------
+
+    async def initialize(self, params: InitializeParams) -> dict[str, Any]:
+        return {"server": "sandbox", "version": __version__, "protocol": PROTOCOL, "tools": sorted(REGISTRY)}
+
+    async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
+        sandbox = await Sandbox.create(p.workspace, profile=p.profile or "default", backend=p.backend,
+                                       mount=p.mount, mode=p.mode, operating_mode=p.operating_mode,
+                                       approver=RpcApprover(self), trust_project=p.trust_project)
+        self.sessions[sandbox.session_id] = sandbox
+        return {"session_id": sandbox.session_id, "workspace": str(sandbox.workspace),
+                "scratch_dir": str(sandbox.scratch), "backend": sandbox.jail.backend, "mount": sandbox.jail.mount,
+                "profile": sandbox.profile.name, "mode": sandbox.gate.mode_for(sandbox.state)}
+
+    async def session_close(self, p: SessionParams) -> dict[str, Any]:
+        sandbox = self._session(p.session_id)
+        del self.sessions[p.session_id]
+        await sandbox.aclose()
+        return {"closed": True}
+
+    async def tool_call(self, p: ToolCallParams) -> dict[str, Any]:
+        sandbox = self._session(p.session_id)
+        call_id = p.tool_call_id or ""
+        abort = self.aborts.setdefault(call_id, anyio.Event())
+        try:
+            result = await sandbox.call(p.tool, p.args, tool_call_id=call_id, turn_id=p.turn_id, abort=abort,
+                                        on_stdout=self._output(call_id, "stdout"),
+                                        on_stderr=self._output(call_id, "stderr"))
+        finally:
+            self.aborts.pop(call_id, None)
+        return result.model_dump()
+
+    def _output(self, call_id: str, stream: str) -> Callable[[bytes], Awaitable[None]]:
+        async def send(chunk: bytes) -> None:
+            await self.writer.send({"jsonrpc": "2.0", "method": "tool.output", "params": {
+                "tool_call_id": call_id, "stream": stream, "data": chunk.decode("utf-8", errors="replace")}})
+
+        return send
+
+    async def tool_cancel(self, p: ToolCancelParams) -> dict[str, Any]:
+        abort = self.aborts.get(p.tool_call_id)
+        if abort is not None:
+            abort.set()
+        return {"cancelled": abort is not None}
+
+    async def rollback(self, p: RollbackParams) -> dict[str, Any]:
+        result = await self._session(p.session_id).rollback(p.snapshot_id)
+        return {"ok": result.ok, "path": result.details.get("path"), "content": result.content}
+
+    async def audit_query(self, p: AuditQueryParams) -> dict[str, Any]:
+        log = AuditLog()
+        try:
+            rows = [r for r in log.rows() if p.session_id is None or r["session_id"] == p.session_id]
+        finally:
+            log.close()
+        return {"records": rows[-p.limit:]}
+
+    async def shutdown(self, p: _Params) -> dict[str, Any]:
+        await self.close_all()
+        return {}
+
+    async def close_all(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for sandbox in list(self.sessions.values()):
+                with contextlib.suppress(SandboxError):
+                    await sandbox.aclose()
+            self.sessions.clear()
+
+
+def _validate(method: str, params: Any) -> BaseModel:
+    try:
+        return METHOD_PARAMS[method].model_validate(params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
+        raise RpcError(INVALID_PARAMS, f"invalid params for {method}: {problems}",
+                       InvalidArgument(problems).to_dict()) from exc
+
+
+async def serve(stdin_fd: int = 0, stdout_fd: int = 1) -> int:
+    writer = Writer(stdout_fd)
+    server = Server(writer)
+    lines = BufferedByteReceiveStream(FdReceiveStream(stdin_fd))
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def read_lines() -> None:
+                try:
+                    while True:
+                        line = await lines.receive_until(b"\n", MAX_LINE)
+                        if line.strip():
+                            tg.start_soon(server.dispatch, line)
+                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound):
+                    pass
+                server.client_gone()
+
+            tg.start_soon(read_lines)
+            await server.stop.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        await server.close_all()
+    return 0
+
+
+def main() -> int:
+    print("sandbox serve: JSON-RPC 2.0 on stdin/stdout", file=sys.stderr)  # noqa: T201
+    return anyio.run(serve)

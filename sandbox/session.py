@@ -1,0 +1,266 @@
+"""A session: one workspace, one scratch directory, one jail, one policy, one audit trail.
+
+Every call passes the five boundaries in order (capability, parameters, policy, approval,
+execution) and is audited whatever its outcome. Write and Edit are serialised per session;
+reads, searches and Bash run side by side. Cancelling a call kills what it started.
+
+    async with Sandbox.open(workspace, profile="default") as s:
+        result = await s.call("Bash", {"command": "make test"}, on_stdout=print)
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox import datadir, review
+from sandbox import profile as profiles
+from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
+from sandbox.backends import base
+from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
+from sandbox.mounts import check_workspace
+from sandbox.policy import load_ruleset
+from sandbox.policy.approvals import Approver, UnattendedApprover
+from sandbox.policy.authorize import Authorization, authorize
+from sandbox.policy.gate import Gate, SessionState, ToolCall
+from sandbox.tools import params as tool_params
+from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from sandbox.exec import OutputCallback
+    from sandbox.policy.verdict import Mode
+
+SCRATCH_MAX_AGE_S = 7 * 24 * 3600
+
+
+def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S) -> list[str]:
+    """Remove scratch directories of sessions that ended without cleaning up (older than a week)."""
+    removed = []
+    root = datadir.subdir("scratch")
+    cutoff = time.time() - max_age_s
+    for entry in root.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name != keep and entry.is_dir() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry)
+                removed.append(entry.name)
+    return removed
+
+
+class Sandbox:
+    """Use ``Sandbox.open(...)``; the constructor only binds what ``open`` prepared."""
+
+    def __init__(self, *, session_id: str, workspace: Path, scratch: Path, profile: profiles.Profile,
+                 jail: base.Jail, gate: Gate, approver: Approver, mode: Mode | None) -> None:
+        self.session_id = session_id
+        self.workspace = workspace  # bound at open; never re-read from anything mutable
+        self.scratch = scratch
+        self.profile = profile
+        self.jail = jail
+        self.gate = gate
+        self.approver = approver
+        self.state = SessionState(session_id, mode)
+        self.audit = AuditLog()
+        self.snapshots = review.SnapshotStore(session_id)
+        self._write_lock = anyio.Lock()
+        self._closed = False
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, workspace: str | Path, *, profile: str | profiles.Profile = "default", backend: str | None = None,
+        mount: str | None = None, mode: Mode | None = None, operating_mode: str | None = None,
+        approver: Approver | None = None, session_id: str | None = None, trust_project: bool | None = None,
+    ) -> AsyncIterator[Sandbox]:
+        sandbox = await cls.create(workspace, profile=profile, backend=backend, mount=mount, mode=mode,
+                                   operating_mode=operating_mode, approver=approver, session_id=session_id,
+                                   trust_project=trust_project)
+        try:
+            yield sandbox
+        finally:
+            with anyio.CancelScope(shield=True):
+                await sandbox.aclose()
+
+    @classmethod
+    async def create(
+        cls, workspace: str | Path, *, profile: str | profiles.Profile = "default", backend: str | None = None,
+        mount: str | None = None, mode: Mode | None = None, operating_mode: str | None = None,
+        approver: Approver | None = None, session_id: str | None = None, trust_project: bool | None = None,
+    ) -> Sandbox:
+        """Open a session (the caller must ``aclose`` it); ``open`` is the context-managed form."""
+        prof = profile if isinstance(profile, profiles.Profile) else profiles.load(profile)
+        prof = prof.with_overrides(**{"backend": backend, "mount.strategy": mount,
+                                      "policy.operating_mode": operating_mode})
+        ws = check_workspace(Path(workspace))
+        sid = session_id or uuid.uuid4().hex[:16]
+        if not sid.replace("-", "").isalnum():
+            raise InvalidArgument(f"session id {sid!r} must be letters, digits and dashes", session_id=sid)
+        sweep_scratch(keep=sid)
+        # Created at open rather than at first use: a container's mounts are fixed when it starts.
+        scratch = (datadir.subdir("scratch") / sid).resolve()
+        scratch.mkdir(mode=0o700, exist_ok=True)
+        try:
+            jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
+        gate = Gate(ws, scratch, prof.policy, rules)
+        return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
+                   approver=approver or UnattendedApprover.from_settings(prof.policy), mode=mode)
+
+    # -- the five boundaries ----------------------------------------------------------------------
+
+    async def call(
+        self, name: str, args: dict[str, Any], *, on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None, tool_call_id: str | None = None, turn_id: str = "turn-0",
+        abort: anyio.Event | None = None,
+    ) -> ToolResult:
+        started = time.monotonic()
+        call_id = tool_call_id or uuid.uuid4().hex[:16]
+        if self._closed:
+            return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
+        try:
+            spec = tool_params.lookup(name)  # 1 capability
+            params = tool_params.validate(name, args)  # 2 parameters
+        except SandboxError as exc:
+            self._audit_rejected(name, args, call_id, turn_id, exc, started)
+            return _error(exc)
+        call = ToolCall(self.session_id, turn_id, call_id, name, params)
+        auth = await authorize(self.gate, self.state, call, self.approver)  # 3 policy, 4 approval
+        ran_at = time.monotonic()
+        try:
+            auth.raise_if_denied()
+            self.gate.recheck(auth.decision, params)  # TOCTOU: the target must still be the approved one
+            if spec.risk == "write":
+                async with self._write_lock:
+                    result = await self._execute(call, auth, on_stdout, on_stderr, abort)
+            else:
+                result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
+        except SandboxError as exc:
+            result = _error(exc, root=auth.decision.root)
+        self._audit(call, auth, result, started, ran_at)
+        return result
+
+    async def _execute(self, call: ToolCall, auth: Authorization, on_stdout: OutputCallback | None,
+                       on_stderr: OutputCallback | None, abort: anyio.Event | None) -> ToolResult:
+        params = call.params
+        if isinstance(params, tool_params.BashParams):
+            return await run_bash(self.jail, params, env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
+                                  on_stdout=on_stdout, on_stderr=on_stderr, abort=abort)
+        target = self._runner_target(params, auth)
+        reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
+        return self._file_result(call, auth, reply, target)
+
+    def _runner_target(self, params: BaseModel, auth: Authorization) -> str:
+        if isinstance(params, tool_params.GlobParams):
+            return self.gate.paths.resolve(params.path or ".").canonical
+        assert auth.decision.target is not None
+        return auth.decision.target.canonical
+
+    def _file_result(self, call: ToolCall, auth: Authorization, reply: dict[str, Any], target: str) -> ToolResult:
+        details = dict(reply.get("details") or {})
+        content = str(reply.get("content", ""))
+        if "paths" in details:
+            content, details = _listing(self.gate, details)
+        elif "hits" in details:
+            content, details = _hits(self.gate, details, call.params)
+        result_root = auth.decision.root
+        record = None
+        if reply.get("ok") and call.name in ("Write", "Edit") and result_root == "workspace":
+            record = review.record(self.snapshots, call.tool_call_id, call.name.lower(), target, details)
+        for key in ("before", "after"):
+            details.pop(key, None)
+        return ToolResult(ok=bool(reply.get("ok")), content=content, error_code=reply.get("error_code"),
+                          details=details, root=result_root, review=record)
+
+    # -- rollback, audit, close -------------------------------------------------------------------
+
+    async def rollback(self, snapshot_id: str) -> ToolResult:
+        snap, before = self.snapshots.load(snapshot_id)
+        if snap.state == "rolledBack":
+            return ToolResult(ok=True, content=f"{snap.path} was already rolled back", root="workspace",
+                              details={"snapshot_id": snapshot_id, "path": snap.path})
+        if not snap.reversible:
+            raise Conflict(f"{snap.path}: the previous content was too large to keep; rollback is unavailable",
+                           snapshot_id=snapshot_id)
+        request = {"op": "restore", "path": snap.path, "expect_sha256": snap.after_sha256,
+                   "before": base64.b64encode(before).decode() if snap.existed and before is not None else None}
+        async with self._write_lock:
+            reply = await run_in_jail(self.jail, request)
+        if not reply.get("ok"):
+            raise Conflict(str(reply.get("content")), snapshot_id=snapshot_id, path=snap.path)
+        self.snapshots.mark(snap, "rolledBack")
+        return ToolResult(ok=True, content=str(reply["content"]), root="workspace",
+                          details={"snapshot_id": snapshot_id, "path": snap.path})
+
+    def _audit(self, call: ToolCall, auth: Authorization, result: ToolResult, started: float,
+               ran_at: float) -> None:
+        now = time.monotonic()
+        duration = (now - ran_at) * 1000
+        total = (now - started) * 1000
+        overhead = max(0.0, total - duration - auth.wait_ms)
+        self.audit.record(AuditRecord.build(
+            call, auth, duration_ms=round(duration, 3), overhead_ms=round(overhead, 3), total_ms=round(total, 3),
+            ok=result.ok, error_code=result.error_code, policy_version=self.gate.policy_version,
+        ))
+
+    def _audit_rejected(self, name: str, args: Any, call_id: str, turn_id: str, exc: SandboxError,
+                        started: float) -> None:
+        data = args if isinstance(args, dict) else {"args": repr(args)}
+        total = round((time.monotonic() - started) * 1000, 3)
+        rule = "capability.unknown-tool" if isinstance(exc, ToolDenied) else "capability.params"
+        self.audit.record(AuditRecord(
+            self.session_id, turn_id, call_id, name, args_digest(data), args_preview(data), "", "", "none",
+            "deny", "deny", "rule", rule, self.gate.mode_for(self.state), False, 0.0, 0.0, total, total,
+            False, exc.code, self.gate.policy_version,
+        ))
+
+    def end_turn(self, turn_id: str) -> None:
+        self.state.end_turn(turn_id)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.jail.aclose()
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.snapshots.remove_all()
+            self.audit.close()
+
+
+def _error(exc: SandboxError, root: str | None = None) -> ToolResult:
+    return ToolResult(ok=False, error_code=exc.code, content=exc.message, details=exc.data,
+                      root=root if root in ("workspace", "scratch", "external") else None)  # type: ignore[arg-type]
+
+
+def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    paths = [p for p in details.pop("paths") if gate.paths.readable(p)]
+    text = "\n".join(paths) if paths else "no files match"
+    if details.get("truncated"):
+        text += f"\n[{details['count']} matches; showing the first {len(paths)}; narrow the pattern]"
+    return text, details
+
+
+def _hits(gate: Gate, details: dict[str, Any], params: BaseModel) -> tuple[str, dict[str, Any]]:
+    allowed: dict[str, bool] = {}
+    lines = []
+    for path, number, is_match, text in details.pop("hits"):
+        if allowed.setdefault(path, gate.paths.readable(path)):
+            sep = ":" if is_match else "-"
+            lines.append(f"{path}{sep}{number}{sep}{text}")
+    content = "\n".join(lines) if lines else f"no matches for /{getattr(params, 'pattern', '')}/"
+    if details.get("truncated"):
+        content += f"\n[more than {details['matches']} matches; showing the first ones; narrow the search]"
+    return content, details

@@ -1,0 +1,117 @@
+"""Boundary 5: run a validated, authorized tool call inside the session's jail.
+
+Bash runs through ``exec.run``. The file tools run ``runner.py`` inside the same jail, so they
+see exactly what Bash sees and cannot write where Bash cannot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from pydantic import BaseModel, Field
+
+from sandbox import exec as executor
+from sandbox.errors import BackendUnavailable, ShellNotFound
+from sandbox.tools.params import (
+    BashParams,
+    EditParams,
+    GlobParams,
+    GrepParams,
+    LSParams,
+    ReadParams,
+    WriteParams,
+)
+
+if TYPE_CHECKING:
+    from sandbox.backends.base import Jail
+    from sandbox.exec import OutputCallback
+
+Root = Literal["workspace", "scratch", "external"]
+RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
+RUNNER_CAPTURE = 48 * 1024 * 1024
+RUNNER_TIMEOUT_S = 120.0
+NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
+# $1 is the command; running bash through sh tells "no bash here" apart from the command's 127.
+_BASH = f'command -v bash >/dev/null 2>&1 || {{ echo "{NO_BASH}" >&2; exit 127; }}; exec bash -c "$1"'
+
+
+class ToolResult(BaseModel):
+    ok: bool
+    content: str
+    error_code: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+    root: Root | None = None
+    review: dict[str, Any] | None = None
+
+
+async def run_bash(
+    jail: Jail, params: BashParams, *, env: dict[str, str], on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None, abort: anyio.Event | None = None,
+) -> ToolResult:
+    result = await executor.run(jail, ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command],
+                                timeout=params.timeout, env=env, on_stdout=on_stdout, on_stderr=on_stderr,
+                                abort=abort)
+    if result.exit_code == 127 and NO_BASH in result.stderr:
+        raise ShellNotFound("bash is not installed in the jail; the image or root filesystem needs it",
+                            backend=jail.backend)
+    details = result.model_dump()
+    if result.timed_out:
+        return ToolResult(ok=False, error_code="TIMEOUT", root="workspace", details=details,
+                          content=_bash_text(result, f"timed out after {params.timeout:g} s; the process tree was killed"))
+    if result.aborted:
+        return ToolResult(ok=False, error_code="ABORTED", root="workspace", details=details,
+                          content=_bash_text(result, "aborted; the process tree was killed"))
+    ok = result.exit_code == 0
+    return ToolResult(ok=ok, error_code=None if ok else "TOOL_FAILED", root="workspace", details=details,
+                      content=_bash_text(result, None if ok else f"exit code {result.exit_code}"))
+
+
+def _bash_text(result: executor.ExecResult, status: str | None) -> str:
+    parts = [result.stdout.rstrip("\n")] if result.stdout else []
+    if result.stderr:
+        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
+    if status:
+        parts.append(f"[{status}]")
+    return "\n".join(parts) if parts else "(no output)"
+
+
+def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
+    """The in-jail request for a file tool; ``target`` is the approved canonical path."""
+    if isinstance(params, ReadParams):
+        return {"op": "read", "path": target, "offset": params.offset, "limit": params.limit}
+    if isinstance(params, WriteParams):
+        return {"op": "write", "path": target, "content": params.content}
+    if isinstance(params, EditParams):
+        return {"op": "edit", "path": target, "edits": [e.model_dump() for e in params.edits]}
+    if isinstance(params, GlobParams):
+        return {"op": "glob", "path": target, "pattern": params.pattern}
+    if isinstance(params, GrepParams):
+        return {"op": "grep", "path": target, "pattern": params.pattern, "include": params.include,
+                "context": params.context, "limit": params.limit, "ignore_case": params.ignore_case}
+    if isinstance(params, LSParams):
+        return {"op": "ls", "path": target}
+    raise TypeError(f"no runner operation for {type(params).__name__}")
+
+
+async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> dict[str, Any]:
+    """One runner.py round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
+    result = await executor.run(
+        jail, ["python3", "-I", "-S", "-c", RUNNER_SOURCE], stdin=json.dumps(request).encode(),
+        timeout=RUNNER_TIMEOUT_S, capture_bytes=RUNNER_CAPTURE, abort=abort,
+    )
+    if result.aborted:
+        return {"ok": False, "error_code": "ABORTED", "content": "aborted", "details": {}}
+    if result.timed_out:
+        return {"ok": False, "error_code": "TIMEOUT", "content": "the file tool timed out", "details": {}}
+    try:
+        reply: dict[str, Any] = json.loads(result.stdout)
+    except ValueError:
+        if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
+            raise BackendUnavailable("python3 is missing in the jail; the file tools need it",
+                                     backend=jail.backend) from None
+        return {"ok": False, "error_code": "TOOL_FAILED", "details": {"exit_code": result.exit_code},
+                "content": f"the file tool failed in the jail: {result.stderr.strip()[-2000:] or result.exit_code}"}
+    return reply

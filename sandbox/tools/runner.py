@@ -1,0 +1,325 @@
+"""The file tools' half that runs inside the jail: standard library only, one request per run.
+
+``sandbox.tools.files`` sends this module's source to ``python3 -I -S -c`` in the jail with a
+JSON request on stdin and reads one JSON response from stdout. Running here, a tool sees exactly
+what Bash sees: the jail's mounts, its read-only paths, its private copy under a ``copy`` mount.
+Nothing here trusts the host's resolution of a path: the path is resolved again in the jail and
+returned, so the caller can refuse a target that differs from the approved one.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+READ_LINES = 2000
+READ_BYTES = 256 * 1024
+LINE_CHARS = 2000
+SNAPSHOT_BYTES = 8 * 1024 * 1024
+LIST_LIMIT = 1000
+SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"}
+
+
+class Failure(Exception):
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _is_binary(head: bytes) -> bool:
+    return b"\0" in head[:8192]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_bytes(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Failure("INVALID_ARGUMENT", f"{path} is not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _existing_file(path: str) -> bytes | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        raise Failure("INVALID_ARGUMENT", f"{path} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise Failure("INVALID_ARGUMENT", f"{path} is not a regular file")
+    return _read_bytes(path)
+
+
+def _atomic_write(path: str, data: bytes, mode: int | None) -> None:
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.sandbox-tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644 if mode is None else mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if mode is not None:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def _snapshot(before: bytes | None) -> dict[str, Any]:
+    if before is None:
+        return {"before": None, "existed": False}
+    keep = len(before) <= SNAPSHOT_BYTES
+    return {"existed": True, "before_size": len(before), "before_sha256": _sha(before),
+            "before": base64.b64encode(before).decode() if keep else None, "before_kept": keep}
+
+
+def op_read(req: dict[str, Any]) -> dict[str, Any]:
+    path = req["path"]
+    if os.path.isdir(path):
+        raise Failure("INVALID_ARGUMENT", f"{path} is a directory; use Glob or LS to list it")
+    if not os.path.exists(path):
+        raise Failure("TOOL_FAILED", f"{path} does not exist")
+    data = _read_bytes(path)
+    if _is_binary(data):
+        return {"content": f"{path} is a binary file ({len(data)} bytes); not shown",
+                "details": {"binary": True, "size": len(data)}}
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    start = (req.get("offset") or 1) - 1
+    limit = req.get("limit") or READ_LINES
+    window, size, out = lines[start:start + limit], 0, []
+    for number, line in enumerate(window, start + 1):
+        text = line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " [line truncated]"
+        size += len(text) + 8
+        if size > READ_BYTES:
+            break
+        out.append(f"{number:6}\t{text}")
+    last = start + len(out)
+    content = "\n".join(out)
+    truncated = last < len(lines)
+    if truncated:
+        content += (f"\n[showing lines {start + 1}-{last} of {len(lines)}; "
+                    f"call Read with offset={last + 1} to continue]")
+    return {"content": content, "details": {"lines": len(lines), "first": start + 1, "last": last,
+                                            "truncated": truncated, "size": len(data)}}
+
+
+def op_write(req: dict[str, Any]) -> dict[str, Any]:
+    path = req["path"]
+    before = _existing_file(path)
+    mode = stat.S_IMODE(os.lstat(path).st_mode) if before is not None else None
+    after = req["content"].encode()
+    _atomic_write(path, after, mode)
+    return {"content": f"wrote {len(after)} bytes to {path}",
+            "details": {**_snapshot(before), "after_sha256": _sha(after), "after_size": len(after),
+                        "after": req["content"] if len(after) <= SNAPSHOT_BYTES else None}}
+
+
+def op_edit(req: dict[str, Any]) -> dict[str, Any]:
+    path = req["path"]
+    before = _existing_file(path)
+    if before is None:
+        raise Failure("TOOL_FAILED", f"{path} does not exist; use Write to create it")
+    text = before.decode("utf-8", errors="strict") if not _is_binary(before) else None
+    if text is None:
+        raise Failure("TOOL_FAILED", f"{path} is a binary file; Edit works on text")
+    for number, edit in enumerate(req["edits"], 1):
+        count = text.count(edit["old_text"])
+        if count != 1:
+            found = "was not found" if count == 0 else f"matched {count} times"
+            raise Failure("TOOL_FAILED", f"edit {number}: old_text {found} in {path}; nothing was written. "
+                          "Read the file again and give an old_text that matches exactly once.",
+                          edit=number, matches=count)
+        text = text.replace(edit["old_text"], edit["new_text"], 1)
+    after = text.encode()
+    _atomic_write(path, after, stat.S_IMODE(os.lstat(path).st_mode))
+    return {"content": f"applied {len(req['edits'])} edit(s) to {path}",
+            "details": {**_snapshot(before), "after_sha256": _sha(after), "after_size": len(after),
+                        "after": text if len(after) <= SNAPSHOT_BYTES else None}}
+
+
+def _walk(root: str) -> Iterator[str]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            yield os.path.join(dirpath, name)
+
+
+def op_glob(req: dict[str, Any]) -> dict[str, Any]:
+    base = req["path"]
+    pattern = req["pattern"]
+    if not os.path.isdir(base):
+        raise Failure("INVALID_ARGUMENT", f"{base} is not a directory")
+    rel_pattern = os.path.relpath(pattern, base) if os.path.isabs(pattern) else pattern
+    regex = _glob_regex(rel_pattern)
+    matches = [p for p in _walk(base) if regex.fullmatch(os.path.relpath(p, base))]
+    truncated = len(matches) > LIST_LIMIT
+    return {"content": "", "details": {"paths": matches[:LIST_LIMIT], "count": len(matches), "truncated": truncated}}
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """``**`` spans directories, ``*`` and ``?`` stay inside one, ``{a,b}`` alternates."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "{":
+            end = pattern.find("}", i)
+            if end > i:
+                out.append("(?:" + "|".join(re.escape(p) for p in pattern[i + 1:end].split(",")) + ")")
+                i = end + 1
+                continue
+            out.append(re.escape(c))
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end > i:
+                out.append(pattern[i:end + 1].replace("[!", "[^"))
+                i = end + 1
+                continue
+            out.append(re.escape(c))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def op_grep(req: dict[str, Any]) -> dict[str, Any]:
+    try:
+        regex = re.compile(req["pattern"], re.IGNORECASE if req.get("ignore_case") else 0)
+    except re.error as exc:
+        raise Failure("INVALID_ARGUMENT", f"invalid regular expression: {exc}") from exc
+    root, include, context, limit = req["path"], req.get("include"), req.get("context", 0), req.get("limit", 100)
+    files = [root] if os.path.isfile(root) else _walk(root)
+    hits: list[tuple[str, int, bool, str]] = []
+    matches = 0
+    truncated = False
+    for path in files:
+        if include and not fnmatch.fnmatch(os.path.basename(path), include):
+            continue
+        for number, is_match, text in _grep_file(path, regex, context):
+            if is_match:
+                matches += 1
+                if matches > limit:
+                    truncated = True
+                    break
+            hits.append((path, number, is_match, text))
+        if truncated:
+            break
+    return {"content": "", "details": {"hits": hits, "matches": min(matches, limit), "truncated": truncated}}
+
+
+def _grep_file(path: str, regex: re.Pattern[str], context: int) -> list[tuple[int, bool, str]]:
+    try:
+        data = _read_bytes(path)
+    except (OSError, Failure):
+        return []
+    if _is_binary(data):
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    hits = [i for i, line in enumerate(lines) if regex.search(line)]
+    keep: dict[int, bool] = {}
+    for i in hits:
+        for j in range(max(0, i - context), min(len(lines), i + context + 1)):
+            keep[j] = keep.get(j, False) or j == i
+    return [(i + 1, keep[i], lines[i][:LINE_CHARS]) for i in sorted(keep)]
+
+
+def op_ls(req: dict[str, Any]) -> dict[str, Any]:
+    path = req["path"]
+    if not os.path.isdir(path):
+        raise Failure("INVALID_ARGUMENT", f"{path} is not a directory")
+    entries = []
+    with os.scandir(path) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            suffix = "/" if entry.is_dir(follow_symlinks=False) else "@" if entry.is_symlink() else ""
+            entries.append(entry.name + suffix)
+    truncated = len(entries) > LIST_LIMIT
+    content = "\n".join(entries[:LIST_LIMIT]) or "(empty directory)"
+    return {"content": content, "details": {"count": len(entries), "truncated": truncated}}
+
+
+def op_restore(req: dict[str, Any]) -> dict[str, Any]:
+    """Rollback: only if the file still has the post-tool hash; restore or remove."""
+    path = req["path"]
+    try:
+        current = _existing_file(path)
+    except Failure as exc:
+        raise Failure("CONFLICT", f"{path} changed since the tool ran ({exc.message}); left alone") from exc
+    if current is None or _sha(current) != req["expect_sha256"]:
+        raise Failure("CONFLICT", f"{path} changed since the tool ran; it was left alone")
+    if req.get("before") is None:
+        os.unlink(path)
+        return {"content": f"removed {path} (the tool had created it)", "details": {}}
+    _atomic_write(path, base64.b64decode(req["before"]), stat.S_IMODE(os.lstat(path).st_mode))
+    return {"content": f"restored the previous content of {path}", "details": {}}
+
+
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "read": op_read, "write": op_write, "edit": op_edit, "glob": op_glob, "grep": op_grep, "ls": op_ls,
+    "restore": op_restore,
+}
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    approved = request.get("path")
+    if approved is not None:
+        request["path"] = _real(approved)
+    try:
+        if approved is not None and request["path"] != approved:
+            # A symlink appeared (or moved) between the approval and now: do nothing.
+            raise Failure("TOOL_DENIED", f"the target changed after approval ({approved} now resolves to "
+                          f"{request['path']}); nothing was done", approved=approved, now=request["path"])
+        body = OPS[request["op"]](request)
+        reply = {"ok": True, "error_code": None, **body}
+    except Failure as exc:
+        reply = {"ok": False, "error_code": exc.code, "content": exc.message, "details": exc.details}
+    except PermissionError as exc:
+        reply = {"ok": False, "error_code": "TOOL_FAILED",
+                 "content": f"permission denied by the sandbox: {exc.filename or request.get('path')}",
+                 "details": {"errno": "EACCES"}}
+    except OSError as exc:
+        reply = {"ok": False, "error_code": "TOOL_FAILED", "content": f"{exc.strerror or exc}: {exc.filename}",
+                 "details": {"errno": exc.errno}}
+    reply["resolved"] = request.get("path")
+    sys.stdout.write(json.dumps(reply))
+
+
+if __name__ == "__main__":
+    main()
