@@ -235,7 +235,7 @@ class SecondDaemon:
     def start(self) -> None:
         with (self.root / "dockerd.log").open("ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             with contextlib.suppress(docker.errors.DockerException), contextlib.closing(self.client(2)) as c:
                 c.ping()

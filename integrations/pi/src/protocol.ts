@@ -1,0 +1,165 @@
+/**
+ * Wire types of `sandbox serve` (JSON-RPC 2.0, one JSON object per line; see ../PROTOCOL.md).
+ * Only what the pi extension reads is typed; everything else stays `unknown` and is checked
+ * where it is used.
+ */
+
+export const PROTOCOL_VERSION = 1;
+
+export type JsonRpcId = number | string;
+
+export interface JsonRpcErrorObject {
+	code: number;
+	message: string;
+	data?: unknown;
+}
+
+export interface JsonRpcRequest {
+	jsonrpc: "2.0";
+	id: JsonRpcId;
+	method: string;
+	params?: unknown;
+}
+
+export interface JsonRpcNotification {
+	jsonrpc: "2.0";
+	method: string;
+	params?: unknown;
+}
+
+export interface JsonRpcResponse {
+	jsonrpc: "2.0";
+	id: JsonRpcId | null;
+	result?: unknown;
+	error?: JsonRpcErrorObject;
+}
+
+export interface InitializeResult {
+	server: string;
+	version: string;
+	protocol: number;
+	tools: string[];
+}
+
+export type PermissionMode = "ask" | "accept-edits" | "auto";
+export type Backend = "auto" | "bwrap" | "docker" | "host";
+export type MountStrategy = "ro" | "rw" | "copy" | "overlay";
+
+export interface SessionOpenParams {
+	workspace: string;
+	profile?: string;
+	backend?: Backend;
+	mode?: PermissionMode;
+	operating_mode?: "agent" | "plan";
+	mount?: MountStrategy;
+}
+
+export interface SessionOpenResult {
+	session_id: string;
+	workspace: string;
+	scratch_dir: string;
+	backend: string;
+	mount: string;
+	profile: string;
+	mode: string;
+}
+
+export type ToolErrorCode =
+	| "INVALID_ARGUMENT"
+	| "TOOL_DENIED"
+	| "TOOL_FAILED"
+	| "TIMEOUT"
+	| "ABORTED"
+	| "SHELL_NOT_FOUND"
+	| "BACKEND_UNAVAILABLE"
+	| "GUARANTEE_UNAVAILABLE"
+	| "CONFLICT";
+
+export interface ToolResult {
+	ok: boolean;
+	content: string;
+	error_code: ToolErrorCode | string | null;
+	details: Record<string, unknown>;
+	root?: "workspace" | "scratch" | "external" | null;
+	review?: Record<string, unknown> | null;
+}
+
+export type OutputStream = "stdout" | "stderr";
+
+export interface ToolOutputParams {
+	tool_call_id: string;
+	stream: OutputStream;
+	data: string;
+}
+
+export interface ApprovalRequest {
+	session_id: string;
+	tool_call_id: string;
+	tool: string;
+	operation: string;
+	resource: string;
+	reason: string;
+	root?: string | null;
+	turn_id?: string;
+	rule_id?: string;
+	external?: boolean;
+	/** Whether "allow for this session" may be offered (default: yes). */
+	allow_session?: boolean;
+}
+
+export type ApprovalDecision = "allow-once" | "allow-session" | "deny";
+
+export const APPROVAL_DECISIONS: readonly ApprovalDecision[] = ["allow-once", "allow-session", "deny"];
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+	return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+export function asRecord(value: unknown): Record<string, unknown> | undefined {
+	return isRecord(value) ? value : undefined;
+}
+
+/** A `tool.call` result that is shaped like a ToolResult, or undefined. */
+export function parseToolResult(value: unknown): ToolResult | undefined {
+	if (!isRecord(value) || typeof value.ok !== "boolean" || typeof value.content !== "string") return undefined;
+	const code = value.error_code;
+	if (code !== null && code !== undefined && typeof code !== "string") return undefined;
+	return {
+		ok: value.ok,
+		content: value.content,
+		error_code: typeof code === "string" ? code : null,
+		details: isRecord(value.details) ? value.details : {},
+		root: (value.root as ToolResult["root"]) ?? null,
+		review: isRecord(value.review) ? value.review : null,
+	};
+}
+
+export function parseToolOutput(value: unknown): ToolOutputParams | undefined {
+	if (!isRecord(value)) return undefined;
+	const { tool_call_id, stream, data } = value;
+	if (typeof tool_call_id !== "string" || typeof data !== "string") return undefined;
+	if (stream !== "stdout" && stream !== "stderr") return undefined;
+	return { tool_call_id, stream, data };
+}
+
+export function parseApprovalRequest(value: unknown): ApprovalRequest | undefined {
+	if (!isRecord(value)) return undefined;
+	const str = (key: string): string | undefined => (typeof value[key] === "string" ? (value[key] as string) : undefined);
+	const session_id = str("session_id");
+	const tool_call_id = str("tool_call_id");
+	const tool = str("tool");
+	if (session_id === undefined || tool_call_id === undefined || tool === undefined) return undefined;
+	return {
+		session_id,
+		tool_call_id,
+		tool,
+		operation: str("operation") ?? "",
+		resource: str("resource") ?? "",
+		reason: str("reason") ?? "",
+		root: str("root") ?? null,
+		turn_id: str("turn_id"),
+		rule_id: str("rule_id"),
+		external: value.external === true,
+		allow_session: value.allow_session !== false,
+	};
+}

@@ -1,0 +1,171 @@
+"""`sandbox serve` over real pipes: streaming, approvals that fail closed, cancel, errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from tests.conftest import backend_or_skip, survivors
+
+pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
+SANDBOX = str(Path(sys.executable).with_name("sandbox"))
+
+
+class Client:
+    def __init__(self, proc: Process) -> None:
+        self.proc = proc
+        assert proc.stdout is not None and proc.stdin is not None
+        self.lines = BufferedByteReceiveStream(proc.stdout)
+        self.next_id = 0
+        self.notes: list[dict[str, Any]] = []
+        self.approvals: list[dict[str, Any]] = []
+        self.answer: Any = {"decision": "deny"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send((json.dumps(message) + "\n").encode())
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        rid = self.next_id
+        await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        while True:
+            msg = json.loads(await self.lines.receive_until(b"\n", 1 << 26))
+            if msg.get("id") == rid and "method" not in msg:
+                return msg
+            if msg.get("method") == "tool.output":
+                self.notes.append(msg["params"])
+            elif msg.get("method") == "approval.request":
+                self.approvals.append(msg["params"])
+                if self.answer == "close":
+                    assert self.proc.stdin is not None
+                    await self.proc.stdin.aclose()
+                    continue
+                await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": self.answer})
+
+
+@pytest.fixture
+async def client(workspace: Path) -> AsyncIterator[Client]:
+    backend_or_skip("bwrap")
+    proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
+    c = Client(proc)
+    try:
+        yield c
+    finally:
+        with anyio.CancelScope(shield=True):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            await proc.aclose()
+
+
+async def open_session(client: Client, workspace: Path, mode: str = "auto") -> str:
+    reply = await client.call("session.open", {"workspace": str(workspace), "mode": mode})
+    assert reply["result"]["backend"] == "bwrap"
+    return str(reply["result"]["session_id"])
+
+
+async def test_initialize_and_bash_streams_tagged_chunks(client: Client, workspace: Path) -> None:
+    init = await client.call("initialize", {"client": "test"})
+    assert init["result"]["protocol"] == 1 and "Bash" in init["result"]["tools"]
+    sid = await open_session(client, workspace)
+    reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "tool_call_id": "c1",
+                                            "args": {"command": "echo out; echo err >&2"}})
+    assert reply["result"]["ok"] is True
+    streams = {(n["stream"], n["data"]) for n in client.notes if n["tool_call_id"] == "c1"}
+    assert streams == {("stdout", "out\n"), ("stderr", "err\n")}
+
+
+async def test_approval_deny_allow_session_and_closed_pipe(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace, mode="ask")
+    denied = await client.call("tool.call", {"session_id": sid, "tool": "Write",
+                                             "args": {"path": "a.txt", "content": "x"}})
+    assert denied["result"]["error_code"] == "TOOL_DENIED" and not (workspace / "a.txt").exists()
+    assert client.approvals[-1]["resource"] == str(workspace / "a.txt")
+    client.answer = {"decision": "allow-session"}
+    first = await client.call("tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2",
+                                            "args": {"path": "a.txt", "content": "x"}})
+    asked = len(client.approvals)
+    second = await client.call("tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2",
+                                             "args": {"path": "b.txt", "content": "y"}})
+    assert first["result"]["ok"] and second["result"]["ok"] and len(client.approvals) == asked
+    client.answer = {"decision": "maybe"}
+    bad = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": "touch c.txt"}})
+    assert bad["result"]["error_code"] == "TOOL_DENIED" and not (workspace / "c.txt").exists()
+
+
+async def test_closed_pipe_during_approval_denies_and_server_exits(client: Client, workspace: Path,
+                                                                   marker: str) -> None:
+    sid = await open_session(client, workspace, mode="ask")
+    client.answer = "close"
+    reply: dict[str, Any] = {}
+    with anyio.fail_after(30), contextlib.suppress(anyio.EndOfStream, anyio.IncompleteRead):
+        reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash",
+                                                "args": {"command": f"touch made.txt; sleep {marker}"}})
+    # Either the denial still reached us before the server exited, or nothing did: never a run.
+    assert reply == {} or reply["result"]["error_code"] == "TOOL_DENIED"
+    with anyio.fail_after(30):
+        await client.proc.wait()
+    assert survivors(marker) == [] and not (workspace / "made.txt").exists()
+    assert client.approvals and "touch made.txt" in client.approvals[0]["resource"]
+
+
+async def test_cancel_kills_the_running_tree(client: Client, workspace: Path, marker: str) -> None:
+    sid = await open_session(client, workspace)
+
+    async def cancel_when_running() -> None:
+        while not survivors(marker):
+            await anyio.sleep(0.05)
+        await client.send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": 1 + client.next_id - 1}})
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancel_when_running)
+        reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash",
+                                                "args": {"command": f"setsid sleep {marker} & sleep {marker}"}})
+    assert reply["result"]["error_code"] == "ABORTED"
+    assert survivors(marker) == []
+
+
+async def test_protocol_errors(client: Client, workspace: Path) -> None:
+    unknown = await client.call("tool.explode", {})
+    assert unknown["error"]["code"] == -32601
+    bad = await client.call("session.open", {"workspace": str(workspace), "mode": "yolo"})
+    assert bad["error"]["code"] == -32602 and bad["error"]["data"]["code"] == "INVALID_ARGUMENT"
+    missing = await client.call("tool.call", {"session_id": "nope", "tool": "Read", "args": {"path": "x"}})
+    assert missing["error"]["code"] == -32602
+    ws_gone = await client.call("session.open", {"workspace": "/does/not/exist"})
+    assert ws_gone["error"]["data"]["code"] == "INVALID_ARGUMENT"
+
+
+async def test_rollback_and_audit_query(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace)
+    wrote = await client.call("tool.call", {"session_id": sid, "tool": "Write",
+                                            "args": {"path": "README.md", "content": "new\n"}})
+    snapshot = wrote["result"]["review"]["snapshot_id"]
+    rolled = await client.call("snapshot.rollback", {"session_id": sid, "snapshot_id": snapshot})
+    assert rolled["result"]["ok"] and (workspace / "README.md").read_text() == "# sample\n"
+    audit = await client.call("audit.query", {"session_id": sid})
+    assert [r["tool"] for r in audit["result"]["records"]] == ["Write"]
+    done = await client.call("shutdown", {})
+    assert done["result"] == {}
+    with anyio.fail_after(10):
+        await client.proc.wait()
+
+
+def test_schema_is_generated_from_the_models() -> None:
+    import subprocess
+
+    out = subprocess.run([SANDBOX, "serve", "--schema"], capture_output=True, text=True, check=True)
+    schema = json.loads(out.stdout)
+    assert {"tool.call", "session.open", "snapshot.rollback"} <= set(schema["requests"])
+    assert schema["tools"]["Bash"]["properties"]["timeout"]["maximum"] == 300
