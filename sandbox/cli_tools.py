@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.policy.approvals import Approver, TerminalApprover, UnattendedApprover
 
 if TYPE_CHECKING:
+    import argparse
+
     from sandbox.cli import Subparsers
     from sandbox.tools.run import ToolResult
 

@@ -14,11 +14,13 @@ import json
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox import datadir
 from sandbox.errors import InvalidArgument, map_errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 HUNK_CHARS = 64 * 1024
 

@@ -13,8 +13,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -28,6 +27,9 @@ from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Appro
 from sandbox.session import Sandbox
 from sandbox.tools.params import REGISTRY
 from sandbox.tools.run import ToolResult
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 PROTOCOL = 1
 MAX_LINE = 64 * 1024 * 1024

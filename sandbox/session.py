@@ -15,7 +15,6 @@ import contextlib
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,8 @@ from sandbox.tools import params as tool_params
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from pydantic import BaseModel
 
     from sandbox.exec import OutputCallback

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import anyio
 from pydantic import BaseModel, Field
 
 from sandbox import exec as executor
@@ -26,6 +25,8 @@ from sandbox.tools.params import (
 )
 
 if TYPE_CHECKING:
+    import anyio
+
     from sandbox.backends.base import Jail
     from sandbox.exec import OutputCallback
 
@@ -59,8 +60,9 @@ async def run_bash(
                             backend=jail.backend)
     details = result.model_dump()
     if result.timed_out:
+        status = f"timed out after {params.timeout:g} s; the process tree was killed"
         return ToolResult(ok=False, error_code="TIMEOUT", root="workspace", details=details,
-                          content=_bash_text(result, f"timed out after {params.timeout:g} s; the process tree was killed"))
+                          content=_bash_text(result, status))
     if result.aborted:
         return ToolResult(ok=False, error_code="ABORTED", root="workspace", details=details,
                           content=_bash_text(result, "aborted; the process tree was killed"))

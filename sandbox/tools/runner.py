@@ -17,8 +17,10 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 READ_LINES = 2000
 READ_BYTES = 256 * 1024

@@ -6,16 +6,19 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tests.conftest import backend_or_skip, survivors
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from anyio.abc import Process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))

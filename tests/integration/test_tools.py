@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from sandbox import profile as profiles
-from sandbox.backends import base
 from sandbox.policy.approvals import CallbackApprover
 from sandbox.session import Sandbox
 from tests.conftest import survivors
+
+if TYPE_CHECKING:
+    from sandbox.backends import base
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,203 @@
+/**
+ * One `sandbox serve` process with one session: the workspace it was opened with, the tool
+ * calls made in it, the output they stream and the approvals they ask for.
+ */
+
+import { randomUUID } from "node:crypto";
+import { SandboxClient, type SandboxClientOptions } from "./client.ts";
+import { SandboxError, SandboxProtocolError } from "./errors.ts";
+import {
+	APPROVAL_DECISIONS,
+	type ApprovalDecision,
+	type ApprovalRequest,
+	type Backend,
+	type InitializeResult,
+	type MountStrategy,
+	type OutputStream,
+	PROTOCOL_VERSION,
+	type PermissionMode,
+	parseApprovalRequest,
+	parseToolOutput,
+	parseToolResult,
+	type SessionOpenParams,
+	type SessionOpenResult,
+	type ToolResult,
+} from "./protocol.ts";
+
+/**
+ * Decides an `approval.request`. `signal` aborts when the answer is no longer wanted (the call
+ * ended, e.g. because the server's approval timeout denied it, or the user aborted the call).
+ * Throwing, or answering anything but a decision, counts as deny.
+ */
+export type Approver = (request: ApprovalRequest, signal: AbortSignal) => Promise<ApprovalDecision> | ApprovalDecision;
+
+export const denyAll: Approver = () => "deny";
+
+export interface SandboxSessionOptions {
+	workspace: string;
+	/** The `sandbox` executable; default `$SANDBOX_BIN`, else `sandbox` on PATH. */
+	bin?: string;
+	profile?: string;
+	backend?: Backend;
+	mode?: PermissionMode;
+	mount?: MountStrategy;
+	/** Environment of the server process (default: this process's). */
+	env?: NodeJS.ProcessEnv;
+	/** Used for approvals of calls that bring no approver of their own. Default: deny. */
+	approver?: Approver;
+	/** Deadline for starting the server and opening the session (default 60 s). */
+	startupTimeoutMs?: number;
+	clientName?: string;
+	onStderr?: SandboxClientOptions["onStderr"];
+}
+
+export interface CallOptions {
+	signal?: AbortSignal;
+	onOutput?: (stream: OutputStream, data: string) => void;
+	/** Answers this call's approval requests (default: the session's approver). */
+	approver?: Approver;
+	/** Prefix of the server-side tool_call_id, e.g. pi's tool call id, to correlate audit records. */
+	idPrefix?: string;
+	turnId?: string;
+	/** Client-side deadline for the whole call, approval included (default 8 min). */
+	timeoutMs?: number;
+}
+
+interface Route {
+	onOutput?: CallOptions["onOutput"];
+	approver: Approver;
+	done: AbortController;
+}
+
+const DEFAULT_STARTUP_TIMEOUT_MS = 60_000;
+const DEFAULT_CALL_TIMEOUT_MS = 8 * 60_000;
+/** After `tool.cancel`, how long the server may take to confirm that the call's processes are dead. */
+const CANCEL_CONFIRM_MS = 15_000;
+
+export function defaultSandboxBin(env: NodeJS.ProcessEnv = process.env): string {
+	return env.SANDBOX_BIN?.trim() || "sandbox";
+}
+
+export class SandboxSession {
+	readonly client: SandboxClient;
+	readonly server: InitializeResult;
+	readonly info: SessionOpenResult;
+	private readonly routes = new Map<string, Route>();
+	private readonly defaultApprover: Approver;
+	private counter = 0;
+	private closing: Promise<void> | undefined;
+
+	private constructor(client: SandboxClient, server: InitializeResult, info: SessionOpenResult, approver: Approver) {
+		this.client = client;
+		this.server = server;
+		this.info = info;
+		this.defaultApprover = approver;
+		client.onNotification("tool.output", (params) => {
+			const output = parseToolOutput(params);
+			if (output) this.routes.get(output.tool_call_id)?.onOutput?.(output.stream, output.data);
+		});
+		client.handleRequests("approval.request", (params) => this.onApproval(params));
+	}
+
+	/** Start the server, check its protocol, open the session. Fails (and stops the server) on any problem. */
+	static async open(options: SandboxSessionOptions): Promise<SandboxSession> {
+		const client = SandboxClient.spawn({
+			bin: options.bin ?? defaultSandboxBin(options.env),
+			env: options.env,
+			onStderr: options.onStderr,
+		});
+		const timeoutMs = options.startupTimeoutMs ?? DEFAULT_STARTUP_TIMEOUT_MS;
+		try {
+			const server = await client.request<InitializeResult>("initialize", { client: options.clientName ?? "pi-sandbox" }, { timeoutMs });
+			if (server?.protocol !== PROTOCOL_VERSION) {
+				throw new SandboxProtocolError(`the sandbox server speaks protocol ${String(server?.protocol)}, this extension ${PROTOCOL_VERSION}`);
+			}
+			const params: SessionOpenParams = { workspace: options.workspace };
+			if (options.profile) params.profile = options.profile;
+			if (options.backend) params.backend = options.backend;
+			if (options.mode) params.mode = options.mode;
+			if (options.mount) params.mount = options.mount;
+			const info = await client.request<SessionOpenResult>("session.open", params, { timeoutMs });
+			if (typeof info?.session_id !== "string") throw new SandboxProtocolError("session.open returned no session_id");
+			return new SandboxSession(client, server, info, options.approver ?? denyAll);
+		} catch (error) {
+			client.kill("SIGKILL");
+			throw error;
+		}
+	}
+
+	get alive(): boolean {
+		return this.client.alive && this.closing === undefined;
+	}
+
+	get pid(): number | undefined {
+		return this.client.pid;
+	}
+
+	/**
+	 * Run one tool in the sandbox. Resolves with the server's ToolResult (a refusal or a failed
+	 * tool is a result with `ok: false`); rejects with a SandboxError when there is no answer:
+	 * the server is gone, timed out, or the call was aborted.
+	 */
+	async call(tool: string, args: Record<string, unknown>, options: CallOptions = {}): Promise<ToolResult> {
+		const { signal } = options;
+		if (!this.alive) throw this.client.error ?? new SandboxError("SANDBOX_UNAVAILABLE", "the sandbox session is closed");
+		if (signal?.aborted) throw new SandboxError("ABORTED", `${tool}: aborted before it started`);
+		const id = `${options.idPrefix ?? "pi"}:${++this.counter}:${randomUUID().slice(0, 8)}`;
+		const route: Route = { onOutput: options.onOutput, approver: options.approver ?? this.defaultApprover, done: new AbortController() };
+		this.routes.set(id, route);
+		const params = { session_id: this.info.session_id, tool, args, tool_call_id: id, ...(options.turnId ? { turn_id: options.turnId } : {}) };
+		const answer = this.client.request("tool.call", params, { timeoutMs: options.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS });
+		let onAbort: (() => void) | undefined;
+		const aborted = new Promise<never>((_, reject) => {
+			onAbort = () => {
+				// The server answers the pending call with ABORTED once the call's processes are dead.
+				void this.client.request("tool.cancel", { tool_call_id: id }, { timeoutMs: CANCEL_CONFIRM_MS }).catch(() => undefined);
+				setTimeout(
+					() => reject(new SandboxError("ABORTED", `${tool}: aborted, but the sandbox server did not confirm the cancel`)),
+					CANCEL_CONFIRM_MS,
+				).unref();
+			};
+			signal?.addEventListener("abort", onAbort, { once: true });
+		});
+		aborted.catch(() => undefined);
+		try {
+			const raw = await Promise.race([answer, aborted]);
+			const result = parseToolResult(raw);
+			if (!result) throw new SandboxProtocolError(`tool.call ${tool}: the server's answer is not a ToolResult`);
+			return result;
+		} finally {
+			if (onAbort) signal?.removeEventListener("abort", onAbort);
+			this.routes.delete(id);
+			route.done.abort();
+		}
+	}
+
+	/** Close the session and stop the server; idempotent. */
+	close(graceMs = 3000): Promise<void> {
+		this.closing ??= (async () => {
+			if (this.client.alive) {
+				await this.client.request("session.close", { session_id: this.info.session_id }, { timeoutMs: graceMs }).catch(() => undefined);
+			}
+			await this.client.shutdown(graceMs);
+		})();
+		return this.closing;
+	}
+
+	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision }> {
+		const request = parseApprovalRequest(params);
+		if (!request || request.session_id !== this.info.session_id) return { decision: "deny" };
+		const route = this.routes.get(request.tool_call_id);
+		// A request for a call we do not know about (finished, or never ours): deny.
+		if (!route) return { decision: "deny" };
+		try {
+			const decision = await route.approver(request, route.done.signal);
+			if (!APPROVAL_DECISIONS.includes(decision)) return { decision: "deny" };
+			if (route.done.signal.aborted) return { decision: "deny" };
+			if (decision === "allow-session" && request.allow_session === false) return { decision: "allow-once" };
+			return { decision };
+		} catch {
+			return { decision: "deny" };
+		}
+	}
+}
