@@ -445,3 +445,132 @@ def _run(argv: list[str]) -> str:
 
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def _is_whiteout(path: Path, stamp: Stamp) -> bool:
+    if stamp.kind != "special":
+        return False
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _is_opaque(path: Path) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def overlay_support() -> str | None:
+    """``None`` when this host can mount an overlay for a jail, else why not."""
+    if os.geteuid() != 0:
+        return "mounting an overlay needs root here (or bubblewrap >= 0.9 with --overlay)"
+    try:
+        with open("/proc/filesystems", encoding="utf-8") as fh:
+            if not any(line.split()[-1:] == ["overlay"] for line in fh):
+                return "the kernel has no overlay filesystem"
+    except OSError as exc:
+        return f"cannot read /proc/filesystems: {exc.strerror}"
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount(8) is not installed"
+    return None
+
+
+class OverlayTree(CopyTree):
+    """A copy-on-write view of the workspace: the jail writes to an upper dir, setup is O(1).
+
+    The merged view is mounted at ``root`` (so ``apply`` reads changed files from it as from a
+    copy); the changeset is read from the upper dir, whose whiteouts are deletions. The host
+    workspace is the live lower layer, so the apply guard is the host file's fingerprint when
+    the changeset was computed: a file the host changes after review is refused with CONFLICT.
+    """
+
+    def __init__(self, workspace: Path, base: Path) -> None:
+        super().__init__(workspace, base / "merged")
+        self.base = base
+        self.upper = base / "upper"
+        self.mounted = False
+
+    @classmethod
+    async def prepare(cls, workspace: Path, parent: Path | None = None) -> OverlayTree:
+        reason = overlay_support()
+        if reason:
+            raise InvalidArgument(f"overlay mount unavailable: {reason}")
+        if any(c in str(workspace) for c in ",:\\"):
+            raise InvalidArgument(f"overlay cannot mount a workspace whose path has ',' ':' or '\\': {workspace}")
+        base = (parent or datadir.subdir("copies")) / f"overlay-{uuid.uuid4().hex[:12]}"
+        tree = cls(workspace, base)
+        try:
+            await anyio.to_thread.run_sync(tree._mount)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(tree.remove)
+            raise
+        return tree
+
+    def _mount(self) -> None:
+        with map_errors("cannot prepare the overlay"):
+            for sub in ("upper", "work", "merged"):
+                (self.base / sub).mkdir(parents=True, mode=0o700)
+            opts = f"lowerdir={self.workspace},upperdir={self.upper},workdir={self.base / 'work'}"
+            error = _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.root)])
+            if error:
+                raise ToolFailed(f"mounting the overlay failed: {error}", workspace=str(self.workspace))
+            self.mounted = True
+
+    def _changes(self) -> Changeset:
+        found: dict[str, Change] = {}
+        with map_errors("cannot read the overlay's upper layer"):
+            for rel, up in walk(self.upper):
+                for change in self._overlay_changes(rel, up):
+                    found[change.path] = change
+        for rel in found:
+            self._remember_host(rel)
+        return Changeset([found[rel] for rel in sorted(found)])
+
+    def _overlay_changes(self, rel: str, up: Stamp) -> list[Change]:
+        try:
+            before: Stamp | None = Stamp.of(self.workspace / rel)
+        except FileNotFoundError:
+            before = None
+        if _is_whiteout(self.upper / rel, up):
+            if before is None:
+                return []
+            return [*self._host_descendants_gone(rel), self._change(rel, "deleted", before.kind, before, None)]
+        after = Stamp.of(self.root / rel)
+        changes = []
+        if before is None:
+            changes.append(self._change(rel, "added", after.kind, None, after))
+        elif (change := self._compare(rel, before, after)) is not None:
+            changes.append(change)
+        if up.kind == "dir" and before is not None and before.kind == "dir" and _is_opaque(self.upper / rel):
+            changes += self._host_descendants_gone(rel)
+        return changes
+
+    def _host_descendants_gone(self, rel: str) -> list[Change]:
+        """A deleted or replaced (opaque) directory hides all of the host's entries below it."""
+        gone = []
+        host_dir = self.workspace / rel
+        if not host_dir.is_dir() or host_dir.is_symlink():
+            return []
+        for sub, stamp in walk(host_dir):
+            path = f"{rel}/{sub}"
+            if not os.path.lexists(self.root / path):
+                gone.append(self._change(path, "deleted", stamp.kind, stamp, None))
+        return gone
+
+    def _remember_host(self, rel: str) -> None:
+        with contextlib.suppress(OSError):
+            self.host[rel] = Stamp.of(self.workspace / rel)
+
+    def remove(self) -> None:
+        if self.mounted:
+            if _run(["umount", str(self.root)]):
+                _run(["umount", "-l", str(self.root)])
+            self.mounted = False
+        if self.base.exists():
+            for dirpath, _dirs, _files in os.walk(self.base):
+                with contextlib.suppress(OSError):
+                    os.chmod(dirpath, 0o700)
+            shutil.rmtree(self.base, ignore_errors=True)

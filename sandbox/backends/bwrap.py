@@ -30,7 +30,7 @@ from sandbox.backends.child import Child
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env
 from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 from sandbox.guarantees import Report
-from sandbox.mounts import CopyTree, check_workspace
+from sandbox.mounts import CopyTree, OverlayTree, check_workspace, overlay_support
 
 if TYPE_CHECKING:
 
@@ -248,8 +248,8 @@ class BwrapBackend(Backend):
         ws = check_workspace(workspace)
         tree: CopyTree | None = None
         source = ws
-        if profile.mount.strategy == "copy":
-            tree = await CopyTree.prepare(ws)
+        if profile.mount.strategy in ("copy", "overlay"):
+            tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(ws)
             source = tree.root
         return BwrapJail(ws, profile, source, tree, scratch)
 
@@ -298,7 +298,8 @@ def probe() -> Report:
             report.grant(guarantee, False, where)
             report.details[f"cgroup-{ctrl}"] = where
     report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
-    report.grant("overlay", False, f"{report.details['version']} has no --overlay (bubblewrap 0.9 adds it)")
+    overlay = overlay_support()
+    report.grant("overlay", overlay is None and problem is None, overlay or problem or "")
     return report
 
 

@@ -352,3 +352,27 @@ async def test_required_guarantee_missing_refuses(backend: object, workspace: Pa
     with pytest.raises(GuaranteeUnavailable) as info:
         await backend.open_jail(workspace, prof)  # type: ignore[attr-defined]
     assert info.value.code == "GUARANTEE_UNAVAILABLE"
+
+
+async def test_overlay_mount_reads_changes_from_the_upper_layer(backend: object, open_jail: JailFactory,
+                                                                  workspace: Path) -> None:
+    report = backend.probe()  # type: ignore[attr-defined]
+    if not report.guarantees.get("overlay"):
+        pytest.skip(f"{report.backend} cannot mount an overlay here: {report.reasons.get('overlay')}")
+    (workspace / "gone").mkdir()
+    (workspace / "gone" / "f.txt").write_text("f\n")
+    jail = await open_jail(make_profile("untrusted", **{"mount.strategy": "overlay"}))
+    result = await sh(jail, "echo changed > README.md; rm -rf gone; echo new > new.txt; ln -s /etc/passwd pw")
+    assert result.exit_code == 0
+    assert (workspace / "README.md").read_text() == "# sample\n" and (workspace / "gone" / "f.txt").exists()
+    changes = await jail.changes()
+    assert changes is not None
+    status = {c.path: c.status for c in changes.changes}
+    assert status == {"README.md": "modified", "gone": "deleted", "gone/f.txt": "deleted", "new.txt": "added",
+                      "pw": "added"}
+    (workspace / "new.txt").write_text("the user was faster\n")
+    report_ = await jail.apply(changes)
+    assert sorted(report_.applied) == ["README.md", "gone", "gone/f.txt"]
+    assert [c["path"] for c in report_.conflicts] == ["new.txt"]
+    assert [s["path"] for s in report_.skipped] == ["pw"]
+    assert (workspace / "README.md").read_text() == "changed\n" and not (workspace / "gone").exists()
