@@ -350,7 +350,14 @@ class CopyTree:
             if current is not None and not (change.kind == "dir" and current.kind == "dir"):
                 raise Conflict("the host created this path since copy-in")
             return
-        if current is None or not original.same_version(current) or current.mtime_ns != original.mtime_ns:
+        if current is None or current.kind != original.kind:
+            raise Conflict("the host entry changed since copy-in")
+        if original.kind == "dir":
+            # A directory's times move whenever an entry in it does (our own applies included).
+            if (current.dev, current.ino) != (original.dev, original.ino):
+                raise Conflict("the host directory was replaced since copy-in")
+            return
+        if not original.same_version(current) or current.mtime_ns != original.mtime_ns:
             raise Conflict("the host file changed since copy-in")
 
     def remove(self) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import anyio
 import docker
 import docker.errors
+import psutil
 import pytest
 
 from sandbox import exec as executor
@@ -233,6 +234,9 @@ class SecondDaemon:
                 "--containerd-plugins-namespace", "sbxtest-plugins"]
 
     def start(self) -> None:
+        # A containerd killed with its dockerd may linger as a zombie whose pid the new dockerd
+        # would take for a live containerd and wait on forever; let it start a fresh one.
+        (self.root / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)
         with (self.root / "dockerd.log").open("ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log)
         deadline = time.monotonic() + 90
@@ -255,6 +259,15 @@ class SecondDaemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill_leftovers(self) -> None:
+        """Shims (and their containers) of this daemon that outlived it: we started them."""
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(self.root) in part for part in proc.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    for child in proc.children(recursive=True):
+                        child.kill()
+                    proc.kill()
 
     def remove(self) -> None:
         """Unmount what the daemon left under its roots, then delete them."""
@@ -279,6 +292,7 @@ def second_daemon(client: docker.DockerClient) -> Iterator[SecondDaemon]:
         yield daemon
     finally:
         daemon.stop()
+        daemon.kill_leftovers()
         daemon.remove()
 
 
