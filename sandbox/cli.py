@@ -143,7 +143,7 @@ def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.E
         code = result.exit_code
     if args.json:
         _emit({
-            **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed"}),
+            **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
             "profile": prof.name,
             "changes": changes.to_list() if changes is not None else None,
             "applied": applied.to_dict() if applied is not None else None,
@@ -252,7 +252,7 @@ def _register_optional(sub: Subparsers) -> None:
     """Subcommands of the other layers, registered when their modules are present."""
     import importlib
 
-    for module in ("sandbox.cli_policy", "sandbox.cli_tools"):
+    for module in ("sandbox.cli_policy", "sandbox.cli_tools", "sandbox.cli_compare"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

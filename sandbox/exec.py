@@ -88,6 +88,7 @@ class ExecResult(BaseModel):
     backend: str
     mount: str
     oom_killed: bool = False
+    peak_memory_bytes: int | None = None
 
 
 def check_timeout(timeout: float | None, profile: Profile) -> float:
@@ -188,7 +189,7 @@ async def run(
             await proc.kill_tree(grace)
         raise
     finally:
-        oom = proc.oom_killed()
+        oom, peak = proc.oom_killed(), proc.peak_memory()
         proc.release()
     exit_code, sig = _status(returncode, outcome)
     return ExecResult(
@@ -198,5 +199,5 @@ async def run(
         duration_ms=round((time.monotonic() - started) * 1000, 3),
         spawn_ms=round((spawned - started) * 1000, 3),
         kill_ms=None if outcome.kill_ms is None else round(outcome.kill_ms, 3),
-        backend=jail.backend, mount=jail.mount, oom_killed=oom,
+        backend=jail.backend, mount=jail.mount, oom_killed=oom, peak_memory_bytes=peak,
     )

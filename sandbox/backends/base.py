@@ -55,6 +55,10 @@ class Process(ABC):
         """Whether the memory limit killed a process of this call."""
         return False
 
+    def peak_memory(self) -> int | None:
+        """The call's peak memory use in bytes, where the backend can tell."""
+        return None
+
     async def feed_stdin(self) -> None:  # noqa: B027 - only commands spawned with stdin need it
         """Write the ``stdin`` given to ``spawn`` and close it; run beside the output pumps."""
 

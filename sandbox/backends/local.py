@@ -162,6 +162,9 @@ class LocalProcess(Process):
     def oom_killed(self) -> bool:
         return self.cgroup.oom_killed() if self.cgroup else False
 
+    def peak_memory(self) -> int | None:
+        return self.cgroup.peak_memory() if self.cgroup else None
+
     def release(self) -> None:
         self._proc.close()
         self.on_release(self)

@@ -119,3 +119,21 @@ def test_check_and_profiles_commands() -> None:
     listing = subprocess.run([SANDBOX, "profiles"], capture_output=True, text=True, check=True)
     for name in ("default", "readonly", "untrusted"):
         assert f"{name}:" in listing.stdout
+
+
+@pytest.mark.parametrize("signum", [2, 15])
+def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: int) -> None:
+    import time
+
+    from tests.conftest import survivors
+
+    marker = str(700000 + os.getpid() % 1000 * 100 + signum)
+    proc = subprocess.Popen([SANDBOX, "run", "--workspace", str(workspace), "--", "sh", "-c",
+                             f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while len(survivors(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 128 + signum
+    assert [p for p in survivors(marker) if p != proc.pid] == []
