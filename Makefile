@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test test-unit bench lint image docker-up clean
+.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,17 @@ test: setup
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
+	@$(MAKE) --no-print-directory test-pi
+
+# pi 1.6 needs Node >= 22.19; the npm "node" devDependency provides it for the tests; npm itself must exist.
+node-deps:
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) nodejs npm; \
+	  else echo "npm is missing: sudo apt-get install nodejs npm" >&2; exit 1; fi; }
+
+# The pi extension, tested against pi's own tool code with the real server.
+test-pi: setup node-deps
+	cd integrations/pi && npm ci --no-audit --no-fund && SANDBOX_BIN="$(CURDIR)/$(BIN)/sandbox" npm test
 
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

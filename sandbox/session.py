@@ -159,6 +159,12 @@ class Sandbox:
             return await run_bash(self.jail, params, env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
                                   on_stdout=on_stdout, on_stderr=on_stderr, abort=abort)
         target = self._runner_target(params, auth)
+        if call.name in ("Write", "Edit") and auth.decision.root == "external":
+            # Outside the workspace and scratch, the jail's filesystem is read-only or private
+            # to one call (/tmp): a write there would be lost, so do not pretend it succeeded.
+            return ToolResult(ok=False, error_code="TOOL_FAILED", root="external",
+                              content=f"{target} is outside the workspace and the scratch directory; in this sandbox "
+                                      f"such a write cannot persist. Write inside {self.workspace} or {self.scratch}.")
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
         return self._file_result(call, auth, reply, target)
 
@@ -247,7 +253,8 @@ def _error(exc: SandboxError, root: str | None = None) -> ToolResult:
 
 
 def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    paths = [p for p in details.pop("paths") if gate.paths.readable(p)]
+    paths = [p for p in details["paths"] if gate.paths.readable(p)]
+    details["paths"] = paths
     text = "\n".join(paths) if paths else "no files match"
     if details.get("truncated"):
         text += f"\n[{details['count']} matches; showing the first {len(paths)}; narrow the pattern]"
@@ -257,10 +264,13 @@ def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _hits(gate: Gate, details: dict[str, Any], params: BaseModel) -> tuple[str, dict[str, Any]]:
     allowed: dict[str, bool] = {}
     lines = []
-    for path, number, is_match, text in details.pop("hits"):
+    kept = []
+    for path, number, is_match, text in details["hits"]:
         if allowed.setdefault(path, gate.paths.readable(path)):
             sep = ":" if is_match else "-"
             lines.append(f"{path}{sep}{number}{sep}{text}")
+            kept.append([path, number, is_match, text])
+    details["hits"] = kept
     content = "\n".join(lines) if lines else f"no matches for /{getattr(params, 'pattern', '')}/"
     if details.get("truncated"):
         content += f"\n[more than {details['matches']} matches; showing the first ones; narrow the search]"

@@ -33,6 +33,7 @@ class ReadParams(_Params):
     path: str = Field(min_length=1, max_length=4096)
     offset: int | None = Field(None, ge=1)
     limit: int | None = Field(None, ge=1)
+    raw: bool = False  # the whole file's bytes as details.data_base64 (for clients that format it themselves)
 
 
 class WriteParams(_Params):

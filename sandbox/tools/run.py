@@ -83,7 +83,7 @@ def _bash_text(result: executor.ExecResult, status: str | None) -> str:
 def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
     """The in-jail request for a file tool; ``target`` is the approved canonical path."""
     if isinstance(params, ReadParams):
-        return {"op": "read", "path": target, "offset": params.offset, "limit": params.limit}
+        return {"op": "read", "path": target, "offset": params.offset, "limit": params.limit, "raw": params.raw}
     if isinstance(params, WriteParams):
         return {"op": "write", "path": target, "content": params.content}
     if isinstance(params, EditParams):

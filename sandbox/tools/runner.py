@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 READ_LINES = 2000
 READ_BYTES = 256 * 1024
+RAW_BYTES = 32 * 1024 * 1024
 LINE_CHARS = 2000
 SNAPSHOT_BYTES = 8 * 1024 * 1024
 LIST_LIMIT = 1000
@@ -108,6 +109,12 @@ def op_read(req: dict[str, Any]) -> dict[str, Any]:
     if not os.path.exists(path):
         raise Failure("TOOL_FAILED", f"{path} does not exist")
     data = _read_bytes(path)
+    if req.get("raw"):
+        if len(data) > RAW_BYTES:
+            raise Failure("TOOL_FAILED", f"{path} is {len(data)} bytes; a raw read returns at most {RAW_BYTES}")
+        return {"content": f"read {len(data)} bytes from {path}",
+                "details": {"data_base64": base64.b64encode(data).decode(), "size": len(data),
+                            "binary": _is_binary(data)}}
     if _is_binary(data):
         return {"content": f"{path} is a binary file ({len(data)} bytes); not shown",
                 "details": {"binary": True, "size": len(data)}}
@@ -175,6 +182,7 @@ def _walk(root: str) -> Iterator[str]:
 def op_glob(req: dict[str, Any]) -> dict[str, Any]:
     base = req["path"]
     pattern = req["pattern"]
+    _must_exist(base)
     if not os.path.isdir(base):
         raise Failure("INVALID_ARGUMENT", f"{base} is not a directory")
     rel_pattern = os.path.relpath(pattern, base) if os.path.isabs(pattern) else pattern
@@ -227,6 +235,7 @@ def op_grep(req: dict[str, Any]) -> dict[str, Any]:
     except re.error as exc:
         raise Failure("INVALID_ARGUMENT", f"invalid regular expression: {exc}") from exc
     root, include, context, limit = req["path"], req.get("include"), req.get("context", 0), req.get("limit", 100)
+    _must_exist(root)
     files = [root] if os.path.isfile(root) else _walk(root)
     hits: list[tuple[str, int, bool, str]] = []
     matches = 0
@@ -262,18 +271,32 @@ def _grep_file(path: str, regex: re.Pattern[str], context: int) -> list[tuple[in
     return [(i + 1, keep[i], lines[i][:LINE_CHARS]) for i in sorted(keep)]
 
 
+def _entry_type(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return "symlink-dir" if entry.is_dir() else "symlink"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if entry.is_file(follow_symlinks=False) else "other"
+
+
+def _must_exist(path: str) -> None:
+    if not os.path.lexists(path):
+        raise Failure("TOOL_FAILED", f"{path} does not exist")
+
+
 def op_ls(req: dict[str, Any]) -> dict[str, Any]:
     path = req["path"]
+    _must_exist(path)
     if not os.path.isdir(path):
         raise Failure("INVALID_ARGUMENT", f"{path} is not a directory")
-    entries = []
     with os.scandir(path) as it:
-        for entry in sorted(it, key=lambda e: e.name):
-            suffix = "/" if entry.is_dir(follow_symlinks=False) else "@" if entry.is_symlink() else ""
-            entries.append(entry.name + suffix)
+        entries = [{"name": e.name, "type": _entry_type(e)} for e in sorted(it, key=lambda e: e.name)]
     truncated = len(entries) > LIST_LIMIT
-    content = "\n".join(entries[:LIST_LIMIT]) or "(empty directory)"
-    return {"content": content, "details": {"count": len(entries), "truncated": truncated}}
+    marks = {"dir": "/", "symlink-dir": "@", "symlink": "@"}
+    lines = [e["name"] + marks.get(e["type"], "") for e in entries[:LIST_LIMIT]]
+    content = "\n".join(lines) or "(empty directory)"
+    return {"content": content, "details": {"entries": entries[:LIST_LIMIT], "count": len(entries),
+                                            "truncated": truncated}}
 
 
 def op_restore(req: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import {
 	truncateLine,
 } from "@earendil-works/pi-coding-agent";
 import { SandboxToolError } from "./errors.ts";
+import type { ToolResult } from "./protocol.ts";
 import { callSandbox, type SandboxCallContext } from "./operations.ts";
 
 const DEFAULT_LIMIT = 100;
@@ -28,26 +29,41 @@ export interface GrepHit {
 	text: string;
 }
 
-/** `details.hits` of a Grep result: [path, line, is_match, text] tuples (or objects with those names). */
-export function parseGrepHits(details: Record<string, unknown>): GrepHit[] {
-	const hits = details.hits;
-	if (!Array.isArray(hits)) return [];
-	return hits.flatMap((hit): GrepHit[] => {
-		if (Array.isArray(hit)) {
-			const [p, line, isMatch, text] = hit as unknown[];
-			if (typeof p === "string" && typeof line === "number" && typeof text === "string") {
-				return [{ path: p, line, isMatch: isMatch === true, text }];
-			}
-			return [];
-		}
-		if (typeof hit === "object" && hit !== null) {
-			const h = hit as Record<string, unknown>;
-			if (typeof h.path === "string" && typeof h.line === "number" && typeof h.text === "string") {
-				return [{ path: h.path, line: h.line, isMatch: h.is_match !== false, text: h.text }];
-			}
+/**
+ * The hits of a Grep result: `details.hits` ([path, line, is_match, text] tuples) if the server
+ * keeps them there, else parsed from its text, one `path:N:text` (match) or `path-N-text`
+ * (context) line each. The text form is ambiguous when a file name itself contains `:N:` or
+ * `-N-`; parsing starts after `searchPath` to keep that to names below it.
+ */
+export function parseGrepHits(result: ToolResult, searchPath: string): GrepHit[] {
+	const hits = result.details.hits;
+	if (Array.isArray(hits)) return hits.flatMap(hitFromDetails);
+	const root = searchPath;
+	return result.content.split("\n").flatMap((line): GrepHit[] => {
+		if (!line.startsWith(root)) return [];
+		const rest = /^(.*?)(?::(\d+):|-(\d+)-)(.*)$/s.exec(line.slice(root.length));
+		if (!rest) return [];
+		const [, tail = "", matchLine, contextLine, text = ""] = rest;
+		const number = Number(matchLine ?? contextLine);
+		return [{ path: root + tail, line: number, isMatch: matchLine !== undefined, text }];
+	});
+}
+
+function hitFromDetails(hit: unknown): GrepHit[] {
+	if (Array.isArray(hit)) {
+		const [p, line, isMatch, text] = hit as unknown[];
+		if (typeof p === "string" && typeof line === "number" && typeof text === "string") {
+			return [{ path: p, line, isMatch: isMatch === true, text }];
 		}
 		return [];
-	});
+	}
+	if (typeof hit === "object" && hit !== null) {
+		const h = hit as Record<string, unknown>;
+		if (typeof h.path === "string" && typeof h.line === "number" && typeof h.text === "string") {
+			return [{ path: h.path, line: h.line, isMatch: h.is_match !== false, text: h.text }];
+		}
+	}
+	return [];
 }
 
 /** A regular expression (Python `re` and Rust `regex` alike) matching `text` literally. */
@@ -103,7 +119,7 @@ export async function executeSandboxGrep(
 		throw new SandboxToolError("Grep", result);
 	}
 	const display = (p: string) => (p === searchPath ? path.basename(p) : path.relative(searchPath, p).split(path.sep).join("/"));
-	const hits = parseGrepHits(result.details).filter((hit) => !filter || filter(display(hit.path)));
+	const hits = parseGrepHits(result, searchPath).filter((hit) => !filter || filter(display(hit.path)));
 	const matchCount = hits.filter((hit) => hit.isMatch).length;
 	if (matchCount === 0) return { content: [{ type: "text", text: "No matches found" }], details: undefined };
 

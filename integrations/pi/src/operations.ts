@@ -305,11 +305,14 @@ export function createSandboxLsOperations(ctx: SandboxCallContext): LsOperations
 	};
 }
 
-/** Paths of a Glob result: `details.paths`, else its text. */
+/**
+ * Paths of a Glob result: `details.paths` if the server keeps them there, else the absolute
+ * paths listed in its text (which ends with a "[...]" notice when truncated, or says "no files match").
+ */
 export function parseGlobPaths(result: ToolResult): string[] {
 	const paths = result.details.paths;
 	if (Array.isArray(paths)) return paths.filter((p): p is string => typeof p === "string");
-	return result.content.split("\n").filter((line) => line && !line.startsWith("["));
+	return result.content.split("\n").filter((line) => path.isAbsolute(line));
 }
 
 /** pi's find: a pattern without "/" matches file names at any depth (as fd does). */

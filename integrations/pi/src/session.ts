@@ -37,6 +37,8 @@ export interface SandboxSessionOptions {
 	workspace: string;
 	/** The `sandbox` executable; default `$SANDBOX_BIN`, else `sandbox` on PATH. */
 	bin?: string;
+	/** Arguments of the server (default `["serve"]`). */
+	args?: readonly string[];
 	profile?: string;
 	backend?: Backend;
 	mode?: PermissionMode;
@@ -103,6 +105,7 @@ export class SandboxSession {
 	static async open(options: SandboxSessionOptions): Promise<SandboxSession> {
 		const client = SandboxClient.spawn({
 			bin: options.bin ?? defaultSandboxBin(options.env),
+			args: options.args,
 			env: options.env,
 			onStderr: options.onStderr,
 		});

@@ -1,0 +1,285 @@
+/**
+ * pi extension: run pi's built-in tools (read, write, edit, bash, grep, find, ls) and the user's
+ * `!` commands inside `sandbox serve`, and show the sandbox's approval requests in pi's UI.
+ *
+ * Fails closed: the tools are registered whether or not the server starts, so pi's host-side
+ * built-ins are never used; when the server is missing, exits, errs or times out, the call
+ * fails with the reason. A server that died is not restarted behind the user's back
+ * (`/sandbox restart` does it).
+ *
+ *   pi -e ./integrations/pi            (see README.md)
+ */
+
+import type {
+	ExtensionAPI,
+	ExtensionContext,
+	ExtensionToolContext,
+	GrepToolInput,
+	ToolDefinition,
+} from "@earendil-works/pi-coding-agent";
+import type { TSchema } from "typebox";
+import {
+	createBashToolDefinition,
+	createEditToolDefinition,
+	createFindToolDefinition,
+	createGrepToolDefinition,
+	createLsToolDefinition,
+	createReadToolDefinition,
+	createWriteToolDefinition,
+} from "@earendil-works/pi-coding-agent";
+import { SandboxError, SandboxUnavailableError } from "./errors.ts";
+import { executeSandboxGrep } from "./grep.ts";
+import {
+	createSandboxBashOperations,
+	createSandboxEditOperations,
+	createSandboxFindOperations,
+	createSandboxLsOperations,
+	createSandboxReadOperations,
+	createSandboxWriteOperations,
+	type SandboxCallContext,
+} from "./operations.ts";
+import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, PermissionMode } from "./protocol.ts";
+import { type Approver, defaultSandboxBin, SandboxSession } from "./session.ts";
+
+export { SandboxClient } from "./client.ts";
+export * from "./errors.ts";
+export { executeSandboxGrep } from "./grep.ts";
+export * from "./operations.ts";
+export type * from "./protocol.ts";
+export { type Approver, denyAll, SandboxSession, type SandboxSessionOptions } from "./session.ts";
+
+export interface SandboxExtensionConfig {
+	bin: string;
+	profile?: string;
+	mode?: PermissionMode;
+	backend?: Backend;
+	mount?: MountStrategy;
+}
+
+const MODES: readonly PermissionMode[] = ["ask", "accept-edits", "auto"];
+const BACKENDS: readonly Backend[] = ["auto", "bwrap", "docker", "host"];
+const MOUNTS: readonly MountStrategy[] = ["ro", "rw", "copy", "overlay"];
+
+function pick<T extends string>(name: string, value: string | undefined, allowed: readonly T[]): T | undefined {
+	const v = value?.trim();
+	if (!v) return undefined;
+	if ((allowed as readonly string[]).includes(v)) return v as T;
+	throw new SandboxError("INVALID_ARGUMENT", `${name}=${v} is not one of ${allowed.join(", ")}`);
+}
+
+/** Flags (`--sandbox-profile` ...) win over the environment (`SANDBOX_PROFILE` ...). */
+export function resolveConfig(env: NodeJS.ProcessEnv, flag: (name: string) => string | undefined = () => undefined): SandboxExtensionConfig {
+	return {
+		bin: flag("sandbox-bin") || defaultSandboxBin(env),
+		profile: flag("sandbox-profile") || env.SANDBOX_PROFILE?.trim() || undefined,
+		mode: pick("sandbox mode", flag("sandbox-mode") || env.SANDBOX_MODE, MODES),
+		backend: pick("sandbox backend", flag("sandbox-backend") || env.SANDBOX_BACKEND, BACKENDS),
+		mount: pick("sandbox mount", flag("sandbox-mount") || env.SANDBOX_MOUNT, MOUNTS),
+	};
+}
+
+// -- approvals in pi's UI -------------------------------------------------------------------------
+
+const ALLOW_ONCE = "Allow once";
+const ALLOW_SESSION = "Allow for this session";
+const DENY = "Deny";
+
+export function approvalTitle(request: ApprovalRequest): string {
+	const where = request.root && request.root !== "workspace" ? ` (${request.root})` : "";
+	const what = [request.operation, request.resource].filter(Boolean).join(" ");
+	return `Sandbox: allow ${request.tool} to ${what}${where}?${request.reason ? `\n${request.reason}` : ""}`;
+}
+
+/** One dialog at a time: parallel tool calls queue their questions. */
+class DialogQueue {
+	private tail: Promise<unknown> = Promise.resolve();
+
+	run<T>(job: () => Promise<T>): Promise<T> {
+		const next = this.tail.then(job, job);
+		this.tail = next.catch(() => undefined);
+		return next;
+	}
+}
+
+/** Without a dialog-capable UI (print and JSON modes) every approval is denied. */
+export function createUiApprover(ctx: Pick<ExtensionContext, "hasUI" | "ui">, queue = new DialogQueue()): Approver {
+	return (request, signal) => {
+		if (!ctx.hasUI) return "deny";
+		return queue.run(async (): Promise<ApprovalDecision> => {
+			if (signal.aborted) return "deny";
+			const options = request.allow_session === false ? [ALLOW_ONCE, DENY] : [ALLOW_ONCE, ALLOW_SESSION, DENY];
+			const choice = await ctx.ui.select(approvalTitle(request), options, { signal });
+			if (choice === ALLOW_ONCE) return "allow-once";
+			if (choice === ALLOW_SESSION) return "allow-session";
+			return "deny";
+		});
+	};
+}
+
+// -- the session's lifetime -----------------------------------------------------------------------
+
+class SandboxManager {
+	private session: SandboxSession | undefined;
+	private starting: Promise<SandboxSession> | undefined;
+	private lost: SandboxError | undefined;
+
+	constructor(private readonly config: () => SandboxExtensionConfig) {}
+
+	get current(): SandboxSession | undefined {
+		return this.session;
+	}
+
+	async ensure(ctx: ExtensionContext): Promise<SandboxSession> {
+		if (this.session) {
+			if (this.session.alive) return this.session;
+			this.lost = this.session.client.error ?? new SandboxUnavailableError("the sandbox server stopped");
+			this.session = undefined;
+			ctx.ui.setStatus("sandbox", "sandbox: DOWN");
+			if (ctx.hasUI) ctx.ui.notify(`Sandbox server lost; tools are disabled. /sandbox restart starts a new one.\n${this.lost.message}`, "error");
+		}
+		if (this.lost) {
+			throw new SandboxUnavailableError(`${this.lost.message}\nThe sandboxed tools stay disabled until /sandbox restart.`);
+		}
+		this.starting ??= this.start(ctx).finally(() => {
+			this.starting = undefined;
+		});
+		return this.starting;
+	}
+
+	private async start(ctx: ExtensionContext): Promise<SandboxSession> {
+		const config = this.config();
+		const session = await SandboxSession.open({
+			bin: config.bin,
+			workspace: ctx.cwd,
+			profile: config.profile,
+			mode: config.mode,
+			backend: config.backend,
+			mount: config.mount,
+			clientName: "pi",
+		});
+		this.session = session;
+		const { backend, mount, mode, profile } = session.info;
+		ctx.ui.setStatus("sandbox", `sandbox: ${profile} ${backend}/${mount} ${mode}`);
+		return session;
+	}
+
+	async stop(): Promise<void> {
+		const session = this.session;
+		this.session = undefined;
+		const starting = this.starting;
+		this.starting = undefined;
+		await session?.close();
+		await starting?.then((s) => s.close()).catch(() => undefined);
+	}
+
+	async restart(ctx: ExtensionContext): Promise<SandboxSession> {
+		await this.stop();
+		this.lost = undefined;
+		return this.ensure(ctx);
+	}
+}
+
+// -- the extension --------------------------------------------------------------------------------
+
+export default function sandboxExtension(pi: ExtensionAPI): void {
+	pi.registerFlag("sandbox-bin", { type: "string", description: "The sandbox executable (default: $SANDBOX_BIN, else sandbox on PATH)" });
+	pi.registerFlag("sandbox-profile", { type: "string", description: "Sandbox profile (default: $SANDBOX_PROFILE, else the server's default)" });
+	pi.registerFlag("sandbox-mode", { type: "string", description: "Permission mode: ask, accept-edits or auto (default: $SANDBOX_MODE)" });
+	pi.registerFlag("sandbox-backend", { type: "string", description: "auto, bwrap, docker or host (default: $SANDBOX_BACKEND)" });
+	pi.registerFlag("sandbox-mount", { type: "string", description: "ro, rw, copy or overlay (default: $SANDBOX_MOUNT)" });
+
+	const flag = (name: string): string | undefined => {
+		const value = pi.getFlag(name);
+		return typeof value === "string" ? value : undefined;
+	};
+	const manager = new SandboxManager(() => resolveConfig(process.env, flag));
+	const dialogs = new DialogQueue();
+	const cwd = process.cwd();
+
+	const callContext = (ctx: ExtensionContext, signal: AbortSignal | undefined, idPrefix: string): SandboxCallContext => ({
+		session: () => manager.ensure(ctx),
+		approver: createUiApprover(ctx, dialogs),
+		signal,
+		idPrefix,
+	});
+
+	// Each override keeps pi's own definition (schema, prompt text, renderers) and swaps the operations.
+	const register = <TParams extends TSchema, TDetails, TState>(
+		base: ToolDefinition<TParams, TDetails, TState>,
+		withOps: (c: SandboxCallContext, ctx: ExtensionToolContext) => Pick<ToolDefinition<TParams, TDetails, TState>, "execute">,
+	): void => {
+		pi.registerTool<TParams, TDetails, TState>({
+			...base,
+			execute: (id, params, signal, onUpdate, ctx) => withOps(callContext(ctx, signal, id), ctx).execute(id, params, signal, onUpdate, ctx),
+		});
+	};
+
+	register(createReadToolDefinition(cwd), (c, ctx) => createReadToolDefinition(ctx.cwd, { operations: createSandboxReadOperations(c) }));
+	register(createWriteToolDefinition(cwd), (c, ctx) => createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(c) }));
+	register(createEditToolDefinition(cwd), (c, ctx) => createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(c) }));
+	register(createLsToolDefinition(cwd), (c, ctx) => createLsToolDefinition(ctx.cwd, { operations: createSandboxLsOperations(c) }));
+	register(createFindToolDefinition(cwd), (c, ctx) => createFindToolDefinition(ctx.cwd, { operations: createSandboxFindOperations(c) }));
+	// PI_* variables are not forwarded into the jail, so pi's hint about them is left out.
+	register(createBashToolDefinition(cwd, { exposeSessionEnvironment: false }), (c, ctx) =>
+		createBashToolDefinition(ctx.cwd, { operations: createSandboxBashOperations(c), exposeSessionEnvironment: false }),
+	);
+	register(createGrepToolDefinition(cwd), (c, ctx) => ({
+		execute: (_id: string, params: GrepToolInput, signal: AbortSignal | undefined) => executeSandboxGrep(c, ctx.cwd, params, signal),
+	}));
+
+	pi.on("user_bash", (_event, ctx) => ({
+		operations: createSandboxBashOperations(callContext(ctx, ctx.signal, "user-bash")),
+	}));
+
+	pi.on("session_start", async (_event, ctx) => {
+		try {
+			await manager.ensure(ctx);
+		} catch (error) {
+			ctx.ui.setStatus("sandbox", "sandbox: DOWN");
+			if (ctx.hasUI) ctx.ui.notify(`Sandbox unavailable; the sandboxed tools will fail until it starts.\n${(error as Error).message}`, "error");
+		}
+	});
+
+	pi.on("session_shutdown", async () => {
+		await manager.stop();
+	});
+
+	pi.on("before_agent_start", (event) => {
+		const info = manager.current?.info;
+		if (!info) return undefined;
+		const note =
+			`Tools run inside an OS-level sandbox (profile ${info.profile}, ${info.backend}, workspace ${info.workspace} mounted ${info.mount}). ` +
+			"Paths outside the workspace and network access may be refused; a refusal is a policy decision, not a bug to work around.";
+		return { systemPrompt: `${event.systemPrompt}\n\n${note}` };
+	});
+
+	pi.registerCommand("sandbox", {
+		description: "Sandbox status; `/sandbox restart` starts a new sandbox server",
+		handler: async (args, ctx) => {
+			if (args.trim() === "restart") {
+				try {
+					const session = await manager.restart(ctx);
+					ctx.ui.notify(`Sandbox restarted: session ${session.info.session_id}`, "info");
+				} catch (error) {
+					ctx.ui.notify(`Sandbox restart failed: ${(error as Error).message}`, "error");
+				}
+				return;
+			}
+			const session = manager.current;
+			if (!session?.alive) {
+				ctx.ui.notify("Sandbox: not running. The sandboxed tools fail until `/sandbox restart` succeeds.", "warning");
+				return;
+			}
+			const { session_id, workspace, scratch_dir, backend, mount, profile, mode } = session.info;
+			ctx.ui.notify(
+				[
+					`Sandbox server ${session.server.version} (pid ${session.pid ?? "?"})`,
+					`session ${session_id}, profile ${profile}, mode ${mode}`,
+					`backend ${backend}, workspace ${workspace} (${mount})`,
+					`scratch ${scratch_dir}`,
+				].join("\n"),
+				"info",
+			);
+		},
+	});
+}

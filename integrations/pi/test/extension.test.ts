@@ -1,0 +1,163 @@
+/**
+ * The extension as pi loads it: its default export called with a stand-in ExtensionAPI that
+ * records what it registers, and tools executed the way pi's agent loop executes them.
+ */
+import assert from "node:assert/strict";
+import { existsSync, readFileSync, rmSync } from "node:fs";
+import path from "node:path";
+import { after, before, describe, it } from "node:test";
+import type { AgentToolResult, ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
+import sandboxExtension, { resolveConfig } from "../src/index.ts";
+import { SANDBOX_BIN, tempDir, text } from "./helpers.ts";
+
+interface RegisteredTool {
+	name: string;
+	execute: (id: string, params: unknown, signal: AbortSignal | undefined, onUpdate: undefined, ctx: unknown) => Promise<AgentToolResult<unknown>>;
+}
+type Handler = (event: unknown, ctx: unknown) => unknown;
+
+function loadExtension(flags: Record<string, string>) {
+	const tools = new Map<string, RegisteredTool>();
+	const handlers = new Map<string, Handler[]>();
+	const commands = new Map<string, { handler: (args: string, ctx: unknown) => Promise<void> }>();
+	const pi = {
+		registerFlag: () => {},
+		getFlag: (name: string) => flags[name],
+		registerTool: (tool: RegisteredTool) => tools.set(tool.name, tool),
+		on: (event: string, handler: Handler) => handlers.set(event, [...(handlers.get(event) ?? []), handler]),
+		registerCommand: (name: string, options: { handler: (args: string, ctx: unknown) => Promise<void> }) => commands.set(name, options),
+	};
+	sandboxExtension(pi as unknown as ExtensionAPI);
+	const emit = async (event: string, payload: unknown, ctx: unknown) => {
+		let last: unknown;
+		for (const handler of handlers.get(event) ?? []) last = await handler(payload, ctx);
+		return last;
+	};
+	return { tools, commands, emit };
+}
+
+function fakeContext(cwd: string, answer: string | undefined = "Deny", hasUI = true) {
+	const notes: string[] = [];
+	const asked: string[] = [];
+	const ctx = {
+		cwd,
+		hasUI,
+		mode: hasUI ? "tui" : "print",
+		signal: undefined,
+		ui: {
+			select: async (title: string) => (asked.push(title), answer),
+			notify: (message: string) => notes.push(message),
+			setStatus: () => {},
+		},
+	};
+	return { ctx: ctx as unknown as ExtensionContext, notes, asked };
+}
+
+const TOOL_NAMES = ["bash", "edit", "find", "grep", "ls", "read", "write"];
+
+describe("the pi extension", () => {
+	let workspace: string;
+	let dataDir: string;
+	before(() => {
+		workspace = tempDir("pi-sbx-ext-ws-");
+		dataDir = tempDir("pi-sbx-ext-data-");
+		process.env.SANDBOX_DATA_DIR = dataDir;
+	});
+	after(() => {
+		rmSync(workspace, { recursive: true, force: true });
+		rmSync(dataDir, { recursive: true, force: true });
+	});
+
+	it("overrides pi's seven built-in tools and registers user_bash and /sandbox", () => {
+		const { tools, commands } = loadExtension({});
+		assert.deepEqual([...tools.keys()].sort(), TOOL_NAMES);
+		assert.ok(commands.has("sandbox"));
+	});
+
+	it("config: flags win over the environment; a bad mode is refused", () => {
+		const config = resolveConfig({ SANDBOX_BIN: "/env/sandbox", SANDBOX_MODE: "ask", SANDBOX_PROFILE: "ci" }, (name) =>
+			name === "sandbox-mode" ? "auto" : undefined,
+		);
+		assert.deepEqual(config, { bin: "/env/sandbox", profile: "ci", mode: "auto", backend: undefined, mount: undefined });
+		assert.throws(() => resolveConfig({ SANDBOX_MODE: "yolo" }), /not one of ask, accept-edits, auto/);
+	});
+
+	it("without a server every tool fails and nothing runs on the host", async () => {
+		const { tools, emit } = loadExtension({ "sandbox-bin": path.join(workspace, "no-such-sandbox") });
+		const { ctx, notes } = fakeContext(workspace);
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		assert.match(notes.join("\n"), /Sandbox unavailable/);
+		const canary = path.join(workspace, "ran-on-the-host");
+		const calls: Array<[string, unknown]> = [
+			["bash", { command: `touch ${canary}` }],
+			["write", { path: canary, content: "x" }],
+			["edit", { path: canary, edits: [{ oldText: "a", newText: "b" }] }],
+			["read", { path: canary }],
+			["ls", {}],
+			["find", { pattern: "*" }],
+			["grep", { pattern: "x" }],
+		];
+		for (const [name, params] of calls) {
+			const tool = tools.get(name);
+			assert.ok(tool, name);
+			await tool.execute(`x-${name}`, params, undefined, undefined, ctx).then(
+				(result) => assert.fail(`${name} returned ${text(result)}`),
+				(error: Error) => assert.match(error.message, /sandbox/i, name),
+			);
+		}
+		assert.equal(existsSync(canary), false);
+		const userBash = (await emit("user_bash", { type: "user_bash", command: `touch ${canary}`, excludeFromContext: false, cwd: workspace }, ctx)) as {
+			operations: { exec: (c: string, cwd: string, o: { onData: (d: Buffer) => void }) => Promise<unknown> };
+		};
+		await assert.rejects(userBash.operations.exec(`touch ${canary}`, workspace, { onData: () => {} }), /sandbox/);
+		assert.equal(existsSync(canary), false);
+	});
+
+	it("runs tools in the sandbox, asks pi's UI, and stays down after the server dies until /sandbox restart", async () => {
+		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
+		const { ctx, asked } = fakeContext(workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		const bash = tools.get("bash");
+		const write = tools.get("write");
+		assert.ok(bash && write);
+
+		const who = await bash.execute("e1", { command: "id -u" }, undefined, undefined, ctx);
+		assert.notEqual(text(who).trim(), "0");
+
+		await assert.rejects(write.execute("e2", { path: "denied.txt", content: "x" }, undefined, undefined, ctx), /TOOL_DENIED/);
+		assert.equal(asked.length, 1);
+		assert.equal(existsSync(path.join(workspace, "denied.txt")), false);
+
+		const allowing = fakeContext(workspace, "Allow once");
+		await write.execute("e3", { path: "allowed.txt", content: "yes\n" }, undefined, undefined, allowing.ctx);
+		assert.equal(readFileSync(path.join(workspace, "allowed.txt"), "utf8"), "yes\n");
+
+		const userBash = (await emit("user_bash", { type: "user_bash", command: "id -u", excludeFromContext: false, cwd: workspace }, ctx)) as {
+			operations: { exec: (c: string, cwd: string, o: { onData: (d: Buffer) => void }) => Promise<{ exitCode: number | null }> };
+		};
+		let out = "";
+		const done = await userBash.operations.exec("id -u", workspace, { onData: (d) => (out += d.toString()) });
+		assert.equal(done.exitCode, 0);
+		assert.notEqual(out.trim(), "0");
+
+		// Kill the server behind the extension's back: calls fail, no silent restart.
+		const status = fakeContext(workspace);
+		await commands.get("sandbox")?.handler("", status.ctx);
+		const pid = Number(/pid (\d+)/.exec(status.notes.join("\n"))?.[1]);
+		assert.ok(pid > 0, status.notes.join("\n"));
+		process.kill(pid, "SIGKILL");
+		await new Promise((resolve) => setTimeout(resolve, 1500));
+		const canary = path.join(workspace, "after-death");
+		await assert.rejects(bash.execute("e4", { command: `touch ${canary}` }, undefined, undefined, ctx), /sandbox server was killed/);
+		await assert.rejects(bash.execute("e5", { command: `touch ${canary}` }, undefined, undefined, ctx), /until \/sandbox restart/);
+		assert.equal(existsSync(canary), false);
+
+		const restart = fakeContext(workspace);
+		await commands.get("sandbox")?.handler("restart", restart.ctx);
+		assert.match(restart.notes.join("\n"), /Sandbox restarted/);
+		const again = await bash.execute("e6", { command: "echo back" }, undefined, undefined, ctx);
+		assert.equal(text(again).trim(), "back");
+
+		await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+	});
+});

@@ -1,0 +1,127 @@
+/**
+ * End to end through pi itself: `pi --mode rpc -e integrations/pi`, its `bash` RPC command (the
+ * user's `!command`, which pi routes through the extension's user_bash handler), and the
+ * approval dialog answered over pi's RPC extension-UI protocol.
+ */
+import assert from "node:assert/strict";
+import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
+import { existsSync, rmSync } from "node:fs";
+import path from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { after, before, describe, it } from "node:test";
+import { SANDBOX_BIN, tempDir } from "./helpers.ts";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const extensionDir = path.resolve(here, "..");
+const piCli = path.join(extensionDir, "node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js");
+
+type Message = Record<string, unknown>;
+
+class PiRpc {
+	private readonly child: ChildProcessWithoutNullStreams;
+	private readonly waiters: Array<{ match: (m: Message) => boolean; resolve: (m: Message) => void }> = [];
+	readonly seen: Message[] = [];
+	onUiRequest: (request: Message) => Message | undefined = () => undefined;
+
+	constructor(cwd: string, env: NodeJS.ProcessEnv) {
+		this.child = spawn(process.execPath, [piCli, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir], { cwd, env });
+		createInterface({ input: this.child.stdout }).on("line", (line) => {
+			let message: Message;
+			try {
+				message = JSON.parse(line) as Message;
+			} catch {
+				return;
+			}
+			this.seen.push(message);
+			if (message.type === "extension_ui_request") {
+				const answer = this.onUiRequest(message);
+				if (answer) this.send({ type: "extension_ui_response", id: message.id, ...answer });
+			}
+			for (const waiter of [...this.waiters]) {
+				if (waiter.match(message)) {
+					this.waiters.splice(this.waiters.indexOf(waiter), 1);
+					waiter.resolve(message);
+				}
+			}
+		});
+	}
+
+	send(message: Message): void {
+		this.child.stdin.write(`${JSON.stringify(message)}\n`);
+	}
+
+	request(message: Message, timeoutMs = 30_000): Promise<Message> {
+		const response = new Promise<Message>((resolve, reject) => {
+			const timer = setTimeout(() => reject(new Error(`no response to ${JSON.stringify(message)}; saw ${JSON.stringify(this.seen).slice(-1500)}`)), timeoutMs);
+			this.waiters.push({
+				match: (m) => m.type === "response" && m.id === message.id,
+				resolve: (m) => {
+					clearTimeout(timer);
+					resolve(m);
+				},
+			});
+		});
+		this.send(message);
+		return response;
+	}
+
+	async close(): Promise<void> {
+		this.child.stdin.end();
+		const exited = new Promise((resolve) => this.child.once("exit", resolve));
+		const timer = setTimeout(() => this.child.kill("SIGKILL"), 5000);
+		await exited;
+		clearTimeout(timer);
+	}
+}
+
+describe("pi --mode rpc with the extension", () => {
+	let workspace: string;
+	let home: string;
+	let dataDir: string;
+	const env = (mode: string): NodeJS.ProcessEnv => ({ ...process.env, HOME: home, SANDBOX_BIN, SANDBOX_DATA_DIR: dataDir, SANDBOX_MODE: mode });
+	before(() => {
+		workspace = tempDir("pi-sbx-rpc-ws-");
+		home = tempDir("pi-sbx-rpc-home-");
+		dataDir = tempDir("pi-sbx-rpc-data-");
+	});
+	after(() => {
+		for (const dir of [workspace, home, dataDir]) rmSync(dir, { recursive: true, force: true });
+	});
+
+	it("the user's !command runs in the jail", async () => {
+		const pi = new PiRpc(workspace, env("auto"));
+		try {
+			const response = await pi.request({ id: "b1", type: "bash", command: 'id -u; echo "$HOME"' });
+			assert.equal(response.success, true, JSON.stringify(response));
+			const data = response.data as { output: string; exitCode: number };
+			const [uid, jailHome] = data.output.trim().split("\n");
+			assert.notEqual(uid, "0");
+			assert.notEqual(jailHome, home);
+			assert.equal(data.exitCode, 0);
+		} finally {
+			await pi.close();
+		}
+	});
+
+	it("an approval shows as pi's select dialog; Deny means the command never runs", async () => {
+		const pi = new PiRpc(workspace, env("ask"));
+		const dialogs: Message[] = [];
+		pi.onUiRequest = (request) => {
+			if (request.method !== "select") return undefined;
+			dialogs.push(request);
+			return { value: "Deny" };
+		};
+		try {
+			const canary = path.join(workspace, "ran");
+			const response = await pi.request({ id: "b2", type: "bash", command: `rm -rf /tmp/anything; touch ${canary}` });
+			assert.equal(dialogs.length, 1, JSON.stringify(pi.seen).slice(-1500));
+			assert.match(String(dialogs[0]?.title), /Sandbox: allow Bash to execute/);
+			assert.deepEqual(dialogs[0]?.options, ["Allow once", "Allow for this session", "Deny"]);
+			assert.notEqual((response.data as { exitCode?: number } | undefined)?.exitCode, 0, JSON.stringify(response));
+			assert.equal(existsSync(canary), false);
+		} finally {
+			await pi.close();
+		}
+	});
+});
