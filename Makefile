@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up clean
+.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: setup
 docker-up:
 	-@bash images/dockerd-up.sh
 
-image: docker-up
+image: setup docker-up
 	bash images/build.sh
 
 # pytest exit 5 means "no tests ran": that is a failure, not a pass.
@@ -54,6 +54,14 @@ test-unit: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# Compare mount strategies on a sample workload (this repo's tracked sources, byte-compiled) under
+# every backend x strategy: table.txt, report.json, report.md and chart.svg in ci-artifacts/compare/.
+COMPARE_ARGS ?= --repeat 3
+compare: setup
+	@sample=$$(mktemp -d) && mkdir -p $$sample/project && git archive HEAD | tar -x -C $$sample/project && \
+	  $(BIN)/sandbox compare $(COMPARE_ARGS) --workspace $$sample/project --report ci-artifacts/compare \
+	    -- python3 -m compileall -q sandbox; rc=$$?; rm -rf $$sample; exit $$rc
 
 lint: setup
 	$(BIN)/ruff check sandbox tests bench demo

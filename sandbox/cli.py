@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(raw)
     except InvalidArgument as exc:
         _say(exc.message)
-        return EXIT_SANDBOX if raw[:1] == ["run"] else 2
+        return EXIT_SANDBOX if raw[:1] in (["run"], ["compare"]) else 2
     try:
         code: int = args.func(args)
     except SandboxError as exc:

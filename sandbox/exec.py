@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import anyio
 from pydantic import BaseModel
 
-from sandbox.errors import InvalidArgument
+from sandbox.errors import InvalidArgument, SandboxError
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
@@ -143,6 +143,13 @@ async def _supervise(proc: Process, limit: float, abort: anyio.Event | None, gra
     return outcome
 
 
+def _lone_error(exc: BaseException) -> SandboxError | None:
+    """The one SandboxError a task group wrapped (a backend failing mid-call), if that is all it holds."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, SandboxError) else None
+
+
 def _status(returncode: int, outcome: _Outcome) -> tuple[int, int | None]:
     if returncode < 0:
         return 128 - returncode, -returncode
@@ -184,9 +191,12 @@ async def run(
             tg.start_soon(_pump, proc.stderr, err, on_stderr)
             outcome = await _supervise(proc, limit, abort, grace)
         returncode = await proc.wait()
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await proc.kill_tree(grace)
+        lone = _lone_error(exc)
+        if lone is not None and lone is not exc:
+            raise lone from exc
         raise
     finally:
         oom, peak = proc.oom_killed(), proc.peak_memory()

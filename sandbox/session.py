@@ -249,7 +249,7 @@ class Sandbox:
 
 def _error(exc: SandboxError, root: str | None = None) -> ToolResult:
     return ToolResult(ok=False, error_code=exc.code, content=exc.message, details=exc.data,
-                      root=root if root in ("workspace", "scratch", "external") else None)  # type: ignore[arg-type]
+                      root=root if root in ("workspace", "scratch", "external") else None)
 
 
 def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:

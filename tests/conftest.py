@@ -6,6 +6,7 @@ never passed silently. CI provides bubblewrap, a running dockerd and the image.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -52,12 +53,17 @@ def backend(request: pytest.FixtureRequest) -> base.Backend:
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Path:
+def workspace(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "README.md").write_text("# sample\n")
     (ws / "src").mkdir()
     (ws / "src" / "app.py").write_text("print('hello')\n")
+    if os.geteuid() == 0 and "backend" in request.fixturenames and request.getfixturevalue("backend").name == "docker":
+        # Docker runs commands as the workspace owner, or uid 1000 for a root-owned one (never
+        # root): give the tests a workspace owned like a developer's checkout.
+        for path in (ws, *ws.rglob("*")):
+            os.chown(path, 1000, 1000, follow_symlinks=False)
     return ws
 
 

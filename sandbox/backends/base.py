@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
 
     from sandbox.guarantees import Report
-    from sandbox.mounts import ApplyReport, Changeset
+    from sandbox.mounts import ApplyReport, Changeset, CopyTree
     from sandbox.profile import Profile
 
 BACKENDS: tuple[str, ...] = ("bwrap", "docker", "host")
@@ -72,6 +72,7 @@ class Jail(ABC):
     backend: str
     profile: Profile
     workspace: Path  # host path of the workspace; the jail shows it at the same absolute path
+    tree: CopyTree | None = None  # the private copy or overlay (copy/overlay mounts)
 
     @property
     def mount(self) -> str:

@@ -464,14 +464,20 @@ class Runtime:
         killed = bool(seen & {"kill", "die", "stop", "destroy"}) or not self.alive()
         return killed, "oom" in seen
 
-    def remove(self) -> None:
-        self.removed = True
+    def kill(self) -> None:
+        """SIGKILL the container's init and wait until it is no longer running."""
         with contextlib.suppress(docker.errors.NotFound):
             try:
-                self.container.remove(force=True)
+                self.container.kill()
             except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: auto-remove is already removing it
+                if exc.status_code != 409:  # 409: not running any more
                     raise
+            self.client.api.wait(self.id, condition="not-running")
+        self.removed = True
+
+    def remove(self) -> None:
+        self.removed = True
+        _remove_by_id(self.client, self.id)
 
 
 # ------------------------------------------------------------------------------ process
@@ -539,6 +545,13 @@ class DockerProcess(Process):
             await self._sweep(grace)
 
     async def _sweep(self, grace: float) -> None:
+        if self._owns_container and grace == 0 and self.returncode != 137:
+            # This call's own container: stopping its init kills everything in its pid
+            # namespace; the daemon then deletes it by itself (auto-remove), off our clock.
+            await _run_sync("cannot stop the call's container", self.runtime.kill)
+            self._swept = True
+            self._finish()
+            return
         try:
             result = await _run_sync("cannot kill the call's processes", self.runtime.sweep, grace)
         except BackendUnavailable:
@@ -708,9 +721,22 @@ class DockerJail(Jail):
 
 
 def _remove_jail_containers(client: docker.DockerClient, jail_id: str) -> None:
+    """Force-remove every container of a jail; each one alone (auto-remove may race us)."""
     with contextlib.suppress(docker.errors.DockerException, OSError):
-        for container in client.containers.list(all=True, filters={"label": f"{LABEL_JAIL}={jail_id}"}):
-            Runtime(client, container, KEEPER_USER).remove()
+        # The low-level list: the high-level one inspects each container and trips on a vanished one.
+        found = client.api.containers(all=True, filters={"label": f"{LABEL_JAIL}={jail_id}"})
+        for row in found:
+            _remove_by_id(client, str(row["Id"]))
+
+
+def _remove_by_id(client: docker.DockerClient, cid: str) -> None:
+    try:
+        client.api.remove_container(cid, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: auto-remove is already removing it
+            raise
 
 
 # ------------------------------------------------------------------------------ backend
@@ -730,6 +756,18 @@ def _own_tree(tree: CopyTree, user: str) -> None:
         for rel, _stamp in list(walk(tree.root)):
             os.chown(tree.root / rel, uid, gid, follow_symlinks=False)
         tree.copy = dict(walk(tree.root))
+
+
+def _own_dir(path: Path, user: str) -> None:
+    """Hand the session's scratch directory (ours, not the user's) to the command uid."""
+    uid, gid = _uid_gid(user)
+    if os.geteuid() != 0 or path.stat().st_uid == uid:
+        return
+    with map_errors("cannot hand the scratch directory to the jail's user", BackendUnavailable):
+        for dirpath, dirnames, filenames in os.walk(path):
+            os.chown(dirpath, uid, gid)
+            for name in dirnames + filenames:
+                os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
 class DockerBackend(Backend):
@@ -756,6 +794,8 @@ class DockerBackend(Backend):
         try:
             if tree is not None:
                 await anyio.to_thread.run_sync(_own_tree, tree, user)
+            if scratch is not None:
+                await anyio.to_thread.run_sync(_own_dir, scratch, user)
             await jail.start()
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -851,12 +891,13 @@ def gc(all: bool = False) -> list[str]:  # noqa: A002 - mirrors `sandbox gc --al
     removed: list[str] = []
     with contextlib.closing(connect()) as client:
         with _translated("cannot list sandbox containers"):
-            containers = client.containers.list(all=True, filters={"label": LABEL_OWNER})
-        for container in containers:
-            if all or _owner_gone(container.labels):
-                with _translated(f"cannot remove container {container.name}"):
-                    Runtime(client, container, KEEPER_USER).remove()
-                removed.append(str(container.name))
+            rows = client.api.containers(all=True, filters={"label": LABEL_OWNER})
+        for row in rows:
+            if all or _owner_gone(row.get("Labels") or {}):
+                name = str((row.get("Names") or [row["Id"]])[0]).lstrip("/")
+                with _translated(f"cannot remove container {name}"):
+                    _remove_by_id(client, str(row["Id"]))
+                removed.append(name)
     return removed
 
 

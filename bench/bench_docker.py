@@ -1,0 +1,135 @@
+"""Docker backend latency against the docker CLI, in one run (part of `make bench`).
+
+* warm exec: one call through our backend in a session container vs ``docker exec`` on that
+  same container (target: ours <= 0.5x the CLI's);
+* per-call container: our ``lifecycle = "call"`` vs ``docker run --rm`` with the same image;
+* optionally (``--build``) the time of a forced offline image build (rootfs tarball cached).
+
+Prints medians of N runs and the ratios. Needs a running daemon and the image (`make image`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sandbox import exec as executor
+from sandbox.backends import docker as dockerb
+from sandbox.errors import SandboxError
+from sandbox.profile import load
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from sandbox.backends.docker import DockerJail
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def say(text: str) -> None:
+    print(text, flush=True)  # noqa: T201 - a benchmark reports on stdout
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+async def timed(n: int, call: Callable[[], Awaitable[object]]) -> list[float]:
+    await call()  # warm-up: connections, page cache
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await call()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def cli(argv: list[str]) -> None:
+    result = await anyio.run_process(argv, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.decode(errors='replace')}")
+
+
+async def open_jail(workspace: Path, lifecycle: str) -> DockerJail:
+    profile = load("default").with_overrides(**{"docker.lifecycle": lifecycle})
+    return await dockerb.DockerBackend().open_jail(workspace, profile)
+
+
+async def warm(workspace: Path, n: int, docker_cli: str) -> tuple[float, float]:
+    jail = await open_jail(workspace, "session")
+    try:
+        ours = await timed(n, lambda: executor.run(jail, ["true"]))
+        cid = jail.container_id
+        assert cid is not None
+        theirs = await timed(n, lambda: cli([docker_cli, "exec", "-u", jail.user, cid, "true"]))
+    finally:
+        await jail.aclose()
+    return median_ms(ours), median_ms(theirs)
+
+
+async def per_call(workspace: Path, n: int, docker_cli: str) -> tuple[float, float]:
+    jail = await open_jail(workspace, "call")
+    run = [docker_cli, "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
+           "-u", jail.user, dockerb.DEFAULT_IMAGE, "true"]
+    try:
+        ours = await timed(n, lambda: executor.run(jail, ["true"]))
+        theirs = await timed(n, lambda: cli(run))
+    finally:
+        await jail.aclose()
+    return median_ms(ours), median_ms(theirs)
+
+
+def build_time() -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, str(ROOT / "images" / "build.py"), "--force", "--mode", "offline"],
+                   check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+async def main_async(n: int, with_build: bool) -> int:
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        say("bench_docker: skipped, no docker CLI to compare against")
+        return 0
+    report = dockerb.probe()
+    if not report.available:
+        say(f"bench_docker: skipped, {report.reason}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-docker-") as tmp:
+        ours, theirs = await warm(Path(tmp), n, docker_cli)
+        say(f"warm exec      ours {ours:7.1f} ms   docker exec    {theirs:7.1f} ms   ratio {ours / theirs:.2f}"
+            f"  (target <= 0.50, median of {n})")
+        ours, theirs = await per_call(Path(tmp), n, docker_cli)
+        say(f"call container ours {ours:7.1f} ms   docker run --rm {theirs:6.1f} ms   ratio {ours / theirs:.2f}"
+            f"  (median of {n})")
+    if with_build:
+        say(f"image build (offline, rootfs cached, forced): {build_time():.1f} s")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-n", type=int, default=20, help="runs per measurement (default 20)")
+    parser.add_argument("--build", action="store_true", help="also time a forced offline image build")
+    opts = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            return anyio.run(main_async, opts.n, opts.build)
+        except SandboxError as exc:
+            say(f"bench_docker: {exc}")
+            return 1
+    return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
