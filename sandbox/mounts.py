@@ -23,7 +23,7 @@ import stat
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
 Kind = Literal["file", "dir", "symlink", "special"]
+_T = TypeVar("_T", bound="CopyTree")
 Status = Literal["added", "modified", "deleted"]
 FORBIDDEN_WORKSPACES = {Path(p) for p in ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64",
                                           "/proc", "/sys", "/dev", "/boot", "/var", "/tmp", "/run")}
@@ -233,14 +234,7 @@ class CopyTree:
     async def prepare(cls, workspace: Path, parent: Path | None = None) -> CopyTree:
         base = parent or datadir.subdir("copies")
         root = base / f"copy-{uuid.uuid4().hex[:12]}"
-        tree = cls(workspace, root)
-        try:
-            await anyio.to_thread.run_sync(tree._copy_in)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(tree.remove)
-            raise
-        return tree
+        return await _set_up(cls(workspace, root), "_copy_in")
 
     def _copy_in(self) -> None:
         with map_errors(f"cannot copy the workspace {self.workspace}"):
@@ -253,6 +247,20 @@ class CopyTree:
                 raise ToolFailed(f"copying the workspace failed: {result}", workspace=str(self.workspace))
             self.copy = dict(walk(self.root))
             self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
+
+    def hand_to(self, uid: int, gid: int) -> None:
+        """Give the private copy to the jail's uid (we are root, it is not) and re-baseline.
+
+        chown moves every entry's ctime, so the snapshot the changeset compares against is taken
+        again afterwards: the chown is ours, not the jail's.
+        """
+        if os.geteuid() != 0 or (self.root.stat().st_uid, self.root.stat().st_gid) == (uid, gid):
+            return
+        with map_errors("cannot hand the private copy to the jail's user"):
+            os.chown(self.root, uid, gid)
+            for rel, _stamp in walk(self.root):
+                os.chown(self.root / rel, uid, gid, follow_symlinks=False)
+            self.copy = dict(walk(self.root))
 
     async def changes(self) -> Changeset:
         return await anyio.to_thread.run_sync(self._changes)
@@ -369,6 +377,17 @@ class CopyTree:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+async def _set_up(tree: _T, step: str) -> _T:
+    """Run a tree's (blocking) setup in a thread; on any failure leave nothing behind."""
+    try:
+        await anyio.to_thread.run_sync(getattr(tree, step))
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(tree.remove)
+        raise
+    return tree
+
+
 def _apply_order(change: Change) -> tuple[int, int, str]:
     depth = change.path.count("/")
     if change.status == "deleted":
@@ -384,8 +403,11 @@ def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Iterato
     try:
         for part in parts:
             if create:
+                owner = _owner_for(fd, part)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
             try:
                 nxt = os.open(part, flags, dir_fd=fd)
             except OSError as exc:
@@ -395,6 +417,21 @@ def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Iterato
         yield fd
     finally:
         os.close(fd)
+
+
+def _owner_for(pfd: int, name: str) -> tuple[int, int] | None:
+    """Who a replaced entry (or, for a new one, its directory) belongs to; ``None`` unless root.
+
+    The private copy may belong to the jail's uid and our own writes to root: an applied file
+    keeps the owner the host gave it, and a new one takes its directory's.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = os.fstat(pfd)
+    return st.st_uid, st.st_gid
 
 
 def _temp_name(name: str) -> str:
@@ -411,6 +448,9 @@ def _replace_file(pfd: int, name: str, source: Path, mode: int) -> None:
         try:
             while chunk := os.read(src, _CHUNK):
                 os.write(dst, chunk)
+            owner = _owner_for(pfd, name)
+            if owner is not None:
+                os.fchown(dst, *owner)
             os.fchmod(dst, mode)
             os.fsync(dst)
         finally:
@@ -426,15 +466,21 @@ def _replace_file(pfd: int, name: str, source: Path, mode: int) -> None:
 
 def _replace_symlink(pfd: int, name: str, target: str) -> None:
     tmp = _temp_name(name)
+    owner = _owner_for(pfd, name)
     os.symlink(target, tmp, dir_fd=pfd)
+    if owner is not None:
+        os.chown(tmp, *owner, dir_fd=pfd, follow_symlinks=False)
     os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
 
 
 def _ensure_dir(pfd: int, name: str, mode: int) -> None:
+    owner = _owner_for(pfd, name)
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, mode, dir_fd=pfd)
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
     try:
+        if owner is not None:
+            os.fchown(fd, *owner)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
@@ -507,14 +553,7 @@ class OverlayTree(CopyTree):
         if any(c in str(workspace) for c in ",:\\"):
             raise InvalidArgument(f"overlay cannot mount a workspace whose path has ',' ':' or '\\': {workspace}")
         base = (parent or datadir.subdir("copies")) / f"overlay-{uuid.uuid4().hex[:12]}"
-        tree = cls(workspace, base)
-        try:
-            await anyio.to_thread.run_sync(tree._mount)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(tree.remove)
-            raise
-        return tree
+        return await _set_up(cls(workspace, base), "_mount")
 
     def _mount(self) -> None:
         with map_errors("cannot prepare the overlay"):

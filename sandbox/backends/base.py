@@ -92,11 +92,13 @@ class Jail(ABC):
 
     async def changes(self) -> Changeset | None:
         """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
-        return None
+        return await self.tree.changes() if self.tree is not None else None
 
     async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
         """Copy approved changes back to the host workspace (``copy``/``overlay`` mounts only)."""
-        raise InvalidArgument(f"mount {self.mount!r} writes in place; there is nothing to apply")
+        if self.tree is None:
+            raise InvalidArgument(f"mount {self.mount!r} writes in place; there is nothing to apply")
+        return await self.tree.apply(changeset, paths)
 
     @abstractmethod
     async def aclose(self) -> None:

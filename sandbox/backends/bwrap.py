@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import subprocess
-import uuid
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,18 +24,17 @@ import anyio
 
 from sandbox import datadir
 from sandbox.backends import cgroups, local
-from sandbox.backends.base import Backend, Jail
+from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env
-from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
+from sandbox.errors import BackendUnavailable, map_errors
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, check_workspace, overlay_support
 
 if TYPE_CHECKING:
 
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
-    from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
@@ -114,34 +112,19 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
     return args
 
 
-class BwrapJail(Jail):
+class BwrapJail(local.LocalJail):
     backend = "bwrap"
 
     def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None,
                  scratch: Path | None = None) -> None:
-        self.workspace = workspace
-        self.profile = profile
-        self.tree = tree
-        self.id = uuid.uuid4().hex[:12]
+        super().__init__(workspace, profile, tree)
         self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source, scratch)]
-        self._live: set[local.LocalProcess] = set()
-        self._pool = local.CgroupPool(profile)
-        self._closed = False
-
-    def _released(self, proc: local.LocalProcess) -> None:
-        self._live.discard(proc)
-        if proc.cgroup is not None:
-            self._pool.give_back(proc.cgroup)
-            proc.cgroup = None
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
         stdin: bytes | None = None,
     ) -> local.LocalProcess:
-        if self._closed:
-            raise InvalidArgument("the jail is closed", jail=self.id)
-        if not argv:
-            raise InvalidArgument("empty argv: name a command to run")
+        self._check_spawn(argv)
         group = self._pool.take()
         try:
             proc = await self._start(argv, env, cwd, group, stdin is not None)
@@ -183,26 +166,6 @@ class BwrapJail(Jail):
             os.close(info_r)
             os.close(block_w)
         return child
-
-    async def changes(self) -> Changeset | None:
-        return await self.tree.changes() if self.tree else None
-
-    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        if self.tree is None:
-            return await super().apply(changeset, paths)
-        return await self.tree.apply(changeset, paths)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            for proc in list(self._live):
-                await proc.kill_tree(0)
-                proc.release()
-            self._pool.close()
-            if self.tree is not None:
-                await anyio.to_thread.run_sync(self.tree.remove)
 
 
 async def _read_init_pid(fd: int, proc: Child) -> int:
@@ -251,6 +214,9 @@ class BwrapBackend(Backend):
         if profile.mount.strategy in ("copy", "overlay"):
             tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(ws)
             source = tree.root
+            if profile.mount.strategy == "copy":
+                # The jail writes with our uid and no capabilities: the copy must be ours to write.
+                await anyio.to_thread.run_sync(tree.hand_to, os.geteuid(), os.getegid())
         return BwrapJail(ws, profile, source, tree, scratch)
 
 

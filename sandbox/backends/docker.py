@@ -45,16 +45,15 @@ from sandbox.backends.base import Backend, Jail, Process
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, base_env
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, map_errors
 from sandbox.guarantees import Report
-from sandbox.mounts import CopyTree, check_workspace, walk
+from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from docker.models.containers import Container
 
-    from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
 
 T = TypeVar("T")
@@ -697,14 +696,6 @@ class DockerJail(Jail):
             self._dirty = not proc._swept
             self._slot.release()
 
-    async def changes(self) -> Changeset | None:
-        return await self.tree.changes() if self.tree else None
-
-    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        if self.tree is None:
-            return await super().apply(changeset, paths)
-        return await self.tree.apply(changeset, paths)
-
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -743,19 +734,9 @@ def _remove_by_id(client: docker.DockerClient, cid: str) -> None:
 
 
 def _own_tree(tree: CopyTree, user: str) -> None:
-    """Hand the private copy to the command uid (we are root, it is not) and re-baseline it.
-
-    chown changes every entry's ctime, so the snapshot the changeset compares against is taken
-    again afterwards: the chown is ours, not the jail's.
-    """
-    uid, gid = _uid_gid(user)
-    if os.geteuid() != 0 or tree.root.stat().st_uid == uid:
-        return
+    """Hand the private copy to the command uid (see ``CopyTree.hand_to``)."""
     with map_errors("cannot hand the private copy to the jail's user", BackendUnavailable):
-        os.chown(tree.root, uid, gid)
-        for rel, _stamp in list(walk(tree.root)):
-            os.chown(tree.root / rel, uid, gid, follow_symlinks=False)
-        tree.copy = dict(walk(tree.root))
+        tree.hand_to(*_uid_gid(user))
 
 
 def _own_dir(path: Path, user: str) -> None:

@@ -11,41 +11,24 @@ import os
 from functools import cache
 from typing import TYPE_CHECKING
 
-import anyio
-
 from sandbox.backends import cgroups, local
-from sandbox.backends.base import Backend, Jail
+from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, map_errors
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, map_errors
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from sandbox.mounts import ApplyReport, Changeset
     from sandbox.profile import Profile
 
 
 
-class HostJail(Jail):
+class HostJail(local.LocalJail):
     backend = "host"
-
-    def __init__(self, workspace: Path, profile: Profile, tree: CopyTree | None) -> None:
-        self.workspace = workspace
-        self.profile = profile
-        self.tree = tree
-        self._live: set[local.LocalProcess] = set()
-        self._pool = local.CgroupPool(profile)
-        self._closed = False
-
-    def _released(self, proc: local.LocalProcess) -> None:
-        self._live.discard(proc)
-        if proc.cgroup is not None:
-            self._pool.give_back(proc.cgroup)
-            proc.cgroup = None
 
     @property
     def cwd(self) -> Path:
@@ -55,10 +38,7 @@ class HostJail(Jail):
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
         stdin: bytes | None = None,
     ) -> local.LocalProcess:
-        if self._closed:
-            raise InvalidArgument("the jail is closed")
-        if not argv:
-            raise InvalidArgument("empty argv: name a command to run")
+        self._check_spawn(argv)
         group = self._pool.take()
         hold_r, hold_w = os.pipe()
         # The child waits on the pipe until it is in its cgroup, then becomes the command.
@@ -83,26 +63,6 @@ class HostJail(Jail):
         child.stdin_data = stdin
         self._live.add(child)
         return child
-
-    async def changes(self) -> Changeset | None:
-        return await self.tree.changes() if self.tree else None
-
-    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        if self.tree is None:
-            return await super().apply(changeset, paths)
-        return await self.tree.apply(changeset, paths)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            for proc in list(self._live):
-                await proc.kill_tree(0)
-                proc.release()
-            self._pool.close()
-            if self.tree is not None:
-                await anyio.to_thread.run_sync(self.tree.remove)
 
 
 class HostBackend(Backend):

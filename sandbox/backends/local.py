@@ -18,13 +18,15 @@ import anyio
 import psutil
 
 from sandbox.backends import cgroups
-from sandbox.backends.base import Process
-from sandbox.errors import BackendUnavailable, map_errors
+from sandbox.backends.base import Jail, Process
+from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
     from sandbox.backends.child import Child
+    from sandbox.mounts import CopyTree
     from sandbox.profile import Profile
 
 
@@ -168,3 +170,39 @@ class LocalProcess(Process):
     def release(self) -> None:
         self._proc.close()
         self.on_release(self)
+
+
+class LocalJail(Jail):
+    """What the bwrap and host jails share: live calls, their cgroup pool, the private tree."""
+
+    def __init__(self, workspace: Path, profile: Profile, tree: CopyTree | None) -> None:
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self._live: set[LocalProcess] = set()
+        self._pool = CgroupPool(profile)
+        self._closed = False
+
+    def _released(self, proc: LocalProcess) -> None:
+        self._live.discard(proc)
+        if proc.cgroup is not None:
+            self._pool.give_back(proc.cgroup)
+            proc.cgroup = None
+
+    def _check_spawn(self, argv: Sequence[str]) -> None:
+        if self._closed:
+            raise InvalidArgument("the jail is closed")
+        if not argv:
+            raise InvalidArgument("empty argv: name a command to run")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for proc in list(self._live):
+                await proc.kill_tree(0)
+                proc.release()
+            self._pool.close()
+            if self.tree is not None:
+                await anyio.to_thread.run_sync(self.tree.remove)

@@ -376,3 +376,22 @@ async def test_overlay_mount_reads_changes_from_the_upper_layer(backend: object,
     assert [c["path"] for c in report_.conflicts] == ["new.txt"]
     assert [s["path"] for s in report_.skipped] == ["pw"]
     assert (workspace / "README.md").read_text() == "changed\n" and not (workspace / "gone").exists()
+
+
+@pytest.mark.root
+async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(open_jail: JailFactory,
+                                                                           workspace: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to own files as another user")
+    for path in (workspace, *workspace.rglob("*")):
+        os.chown(path, 1234, 1234, follow_symlinks=False)
+    jail = await open_jail(make_profile("untrusted"))
+    result = await sh(jail, "echo changed > README.md; mkdir -p new/dir; echo x > new/dir/f")
+    assert result.exit_code == 0, result.stderr
+    changes = await jail.changes()
+    assert changes is not None
+    report = await jail.apply(changes)
+    assert not report.conflicts and not report.skipped
+    for rel in ("README.md", "new", "new/dir", "new/dir/f"):
+        st = (workspace / rel).stat()
+        assert (st.st_uid, st.st_gid) == (1234, 1234), rel
