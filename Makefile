@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up compare clean
+.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ compare: setup
 	@sample=$$(mktemp -d) && mkdir -p $$sample/project && git archive HEAD | tar -x -C $$sample/project && \
 	  $(BIN)/sandbox compare $(COMPARE_ARGS) --workspace $$sample/project --report ci-artifacts/compare \
 	    -- python3 -m compileall -q sandbox; rc=$$?; rm -rf $$sample; exit $$rc
+
+# The JSON-RPC protocol's JSON Schemas, generated from the pydantic models (a test checks it is current).
+schema: setup
+	$(BIN)/sandbox serve --schema > integrations/protocol.schema.json
 
 lint: setup
 	$(BIN)/ruff check sandbox tests bench demo

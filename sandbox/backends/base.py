@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
@@ -158,12 +157,6 @@ def get(name: str) -> Backend:
             ) from exc
         _loaded[name] = module.backend_class()
     return _loaded[name]
-
-
-@dataclass
-class Choice:
-    backend: Backend
-    tried: dict[str, str] = field(default_factory=dict)
 
 
 def choose(name: str, profile: Profile) -> Backend:

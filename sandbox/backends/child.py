@@ -82,6 +82,14 @@ class Child:
         except (AttributeError, OSError):  # kernel < 5.3: fall back to a waiting thread
             self._pidfd = None
 
+    def release_hold(self, line: bytes, *, keep_open: bool) -> None:
+        """Write the line a held child waits for on stdin; close stdin unless data follows."""
+        assert self.stdin_fd is not None
+        os.write(self.stdin_fd, line)  # a few bytes into an empty pipe: never blocks
+        if not keep_open:
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
+
     async def feed(self, data: bytes) -> None:
         """Write ``data`` to the child's stdin, then close it (EPIPE: the child stopped reading)."""
         fd = self.stdin_fd

@@ -7,7 +7,6 @@ processes so the tree kill holds; the probe says plainly what it does not guaran
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,7 @@ from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, map_errors
 from sandbox.guarantees import Report
-from sandbox.mounts import CopyTree, check_workspace
+from sandbox.mounts import check_workspace
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -27,12 +26,17 @@ if TYPE_CHECKING:
 
 
 
+# The shell reads one line from stdin (byte by byte: it never reads past the newline), so the
+# command starts only once we have put it in its cgroup; what follows is the command's stdin.
+_HOLD = 'read -r _; exec "$@"'
+
+
 class HostJail(local.LocalJail):
     backend = "host"
 
     @property
     def cwd(self) -> Path:
-        return self.tree.root if self.tree else self.workspace
+        return self.workspace
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -40,26 +44,17 @@ class HostJail(local.LocalJail):
     ) -> local.LocalProcess:
         self._check_spawn(argv)
         group = self._pool.take()
-        hold_r, hold_w = os.pipe()
-        # The child waits on the pipe until it is in its cgroup, then becomes the command.
-        hold = f'read -r _ <&{hold_r}; exec {hold_r}<&-; exec "$@"'
         try:
             with map_errors("cannot start the command", BackendUnavailable):
-                proc = Child(
-                    ["/bin/sh", "-c", hold, "sandbox-host", *argv], pass_fds=(hold_r,),
-                    cwd=cwd or str(self.cwd), env=base_env(self.profile, env) | {"HOME": str(self.cwd)},
-                    new_session=True, stdin=stdin is not None,
-                )
+                proc = Child(["/bin/sh", "-c", _HOLD, "sandbox-host", *argv], stdin=True, new_session=True,
+                             cwd=cwd or str(self.cwd), env=base_env(self.profile, env) | {"HOME": str(self.cwd)})
             child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             local.confine(proc.pid, self.profile, group)
-            os.write(hold_w, b"go\n")
+            proc.release_hold(b"go\n", keep_open=stdin is not None)
         except BaseException:
             if group:
                 self._pool.give_back(group)
             raise
-        finally:
-            os.close(hold_r)
-            os.close(hold_w)
         child.stdin_data = stdin
         self._live.add(child)
         return child
@@ -73,13 +68,13 @@ class HostBackend(Backend):
 
     async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> HostJail:
         self.check(profile)
-        if profile.mount.strategy not in ("rw", "copy"):
+        if profile.mount.strategy != "rw":
+            # Without a mount namespace a copy could not appear at the workspace's own path, and
+            # tools given workspace paths would write the real workspace: refuse, do not pretend.
             raise GuaranteeUnavailable(
-                f"the host backend cannot enforce mount {profile.mount.strategy!r}; use rw or copy, "
-                "or a real backend (bwrap, docker)", backend="host")
-        ws = check_workspace(workspace)
-        tree = await CopyTree.prepare(ws) if profile.mount.strategy == "copy" else None
-        return HostJail(ws, profile, tree)
+                f"the host backend cannot provide mount {profile.mount.strategy!r}, only rw; use a real "
+                "backend (bwrap, docker) for ro, copy or overlay", backend="host")
+        return HostJail(check_workspace(workspace), profile, None)
 
 
 @cache

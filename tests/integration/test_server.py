@@ -172,3 +172,12 @@ def test_schema_is_generated_from_the_models() -> None:
     schema = json.loads(out.stdout)
     assert {"tool.call", "session.open", "snapshot.rollback"} <= set(schema["requests"])
     assert schema["tools"]["Bash"]["properties"]["timeout"]["maximum"] == 300
+
+
+def test_committed_schema_is_current() -> None:
+    """integrations/protocol.schema.json is what `sandbox serve --schema` prints (run `make schema`)."""
+    import subprocess
+
+    out = subprocess.run([SANDBOX, "serve", "--schema"], capture_output=True, text=True, check=True)
+    committed = Path(__file__).resolve().parents[2] / "integrations" / "protocol.schema.json"
+    assert json.loads(committed.read_text()) == json.loads(out.stdout)
