@@ -69,6 +69,9 @@ def _register_policy(subparsers: Any) -> None:
     restore = sub.add_parser("restore", help="re-enable a disabled built-in rule")
     restore.add_argument("rule_id")
     restore.set_defaults(func=_guard(_restore_rule))
+    mode = sub.add_parser("mode", help="show or set the global default permission mode")
+    mode.add_argument("mode", nargs="?", choices=("ask", "accept-edits", "auto", "unset"))
+    mode.set_defaults(func=_guard(_mode))
     listing = sub.add_parser("list", help="list built-in and user rules")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=_guard(_list_rules))
@@ -121,7 +124,7 @@ def _evaluate(args: argparse.Namespace, tool: str, raw: dict[str, Any]) -> Decis
     for notice in rules.notices:
         print(f"sandbox: {notice}", file=sys.stderr)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
-    gate = Gate(args.workspace, scratch, settings, rules)
+    gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode())
     call = ToolCall("policy-test", "turn-1", "call-1", tool, validate(tool, raw))
     return gate.evaluate(call, SessionState("policy-test"))
 
@@ -141,6 +144,15 @@ def _print_decision(decision: Decision, as_json: bool) -> None:
 def _add_rule(args: argparse.Namespace) -> int:
     rule = RuleStore().add(args.action, args.text, args.tool)
     print(f"added {args.action} rule {rule.id}: {rule.text!r}")
+    return 0
+
+
+def _mode(args: argparse.Namespace) -> int:
+    store = RuleStore()
+    if args.mode is not None:
+        store.set_mode(None if args.mode == "unset" else args.mode)
+    current = store.mode()
+    print(f"global default mode: {current or 'ask (not set)'}; a session's own mode and a profile's take precedence")
     return 0
 
 

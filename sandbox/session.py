@@ -30,6 +30,7 @@ from sandbox.policy import load_ruleset
 from sandbox.policy.approvals import Approver, UnattendedApprover
 from sandbox.policy.authorize import Authorization, authorize
 from sandbox.policy.gate import Gate, SessionState, ToolCall
+from sandbox.policy.rules import RuleStore
 from sandbox.tools import params as tool_params
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
 
@@ -115,7 +116,7 @@ class Sandbox:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
-        gate = Gate(ws, scratch, prof.policy, rules)
+        gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
         return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
                    approver=approver or UnattendedApprover.from_settings(prof.policy), mode=mode)
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
+    from sandbox.policy.verdict import Mode
+
 Action = Literal["allow", "block", "ask"]
 POLICY_VERSION = "1"
 
@@ -203,6 +205,9 @@ def parse_rules(items: Iterable[dict[str, Any]], source: str) -> list[UserRule]:
     return rules
 
 
+MODES: tuple[Mode, ...] = ("ask", "accept-edits", "auto")
+
+
 class RuleStore:
     """The user's rules, one JSON file under the data directory, replaced atomically."""
 
@@ -218,10 +223,23 @@ class RuleStore:
             raise InvalidArgument(f"cannot read the rules store {self.path}: {exc}", file=str(self.path)) from exc
         if not isinstance(data, dict):
             raise InvalidArgument(f"the rules store {self.path} is not a JSON object", file=str(self.path))
-        return {"rules": list(data.get("rules", [])), "removed": list(data.get("removed", []))}
+        return {"rules": list(data.get("rules", [])), "removed": list(data.get("removed", [])),
+                **({"mode": data["mode"]} if data.get("mode") in MODES else {})}
 
     def _save(self, data: dict[str, Any]) -> None:
         atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def mode(self) -> Mode | None:
+        """The global default permission mode (``sandbox policy mode``), if one was set."""
+        found: Mode | None = self._load().get("mode")
+        return found
+
+    def set_mode(self, mode: Mode | None) -> None:
+        data = self._load()
+        data.pop("mode", None)
+        if mode is not None:
+            data["mode"] = mode
+        self._save(data)
 
     def ruleset(self) -> RuleSet:
         data = self._load()
