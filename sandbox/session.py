@@ -150,7 +150,11 @@ class Sandbox:
                 result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
         except SandboxError as exc:
             result = _error(exc, root=auth.decision.root)
-        self._audit(call, auth, result, started, ran_at)
+        try:
+            self._audit(call, auth, result, started, ran_at)
+        except SandboxError as exc:
+            # The call already happened: lose neither its result nor the fact that it went unrecorded.
+            result.details["audit_error"] = exc.to_dict()
         return result
 
     async def _execute(self, call: ToolCall, auth: Authorization, on_stdout: OutputCallback | None,

@@ -395,3 +395,28 @@ async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(open_
     for rel in ("README.md", "new", "new/dir", "new/dir/f"):
         st = (workspace / rel).stat()
         assert (st.st_uid, st.st_gid) == (1234, 1234), rel
+
+
+@pytest.mark.root
+async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(backend: object, workspace: Path,
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the data directory")
+    small = tmp_path / "small-data"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], check=True)
+    try:
+        monkeypatch.setenv("SANDBOX_DATA_DIR", str(small))
+        (workspace / "big.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+        from sandbox.errors import SandboxError
+
+        with pytest.raises(SandboxError) as info:
+            await backend.open_jail(workspace, make_profile("untrusted"))  # type: ignore[attr-defined]
+        assert "No space left" in info.value.message or info.value.data.get("errno") == "ENOSPC"
+        assert (workspace / "big.bin").stat().st_size == 2 * 1024 * 1024
+        assert not list((small / "copies").iterdir())
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
