@@ -126,7 +126,10 @@ class Backend(ABC):
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""
-        missing = self.probe().missing(profile.requires, profile)
+        report = self.probe()
+        if not report.available:
+            raise BackendUnavailable(f"backend {self.name} is unavailable: {report.reason}", backend=self.name)
+        missing = report.missing(profile.requires, profile)
         if missing:
             raise GuaranteeUnavailable(
                 f"backend {self.name} cannot enforce what profile {profile.name!r} requires: "

@@ -137,3 +137,36 @@ def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: in
     proc.send_signal(signum)
     assert proc.wait(timeout=30) == 128 + signum
     assert [p for p in survivors(marker) if p != proc.pid] == []
+
+
+@pytest.fixture(params=[pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)])
+def cli_backend(request: pytest.FixtureRequest, workspace: Path) -> str:
+    backend_or_skip(request.param)
+    if request.param == "docker" and os.geteuid() == 0:
+        for path in (workspace, *workspace.rglob("*")):
+            os.chown(path, 1000, 1000, follow_symlinks=False)
+    return str(request.param)
+
+
+def test_same_json_contract_and_exit_codes_on_every_backend(cli_backend: str, workspace: Path) -> None:
+    done = run("--backend", cli_backend, "--json", "--workspace", str(workspace), "--",
+               "sh", "-c", "echo hi; echo oops >&2; exit 3")
+    out = json.loads(done.stdout.strip())
+    assert (done.returncode, out["exit_code"], out["backend"]) == (3, 3, cli_backend)
+    assert (out["stdout"], out["stderr"], out["stdout_bytes"]) == ("hi\n", "oops\n", 3)
+    assert run("--backend", cli_backend, "--timeout", "1", "--workspace", str(workspace), "--",
+               "sleep", "30").returncode == 124
+    assert run("--backend", cli_backend, "--workspace", str(workspace), "--",
+               "sh", "-c", "kill -TERM $$").returncode == 143
+    copy = run("--backend", cli_backend, "--mount", "copy", "--json", "--workspace", str(workspace), "--",
+               "sh", "-c", "echo x > new.txt")
+    assert [c["path"] for c in json.loads(copy.stdout)["changes"]] == ["new.txt"]
+    assert not (workspace / "new.txt").exists()
+
+
+@pytest.mark.docker
+def test_docker_daemon_unreachable_exits_125(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    done = run("--backend", "docker", "--json", "--workspace", str(workspace), "--", "true")
+    assert done.returncode == 125
+    assert json.loads(done.stdout)["error"]["code"] == "BACKEND_UNAVAILABLE"
