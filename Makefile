@@ -9,6 +9,9 @@ PYTEST_ARGS ?=
 .PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) python3-venv; \
+	  else echo "python3-venv is missing: sudo apt-get install python3-venv" >&2; exit 1; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
