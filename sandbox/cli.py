@@ -22,7 +22,7 @@ from sandbox import __version__
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.backends import base
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.errors import InvalidArgument, SandboxError, find_error
 
 Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXIT_TIMEOUT = 124
@@ -70,25 +70,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         workspace = args.workspace or Path.cwd()
         return anyio.run(_run, args, prof, workspace, argv)
     except (SandboxError, BaseExceptionGroup) as exc:
-        error = _sandbox_error(exc)
+        error = find_error(exc, SandboxError)
         if error is None:
             raise
         _say(str(error))
         if args.json:
             _emit({"error": error.to_dict(), "exit_code": EXIT_SANDBOX})
         return EXIT_SANDBOX
-
-
-def _sandbox_error(exc: BaseException) -> SandboxError | None:
-    """The SandboxError inside a task group's exception group (or the error itself)."""
-    if isinstance(exc, SandboxError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _sandbox_error(inner)
-            if found is not None:
-                return found
-    return None
 
 
 def _emit(obj: dict[str, Any]) -> None:

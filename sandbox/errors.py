@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,6 +79,8 @@ class Conflict(SandboxError):
     code = "CONFLICT"
 
 
+E = TypeVar("E", bound=BaseException)
+
 ERROR_CODES: tuple[str, ...] = tuple(
     cls.code
     for cls in (
@@ -93,6 +95,19 @@ ERROR_CODES: tuple[str, ...] = tuple(
         Conflict,
     )
 )
+
+
+def find_error(exc: BaseException, kind: type[E]) -> E | None:
+    """The first ``kind`` error in ``exc`` or, depth first, in the exception groups around it."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        inner: BaseException
+        for inner in exc.exceptions:
+            found = find_error(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 @contextlib.contextmanager

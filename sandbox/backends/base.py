@@ -13,6 +13,8 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
+import anyio
+
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
@@ -99,9 +101,23 @@ class Jail(ABC):
             raise InvalidArgument(f"mount {self.mount!r} writes in place; there is nothing to apply")
         return await self.tree.apply(changeset, paths)
 
-    @abstractmethod
+    _closed: bool = False
+
     async def aclose(self) -> None:
         """Kill everything the jail still runs and release what it holds (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._shutdown()
+            finally:
+                if self.tree is not None:
+                    await anyio.to_thread.run_sync(self.tree.remove)
+
+    @abstractmethod
+    async def _shutdown(self) -> None:
+        """The backend's part of ``aclose``: every process of the jail dead, resources freed."""
 
     async def __aenter__(self) -> Jail:
         return self

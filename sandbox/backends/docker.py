@@ -696,19 +696,13 @@ class DockerJail(Jail):
             self._dirty = not proc._swept
             self._slot.release()
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            for proc in list(self._live):
-                proc.release()
-            # Removing the containers kills everything in them; the label catches any stray one.
-            await anyio.to_thread.run_sync(_remove_jail_containers, self.client, self.id)
-            self._warm = None
-            self.client.close()
-            if self.tree is not None:
-                await anyio.to_thread.run_sync(self.tree.remove)
+    async def _shutdown(self) -> None:
+        for proc in list(self._live):
+            proc.release()
+        # Removing the containers kills everything in them; the label catches any stray one.
+        await anyio.to_thread.run_sync(_remove_jail_containers, self.client, self.id)
+        self._warm = None
+        self.client.close()
 
 
 def _remove_jail_containers(client: docker.DockerClient, jail_id: str) -> None:

@@ -181,7 +181,6 @@ class LocalJail(Jail):
         self.tree = tree
         self._live: set[LocalProcess] = set()
         self._pool = CgroupPool(profile)
-        self._closed = False
 
     def _released(self, proc: LocalProcess) -> None:
         self._live.discard(proc)
@@ -195,14 +194,8 @@ class LocalJail(Jail):
         if not argv:
             raise InvalidArgument("empty argv: name a command to run")
 
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            for proc in list(self._live):
-                await proc.kill_tree(0)
-                proc.release()
-            self._pool.close()
-            if self.tree is not None:
-                await anyio.to_thread.run_sync(self.tree.remove)
+    async def _shutdown(self) -> None:
+        for proc in list(self._live):
+            await proc.kill_tree(0)
+            proc.release()
+        self._pool.close()

@@ -139,7 +139,8 @@ def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: in
     assert [p for p in survivors(marker) if p != proc.pid] == []
 
 
-@pytest.fixture(params=[pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(params=[pytest.param("bwrap", marks=pytest.mark.bwrap),
+                        pytest.param("docker", marks=pytest.mark.docker)])
 def cli_backend(request: pytest.FixtureRequest, workspace: Path) -> str:
     backend_or_skip(request.param)
     if request.param == "docker" and os.geteuid() == 0:

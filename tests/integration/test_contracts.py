@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import psutil
@@ -18,6 +19,9 @@ import pytest
 from sandbox import exec as executor
 from sandbox.errors import GuaranteeUnavailable
 from tests.conftest import JailFactory, make_profile, survivors
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = pytest.mark.anyio
 
@@ -397,10 +401,9 @@ async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(open_
         assert (st.st_uid, st.st_gid) == (1234, 1234), rel
 
 
-@pytest.mark.root
-async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(backend: object, workspace: Path,
-                                                                           tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def small_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 512 KiB tmpfs as the sandbox's data directory: a full disk on demand."""
     import subprocess
 
     if os.geteuid() != 0:
@@ -408,15 +411,21 @@ async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(backe
     small = tmp_path / "small-data"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], check=True)
+    monkeypatch.setenv("SANDBOX_DATA_DIR", str(small))
     try:
-        monkeypatch.setenv("SANDBOX_DATA_DIR", str(small))
-        (workspace / "big.bin").write_bytes(os.urandom(2 * 1024 * 1024))
-        from sandbox.errors import SandboxError
-
-        with pytest.raises(SandboxError) as info:
-            await backend.open_jail(workspace, make_profile("untrusted"))  # type: ignore[attr-defined]
-        assert "No space left" in info.value.message or info.value.data.get("errno") == "ENOSPC"
-        assert (workspace / "big.bin").stat().st_size == 2 * 1024 * 1024
-        assert not list((small / "copies").iterdir())
+        yield small
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+@pytest.mark.root
+async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(backend: object, workspace: Path,
+                                                                           small_data_dir: Path) -> None:
+    from sandbox.errors import SandboxError
+
+    (workspace / "big.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    with pytest.raises(SandboxError) as info:
+        await backend.open_jail(workspace, make_profile("untrusted"))  # type: ignore[attr-defined]
+    assert "No space left" in info.value.message or info.value.data.get("errno") == "ENOSPC"
+    assert (workspace / "big.bin").stat().st_size == 2 * 1024 * 1024
+    assert not list((small_data_dir / "copies").iterdir())

@@ -28,7 +28,7 @@ import pytest
 import sandbox
 from sandbox import exec as executor
 from sandbox.backends import docker as dockerb
-from sandbox.errors import BackendUnavailable
+from sandbox.errors import BackendUnavailable, find_error
 from tests.conftest import backend_or_skip, make_profile
 
 if TYPE_CHECKING:
@@ -63,22 +63,11 @@ async def unavailable(call: Awaitable[None]) -> BackendUnavailable:
     try:
         await call
     except BaseException as exc:  # noqa: BLE001 - unwrapped and checked below
-        found = _first(exc)
+        found = find_error(exc, BackendUnavailable)
         if found is None:
             raise
         return found
     raise AssertionError("the call did not raise BackendUnavailable")
-
-
-def _first(exc: BaseException) -> BackendUnavailable | None:
-    if isinstance(exc, BackendUnavailable):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first(inner)
-            if found is not None:
-                return found
-    return None
 
 
 def jail_containers(client: docker.DockerClient, jail: dockerb.DockerJail) -> list[str]:
