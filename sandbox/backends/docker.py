@@ -1,24 +1,38 @@
 """The Docker jail: a container per session (warm) or per call, through the docker SDK only.
 
-The container's init is tini, running ``sleep infinity`` as a *keeper* uid (65534) that is not
-the uid commands run as. Every call is one ``docker exec`` as the command uid, wrapped so that
-when the command exits ``kill -KILL -1`` removes whatever it left behind. A docker exec has no
-pid namespace of its own, so that signal is the tree kill: sent by the command uid it reaches
-every process of that uid in the container (setsid'd, double-forked, TERM-ignoring) and nothing
-else. The kernel walks the task list under a lock that fork also takes, so no child slips past
-it, and only processes of the container's pid namespace are candidates. The keeper is immune
-(other uid), so the container outlives the call. Calls in a warm container are serialised: one
-call's sweep would otherwise kill another's processes. After a timeout or an abort, a *sweep*
-exec (TERM, grace, KILL, then a ``ps`` loop until nothing of that uid is left) confirms it.
+**Warm containers** (``lifecycle = "session"``) run one process of ours: the agent of
+:mod:`sandbox.backends.docker_agent`, as PID 1 and as the command uid, its stdin open. We attach
+to the container once (before starting it) and keep that stream for the jail's life: requests go
+to the agent's stdin as JSON lines, its replies come back as binary frames (the command's stdout
+and stderr as they arrive, then its exit status). A call therefore costs no ``docker exec`` (runc
+sets up each one in tens of milliseconds), only a fork in the container. The agent starts each
+command in a session of its own and, once the command exited or on a kill request (TERM, the
+grace, KILL), sends ``kill(-1, SIGKILL)`` until ``/proc`` shows no other process of its uid: the
+tree kill, setsid'd, double-forked and TERM-ignoring processes included. Only then does it report
+the exit, so nothing of a call survives into the next; calls are serialised for that reason.
+Being PID 1 of the pid namespace, the agent gets no signal from inside it that it has no handler
+for (SIGKILL included); it is non-dumpable, so the same uid can neither ptrace it nor open its
+``/proc/1/fd`` pipes. Should it die anyway (an OOM kill, ``docker kill``), the stream ends: the
+call fails with BACKEND_UNAVAILABLE saying why, and the next call gets a new container. Our
+socket closing (the executor died) closes the agent's stdin (StdinOnce), which ends the
+container; auto-remove deletes it. Per-call OOM kills are the agent's reading of the memory
+cgroup's ``oom_kill`` count before and after the call.
 
-Blocking SDK calls run in worker threads; exec output is read from the hijacked socket in a
-dedicated thread that feeds two memory streams as frames arrive. No ``docker.errors.*`` and no
+**Per-call containers** (``lifecycle = "call"``) keep exec-per-call: tini runs ``sleep infinity``
+as a *keeper* uid (65534), the call is one ``docker exec`` as the command uid, wrapped so that
+``kill -KILL -1`` removes whatever it left behind, and the container is removed afterwards.
+
+Blocking SDK calls run in worker threads; output is read from hijacked sockets in dedicated
+threads that feed two memory streams as frames arrive. No ``docker.errors.*`` and no
 ``requests`` error crosses a public call: :func:`_translated` maps them to our tree.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import inspect
+import json
 import math
 import os
 import socket
@@ -41,6 +55,7 @@ from docker.types import Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from sandbox import __version__
+from sandbox.backends import docker_agent
 from sandbox.backends.base import Backend, Jail, Process
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, base_env
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, map_errors
@@ -71,6 +86,11 @@ LABEL_VERSION = "sandbox.version"
 IMAGE_VERSION_LABEL = "sandbox.image.version"
 STDOUT, STDERR = 1, 2
 BUFFERED_CHUNKS = 64
+AGENT_SOURCE = inspect.getsource(docker_agent)
+AGENT_HEADER = docker_agent.HEADER
+STDIN_CHUNK = 1 << 16
+KILL_WAIT_S = 10  # beyond the grace: an agent this late is wedged, and its container is removed
+DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 
 # Kills whatever an earlier call might have left, runs the command, then kills whatever it left
 # behind (kill is a shell builtin: no fork, and kill -1 spares the shell itself).
@@ -78,8 +98,6 @@ WRAPPER = ('kill -KILL -1 2>/dev/null; mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?
            'kill -KILL -1 2>/dev/null; exit $rc')
 # Execute-only copy of dash in the image: non-dumpable, so the call cannot ptrace its wrapper.
 WRAPPER_SHELL = "/usr/local/bin/sandbox-sh"
-# An exit status below this one means the wrapper itself exited, after its final kill -1.
-SIGNALLED = 128
 
 # TERM, up to $1 ticks of grace, KILL until ps shows nothing of this uid but the sweep itself;
 # then the memory cgroup's oom_kill count (v1 or v2 file, whichever the container shows).
@@ -100,7 +118,8 @@ cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev
   | awk '$1 == "oom_kill" {print "oom_kill", $2; exit}'
 exit 0
 """
-LIST = 'ps -u "$1" -o pid=,stat= | awk \'$2 !~ /^Z/ {print $1}\''
+# PID 1 is the agent of a warm container (the command uid too) or tini: never the call's.
+LIST = 'ps -u "$1" -o pid=,stat= | awk \'$1 != 1 && $2 !~ /^Z/ {print $1}\''
 
 
 # ------------------------------------------------------------------------------ errors, client
@@ -207,15 +226,18 @@ def owner_labels(jail_id: str, lifecycle: str) -> dict[str, str]:
     }
 
 
-def _ulimits(profile: Profile) -> list[Ulimit]:
+def _ulimits(profile: Profile, agent: bool = False) -> list[Ulimit]:
     lim = profile.limits
-    pairs = (("nofile", lim.nofile), ("fsize", lim.file_size), ("cpu", lim.cpu_time_s))
+    # CPU seconds count per process: the agent lives for the session, so it sets that limit on
+    # each command it starts instead (the container's would kill the agent itself in time).
+    cpu = None if agent else lim.cpu_time_s
+    pairs = (("nofile", lim.nofile), ("fsize", lim.file_size), ("cpu", cpu))
     return [Ulimit(name=name, soft=int(value), hard=int(value)) for name, value in pairs if value is not None]
 
 
-def _resources(profile: Profile) -> dict[str, Any]:
+def _resources(profile: Profile, agent: bool = False) -> dict[str, Any]:
     lim = profile.limits
-    res: dict[str, Any] = {"ulimits": _ulimits(profile)}
+    res: dict[str, Any] = {"ulimits": _ulimits(profile, agent)}
     if lim.memory is not None:
         # Swap equal to memory: no swap at all, so a memory bomb meets the limit, not the disk.
         res.update(mem_limit=lim.memory, memswap_limit=lim.memory)
@@ -232,17 +254,19 @@ def _tmpfs(profile: Profile) -> dict[str, str]:
 
 
 def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path,
-                     scratch: Path | None = None) -> dict[str, Any]:
+                     scratch: Path | None = None, agent_user: str | None = None) -> dict[str, Any]:
     """The create() arguments of a jail's container: every confinement knob in one place.
 
     The Docker socket is never mounted; the only bind is the workspace (or its private copy),
-    at the workspace's own absolute path.
+    at the workspace's own absolute path. With ``agent_user`` the container's only process is
+    the agent (see :mod:`sandbox.backends.docker_agent`), running as that uid with stdin open;
+    without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
     """
     ws = str(workspace)
     mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
-    return {
+    config: dict[str, Any] = {
         "image": image_ref(profile),
         "command": ["sleep", "infinity"],
         "user": KEEPER_USER,
@@ -259,8 +283,15 @@ def container_config(profile: Profile, jail_id: str, workspace: Path, source: Pa
         "environment": {},
         # The daemon removes it by itself if it dies with us or is restarted without us.
         "auto_remove": True,
-        **_resources(profile),
+        **_resources(profile, agent_user is not None),
     }
+    if agent_user is not None:
+        cpu = profile.limits.cpu_time_s
+        # detach=False with stdin_open: stdin is attachable and closed when we detach (StdinOnce),
+        # so the agent ends the container if the executor dies.
+        config.update(entrypoint=["python3"], user=agent_user, stdin_open=True, detach=False,
+                      command=["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)])
+    return config
 
 
 def exec_user(profile: Profile, workspace: Path) -> str:
@@ -405,6 +436,24 @@ class Runtime:
             raise
         return cls(client, container, user)
 
+    @classmethod
+    def create_attached(cls, client: docker.DockerClient, config: dict[str, Any],
+                        user: str) -> tuple[Runtime, Any]:
+        """Create, attach (before start: nothing the agent says is missed), start."""
+        container = client.containers.create(**config)
+        sock: Any = None
+        try:
+            sock = client.api.attach_socket(str(container.id), params={"stdin": 1, "stdout": 1, "stderr": 1,
+                                                                  "stream": 1})
+            container.start()
+        except BaseException:
+            with contextlib.suppress(docker.errors.DockerException, OSError):
+                if sock is not None:
+                    sock.close()
+                container.remove(force=True)
+            raise
+        return cls(client, container, user), sock
+
     def exec_start(self, argv: list[str], env: dict[str, str], cwd: str, stdin: bool) -> tuple[str, Any]:
         created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin,
                                               tty=False, environment=env, workdir=cwd, user=self.user)
@@ -457,6 +506,31 @@ class Runtime:
         with contextlib.closing(stream):  # else its socket is left for the garbage collector
             return {str(event.get("status") or event.get("Action")) for event in stream}
 
+    def death(self) -> tuple[set[str], int | None] | None:
+        """Why a warm container's agent went away: the events seen and its exit code.
+
+        ``None`` while it still runs (after a few seconds of waiting for it to stop).
+        """
+        deadline = time.monotonic() + 5
+        while self.alive():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        until: Any = f"{time.time():.6f}"
+        stream = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
+                                        filters={"container": self.id,
+                                                 "event": ["kill", "die", "stop", "destroy", "oom"]})
+        seen: set[str] = set()
+        code: int | None = None
+        with contextlib.closing(stream):
+            for event in stream:
+                action = str(event.get("status") or event.get("Action"))
+                seen.add(action)
+                exit_code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
+                if action == "die" and exit_code is not None:
+                    code = int(exit_code)
+        return seen, code
+
     def killed_from_outside(self) -> tuple[bool, bool]:
         """(killed, out of memory): `docker kill`/stop, an OOM of its init, a daemon restart."""
         seen = self.events("kill", "die", "stop", "destroy", "oom")
@@ -483,17 +557,16 @@ class Runtime:
 
 
 class DockerProcess(Process):
-    """One call: an exec in a container; killed by sweeping its uid out of that container."""
+    """One call of a per-call container: an exec there; killed by sweeping its uid out, then removing it."""
 
-    def __init__(self, runtime: Runtime, exec_id: str, pump: _Pump, on_done: Callable[[DockerProcess], None],
-                 owns_container: bool) -> None:
+    def __init__(self, runtime: Runtime, exec_id: str, pump: _Pump,
+                 on_done: Callable[[DockerProcess], None]) -> None:
         self.runtime = runtime
         self.exec_id = exec_id
         self._pump = pump
         self.stdout = pump.stdout
         self.stderr = pump.stderr
         self._on_done = on_done
-        self._owns_container = owns_container
         self._oom_before = runtime.oom_kills
         self._oom = False
         self._swept = False
@@ -534,17 +607,12 @@ class DockerProcess(Process):
     async def kill_tree(self, grace: float) -> None:
         if self._swept:
             return
-        if self.returncode is not None and self.returncode < SIGNALLED and not self._owns_container:
-            # The wrapper reached its own kill -1: nothing of the call is left to sweep.
-            self._swept = True
-            self._finish()
-            return
         self._killing = True
         with anyio.CancelScope(shield=True):
             await self._sweep(grace)
 
     async def _sweep(self, grace: float) -> None:
-        if self._owns_container and grace == 0 and self.returncode != 137:
+        if grace == 0 and self.returncode != 137:
             # This call's own container: stopping its init kills everything in its pid
             # namespace; the daemon then deletes it by itself (auto-remove), off our clock.
             await _run_sync("cannot stop the call's container", self.runtime.kill)
@@ -560,10 +628,8 @@ class DockerProcess(Process):
         if result.oom_kills is not None:
             self._oom = result.oom_kills > self._oom_before
             self.runtime.oom_kills = result.oom_kills
-        if not result.ok or self._owns_container:
-            # The sweep could not run (pids exhausted) or the container is this call's alone:
-            # removing the container kills everything in its pid namespace.
-            await _run_sync("cannot remove the call's container", self.runtime.remove)
+        # The container is this call's alone: removing it kills everything in its pid namespace.
+        await _run_sync("cannot remove the call's container", self.runtime.remove)
         self._swept = True
         self._finish()
 
@@ -573,7 +639,7 @@ class DockerProcess(Process):
         return False
 
     def running_pids(self) -> list[int]:
-        if self._swept and self._owns_container:
+        if self._swept:
             return []
         with contextlib.suppress(docker.errors.DockerException, OSError):
             return self.runtime.running()
@@ -584,7 +650,7 @@ class DockerProcess(Process):
 
     def release(self) -> None:
         self._pump.close()
-        if self._owns_container and not self._swept:
+        if not self._swept:
             threading.Thread(target=_quietly, args=(self.runtime.remove,), daemon=True).start()
         self._finish()
 
@@ -595,6 +661,221 @@ class DockerProcess(Process):
 def _quietly(func: Callable[[], None]) -> None:
     with contextlib.suppress(docker.errors.DockerException, OSError):
         func()
+
+
+# ------------------------------------------------------------------------------ the agent's link
+
+
+class _AgentLink:
+    """A warm container's attach stream: requests to its agent, the agent's frames back.
+
+    One thread reads the multiplexed stream for the jail's life and routes each frame to its
+    call's streams; a full stream blocks it (back-pressure through the daemon to the agent,
+    which then stops reading the command's pipes). Requests are written from worker threads.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        raw = _unwrap_socket(sock)
+        if raw is None:
+            raise BackendUnavailable("this Docker connection cannot carry the agent's requests",
+                                     backend="docker")
+        raw.settimeout(None)  # an idle session is not a dead daemon; close() unblocks the reader
+        self._raw = raw
+        self.calls: dict[int, AgentProcess] = {}
+        self.dead = False
+        self.retired = False
+        self.error: BaseException | None = None
+        self.diagnostics = b""
+        self._lock = threading.Lock()
+        self._ids = iter(range(1, 1 << 31))
+        self._token = anyio.lowlevel.current_token()
+        threading.Thread(target=self._run, name="docker-agent-link", daemon=True).start()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one request (blocking: call from a worker thread)."""
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            self._raw.sendall(line)
+
+    def _run(self) -> None:
+        buffer = bytearray()
+        try:
+            for stream_id, data in frames_iter(self.sock, tty=False):  # type: ignore[no-untyped-call]
+                if stream_id == STDOUT:
+                    buffer += data
+                    self._parse(buffer)
+                else:
+                    self.diagnostics = (self.diagnostics + data)[-DIAGNOSTICS:]
+        except (OSError, ValueError) as exc:  # the daemon died or we closed the socket
+            self.error = exc
+        finally:
+            self.dead = True
+            for proc in self.calls.copy().values():  # copy(): atomic, the loop may forget one meanwhile
+                with contextlib.suppress(RuntimeError):  # the event loop is gone
+                    anyio.from_thread.run_sync(proc.lost, token=self._token)
+
+    def _parse(self, buffer: bytearray) -> None:
+        size = AGENT_HEADER.size
+        while len(buffer) >= size:
+            kind, cid, length = AGENT_HEADER.unpack_from(buffer)
+            if len(buffer) < size + length:
+                return
+            payload = bytes(buffer[size:size + length])
+            del buffer[:size + length]
+            proc = self.calls.get(cid)
+            if proc is not None:
+                proc.frame(kind, payload)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+            self._raw.close()
+
+
+class AgentProcess(Process):
+    """One call in a warm container, started and swept by the agent (see docker_agent)."""
+
+    def __init__(self, jail: DockerJail, runtime: Runtime, link: _AgentLink, stdin: bytes | None) -> None:
+        self.runtime = runtime
+        self._jail = jail
+        self._link = link
+        self.id = link.next_id()
+        self._stdin = stdin
+        out_send, out_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        err_send, err_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        self._sends: dict[bytes, MemoryObjectSendStream[bytes]] = {b"o": out_send, b"e": err_send}
+        self._out, self._err = _ChunkStream(out_recv), _ChunkStream(err_recv)
+        self.stdout, self.stderr = self._out, self._err
+        self._token = anyio.lowlevel.current_token()
+        self._exited = anyio.Event()
+        self._result: dict[str, Any] | None = None
+        self._refused: str | None = None
+        self._lost = False
+        self._draining = False  # killing: output nobody may read any more is dropped, not waited on
+        self._blocked: anyio.CancelScope | None = None
+        self._released = False
+        self.returncode: int | None = None
+        link.calls[self.id] = self
+
+    @property
+    def finished(self) -> bool:
+        return self._exited.is_set()
+
+    # -- from the link's reader thread
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is gone
+            if kind in self._sends:
+                anyio.from_thread.run(self._deliver, self._sends[kind], payload, token=self._token)
+            elif kind == b"x":
+                anyio.from_thread.run_sync(self._exit, json.loads(payload), token=self._token)
+            elif kind == b"!":
+                self._refused = payload.decode(errors="replace")
+                anyio.from_thread.run_sync(self._end, token=self._token)
+
+    async def _deliver(self, send: MemoryObjectSendStream[bytes], data: bytes) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+            if self._draining:
+                send.send_nowait(data)
+                return
+            with anyio.CancelScope() as scope:
+                self._blocked = scope
+                try:
+                    await send.send(data)  # blocks while the buffer is full: memory stays bounded
+                finally:
+                    self._blocked = None
+
+    def _exit(self, result: dict[str, Any]) -> None:
+        self._result = result
+        if result.get("retire"):
+            self._link.retired = True  # the call tampered with the agent: the next one gets a new container
+        self._end()
+
+    def lost(self) -> None:
+        self._lost = True
+        self._end()
+
+    def _end(self) -> None:
+        for send in self._sends.values():
+            send.close()
+        self._exited.set()
+
+    # -- the Process interface
+
+    async def feed_stdin(self) -> None:
+        data = self._stdin or b""
+        for start in range(0, len(data), STDIN_CHUNK):
+            chunk = base64.b64encode(data[start:start + STDIN_CHUNK]).decode()
+            await self._request({"op": "stdin", "id": self.id, "data": chunk})
+        await self._request({"op": "eof", "id": self.id})
+
+    async def _request(self, message: dict[str, Any]) -> None:
+        if self._link.dead:
+            return  # wait() tells what happened
+        await _run_sync("cannot write to the container's agent", self._link.send, message)
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        if self._result is not None:
+            code = self._result.get("code")
+            if not isinstance(code, int):
+                raise BackendUnavailable("the container's agent reported no exit status",
+                                         backend="docker", container=self.runtime.id)
+            self.returncode = code
+            return code
+        if self._refused is not None:
+            raise BackendUnavailable(f"the container's agent refused the call: {self._refused}",
+                                     backend="docker", container=self.runtime.id)
+        await self._jail.agent_lost(self)
+        raise AssertionError("unreachable")  # agent_lost always raises
+
+    async def kill_tree(self, grace: float) -> None:
+        if self.finished and not self._lost:
+            return
+        self._draining = True
+        if self._blocked is not None:
+            self._blocked.cancel()
+        with anyio.CancelScope(shield=True):
+            if self._lost or self._link.dead:
+                await self._jail.discard(self.runtime)
+                return
+            await _run_sync("cannot ask the container's agent to kill the call", self._link.send,
+                            {"op": "kill", "id": self.id, "grace": grace})
+            with anyio.move_on_after(grace + KILL_WAIT_S):
+                await self._exited.wait()
+            if not self.finished or self._lost:
+                # A wedged agent, or one that died meanwhile: the container goes, and its processes.
+                await self._jail.discard(self.runtime)
+
+    def running_pids(self) -> list[int]:
+        with contextlib.suppress(docker.errors.DockerException, OSError):
+            return self.runtime.running()
+        return []
+
+    def oom_killed(self) -> bool:
+        return bool(self._result and self._result.get("oom"))
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._draining = True
+        self._out.close()
+        self._err.close()
+        if not self.finished and not self._link.dead:
+            # Never waited for (a jail closing, a failed caller): have the agent sweep it anyway;
+            # the next call waits for that (DockerJail._ready_agent).
+            message = {"op": "kill", "id": self.id, "grace": 0}
+            threading.Thread(target=_quietly, args=(lambda: self._link.send(message),), daemon=True).start()
+        self._jail.call_done(self)
+
+    def forget(self) -> None:
+        self._link.calls.pop(self.id, None)
 
 
 # ------------------------------------------------------------------------------ jail
@@ -611,11 +892,13 @@ class DockerJail(Jail):
         self.tree = tree
         self.user = user
         self.id = uuid.uuid4().hex[:12]
-        self._config = container_config(profile, self.id, workspace, source, scratch)
+        self._config = container_config(profile, self.id, workspace, source, scratch,
+                                        agent_user=user if self.warm else None)
         self._warm: Runtime | None = None
+        self._link: _AgentLink | None = None
         self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
-        self._held: DockerProcess | None = None
-        self._dirty = False  # the last call's leftovers were not swept yet
+        self._held: AgentProcess | None = None
+        self._pending: AgentProcess | None = None  # released before its exit was reported
         self._live: set[DockerProcess] = set()
         self._closed = False
 
@@ -629,16 +912,28 @@ class DockerJail(Jail):
 
     async def start(self) -> None:
         if self.warm:
-            self._warm = await self._new_runtime()
+            await self._new_agent()
 
     async def _new_runtime(self) -> Runtime:
         return await _run_sync("cannot start the jail's container", Runtime.create, self.client,
                                self._config, self.user)
 
+    async def _new_agent(self) -> Runtime:
+        runtime, sock = await _run_sync("cannot start the jail's container", Runtime.create_attached,
+                                        self.client, self._config, self.user)
+        try:
+            self._link = _AgentLink(sock)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _run_sync("cannot remove the container", runtime.remove)
+            raise
+        self._warm = runtime
+        return runtime
+
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
         stdin: bytes | None = None,
-    ) -> DockerProcess:
+    ) -> Process:
         if self._closed:
             raise InvalidArgument("the jail is closed", jail=self.id)
         if not argv:
@@ -646,62 +941,117 @@ class DockerJail(Jail):
         if not self.warm:
             runtime = await self._new_runtime()
             try:
-                return await self._exec(runtime, argv, env, cwd, stdin, owns=True)
+                return await self._exec(runtime, argv, env, cwd, stdin)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await _run_sync("cannot remove the call's container", runtime.remove)
                 raise
         await self._slot.acquire()
         try:
-            runtime = await self._ready_runtime()
-            proc = await self._exec(runtime, argv, env, cwd, stdin, owns=False)
+            proc = await self._run_in_agent(argv, env, cwd, stdin)
         except BaseException:
             self._slot.release()
             raise
-        self._held, self._dirty = proc, True
+        self._held = proc
         return proc
 
-    async def _ready_runtime(self) -> Runtime:
-        """The warm container, swept of the previous call, recreated if it died or was removed."""
-        if self._warm is not None and self._warm.removed:
+    async def _run_in_agent(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+                            stdin: bytes | None) -> AgentProcess:
+        runtime, link = await self._ready_agent()
+        proc = AgentProcess(self, runtime, link, stdin)
+        request = {"op": "run", "id": proc.id, "argv": list(argv), "env": base_env(self.profile, env),
+                   "cwd": cwd or str(self.workspace), "stdin": stdin is not None}
+        try:
+            await _run_sync("cannot start the command in the container", link.send, request)
+        except BaseException:
+            proc.forget()
+            raise
+        return proc
+
+    async def _ready_agent(self) -> tuple[Runtime, _AgentLink]:
+        """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.finished:
+            with anyio.move_on_after(KILL_WAIT_S):
+                await pending._exited.wait()
+            if not pending.finished and self._warm is not None:
+                await self.discard(self._warm)
+        if pending is not None:
+            pending.forget()
+        link = self._link
+        if self._warm is not None and (self._warm.removed or link is None or link.dead or link.retired):
+            await self.discard(self._warm)
+        if self._warm is None or self._link is None:
+            await self._new_agent()
+        assert self._warm is not None and self._link is not None
+        return self._warm, self._link
+
+    async def discard(self, runtime: Runtime) -> None:
+        """Remove a warm container we can no longer trust to be empty (its processes die with it)."""
+        if self._warm is runtime:
             self._warm = None
-        if self._warm is not None and self._dirty:
-            result = await _run_sync("cannot sweep the container", self._warm.sweep, 0)
-            if not result.ok:
-                await _run_sync("cannot remove the container", self._warm.remove)
-                self._warm = None
-        if self._warm is not None and self._dirty and not await _run_sync(
-                "cannot inspect the container", self._warm.alive):
-            self._warm = None
-        self._dirty = False
-        if self._warm is None:
-            self._warm = await self._new_runtime()
-        return self._warm
+            if self._link is not None:
+                self._link.close()
+                self._link = None
+        if not runtime.removed:
+            await _run_sync("cannot remove the container", runtime.remove)
+
+    async def agent_lost(self, proc: AgentProcess) -> None:
+        """The agent's stream ended mid-call: say why, structured, and never reuse the container."""
+        runtime = proc.runtime
+        diagnostics = proc._link.diagnostics.decode(errors="replace").strip()
+        death = await _run_sync("the Docker daemon stopped answering during the call", runtime.death)
+        if death is None:  # the stream broke but the container runs: we cannot drive it any more
+            await self.discard(runtime)
+            raise BackendUnavailable("lost the connection to the container's agent during the call",
+                                     backend="docker", container=runtime.id)
+        runtime.removed = True  # auto-remove takes it away; the next call gets a new one
+        await self.discard(runtime)
+        seen, code = death
+        oom = "oom" in seen
+        if seen & {"kill", "stop"} or oom:
+            what = "out of memory" if oom else "docker kill or stop"
+            message = f"the container {runtime.id[:12]} was killed from outside ({what})"
+        else:
+            message = f"the container {runtime.id[:12]}'s agent died (exit status {code})"
+            if diagnostics:
+                message += f": {diagnostics.splitlines()[-1][:200]}"
+        raise BackendUnavailable(f"{message}; the call's exit status is unknown", backend="docker",
+                                 container=runtime.id, exit_code=code, oom_killed=oom)
+
+    def call_done(self, proc: AgentProcess) -> None:
+        if not proc.finished:
+            self._pending = proc
+        else:
+            proc.forget()
+        if self._held is proc:
+            self._held = None
+            self._slot.release()
 
     async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
-                    cwd: str | None, stdin: bytes | None, owns: bool) -> DockerProcess:
+                    cwd: str | None, stdin: bytes | None) -> DockerProcess:
         cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
         exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
                                         cmd, base_env(self.profile, env), cwd or str(self.workspace),
                                         stdin is not None)
-        proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done, owns)
+        proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done)
         proc.stdin_data = stdin
         self._live.add(proc)
         return proc
 
     def _done(self, proc: DockerProcess) -> None:
         self._live.discard(proc)
-        if self._held is proc:
-            self._held = None
-            self._dirty = not proc._swept
-            self._slot.release()
 
     async def _shutdown(self) -> None:
         for proc in list(self._live):
             proc.release()
+        if self._held is not None:
+            self._held.release()
         # Removing the containers kills everything in them; the label catches any stray one.
         await anyio.to_thread.run_sync(_remove_jail_containers, self.client, self.id)
-        self._warm = None
+        if self._link is not None:
+            self._link.close()
+        self._warm = self._link = None
         self.client.close()
 
 

@@ -29,7 +29,7 @@ import sandbox
 from sandbox import exec as executor
 from sandbox.backends import docker as dockerb
 from sandbox.errors import BackendUnavailable, find_error
-from tests.conftest import backend_or_skip, make_profile
+from tests.conftest import backend_or_skip, make_profile, survivors
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -119,11 +119,14 @@ async def test_container_confinement_settings(backend: dockerb.DockerBackend, ja
     assert host["SecurityOpt"] == ["no-new-privileges"] and host["NetworkMode"] == "none"
     assert host["Memory"] == host["MemorySwap"] == jail.profile.limits.memory
     assert host["PidsLimit"] == jail.profile.limits.pids and host["NanoCpus"] == 500_000_000
-    assert {u["Name"] for u in host["Ulimits"]} == {"nofile", "fsize", "cpu"}
+    # CPU seconds count per process: the long-lived agent sets that limit on each command instead.
+    assert {u["Name"] for u in host["Ulimits"]} == {"nofile", "fsize"}
     binds = [m["Source"] for m in client.containers.get(cid).attrs["Mounts"]]
     assert binds == [str(workspace)] and all("docker.sock" not in b for b in binds)
     seccomp = await executor.run(jail, ["grep", "^Seccomp:", "/proc/self/status"])
     assert seccomp.stdout.split() == ["Seccomp:", "2"]
+    limits = await executor.run(jail, ["sh", "-c", "ulimit -t; ulimit -n"])
+    assert limits.stdout.split() == [str(jail.profile.limits.cpu_time_s), str(jail.profile.limits.nofile)]
 
 
 async def test_timeout_leaves_no_process_in_the_container(
@@ -137,6 +140,98 @@ async def test_timeout_leaves_no_process_in_the_container(
     await proc.kill_tree(0.2)
     assert await anyio.to_thread.run_sync(proc.running_pids) == []
     proc.release()
+
+
+async def test_the_command_cannot_kill_or_stop_the_agent(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    """The agent is PID 1 of the container: the kernel drops signals it has no handler for."""
+    jail = await open_jail(backend, jails, workspace)
+    cid = jail.container_id
+    for sig in ("KILL", "STOP", "TERM", "INT", "HUP", "QUIT"):
+        result = await executor.run(jail, ["sh", "-c", f"kill -{sig} 1; kill -{sig} -1; echo survived"])
+        assert result.stdout == "survived\n", sig
+    after = await executor.run(jail, ["echo", "same"])
+    assert after.stdout == "same\n" and jail.container_id == cid
+
+
+PEEK_AT_THE_AGENT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print("ptrace", libc.ptrace(16, 1, 0, 0), os.strerror(ctypes.get_errno()))  # PTRACE_ATTACH
+for path in ("/proc/1/mem", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/environ"):
+    try:
+        os.close(os.open(path, os.O_WRONLY if "/fd/" in path else os.O_RDONLY))
+        print("OPENED", path)
+    except OSError as exc:
+        print("refused", path, exc.strerror)
+"""
+
+
+async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    jail = await open_jail(backend, jails, workspace)
+    result = await executor.run(jail, ["python3", "-c", PEEK_AT_THE_AGENT])
+    assert result.exit_code == 0, result.stderr
+    assert "ptrace -1 Operation not permitted" in result.stdout
+    assert "OPENED" not in result.stdout and result.stdout.count("refused") == 4
+
+
+async def test_a_call_that_changes_the_agents_limits_spoils_only_its_container(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    """prlimit and setpriority need only the same uid: the agent retires rather than pass them on."""
+    jail = await open_jail(backend, jails, workspace)
+    cid = jail.container_id
+    script = "import os, resource; resource.prlimit(1, resource.RLIMIT_NOFILE, (64, 64)); os.setpriority(0, 1, 19)"
+    tamper = await executor.run(jail, ["python3", "-c", script])
+    assert tamper.exit_code == 0, tamper.stderr
+    after = await executor.run(jail, ["sh", "-c", "ulimit -n; nice"])
+    assert after.stdout.split() == [str(jail.profile.limits.nofile), "0"]
+    assert jail.container_id not in (None, cid)
+
+
+async def test_a_leftover_background_process_dies_before_the_next_call(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, marker: str) -> None:
+    jail = await open_jail(backend, jails, workspace)
+    script = (f"setsid sh -c 'trap \"\" TERM; exec sleep {marker}' & ( (sleep {marker} &) & ); "
+              f"nohup sleep {marker} >/dev/null 2>&1 & echo started")
+    first = await executor.run(jail, ["sh", "-c", script])
+    assert first.stdout == "started\n"
+    assert survivors(marker) == []
+    second = await executor.run(jail, ["ps", "-e", "-o", "pid=,comm="])
+    rows = [line.split() for line in second.stdout.splitlines()]
+    assert sorted(comm for _, comm in rows) == ["ps", "python3"], second.stdout
+    assert ["1", "python3"] in rows
+
+
+@pytest.mark.root
+async def test_the_agent_dying_mid_call_is_a_structured_error_and_nothing_runs_on_the_host(
+        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
+        client: docker.DockerClient, marker: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("killing the container's PID 1 from the host needs root")
+    jail = await open_jail(backend, jails, workspace)
+    cid = jail.container_id
+    assert cid is not None
+    host_pid = int(client.containers.get(cid).attrs["State"]["Pid"])
+    probe = Path("/tmp") / f"sandbox-agent-probe-{marker}"
+
+    async def kill_agent() -> None:
+        while not survivors(marker):  # noqa: ASYNC110 - polls the host's process table
+            await anyio.sleep(0.05)
+        os.kill(host_pid, signal.SIGKILL)
+
+    async def call() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_agent)
+            await executor.run(jail, ["sh", "-c", f"sleep {marker}; touch {probe}"], timeout=30)
+
+    with anyio.fail_after(20):
+        error = await unavailable(call())
+    assert "agent died" in error.message and error.data["container"] == cid
+    assert survivors(marker) == [] and not probe.exists()
+    again = await executor.run(jail, ["sh", "-c", f"touch {probe}; echo fresh"])
+    assert again.stdout == "fresh\n" and jail.container_id not in (None, cid)
+    assert not probe.exists()
 
 
 async def test_gc_removes_containers_of_a_dead_executor(client: docker.DockerClient) -> None:

@@ -1,0 +1,356 @@
+"""The agent inside a warm Docker container: starts commands on request, over the attach stream.
+
+Stdlib only: its source is sent as the container's command (``python3 -I -S -c <source> <cpu>``),
+so the image needs nothing of ours. It runs as PID 1 of the container and as the command uid:
+
+* PID 1 of a pid namespace gets no signal from inside the namespace that it has no handler for,
+  SIGKILL and SIGSTOP included (the kernel marks it unkillable), so a command cannot kill or
+  stop it; only SIGCHLD has a handler, and an extra SIGCHLD just wakes the loop.
+* It makes itself non-dumpable first, so processes of its own uid cannot ptrace it or open its
+  ``/proc/1/{mem,fd,environ}`` (that needs CAP_SYS_PTRACE, and every capability is dropped).
+* ``kill(-1, sig)`` sent by it reaches every process of its uid in the container except itself
+  (and PID 1 is itself): that is the tree kill, for setsid'd and double-forked processes alike.
+  Orphans are reparented to it, so it reaps them and they cannot pile up as zombies.
+
+Requests are JSON lines on stdin: ``{"op": "run", "id", "argv", "env", "cwd", "stdin"}``,
+``{"op": "stdin", "id", "data": <base64>}``, ``{"op": "eof", "id"}``, ``{"op": "kill", "id",
+"grace"}``. Replies on stdout are binary frames (``HEADER`` then the payload): ``o``/``e`` carry
+the command's stdout/stderr as it arrives; ``x`` (JSON ``{"code", "oom"}``) comes once the
+command exited *and* nothing of the uid is left; ``!`` is a refused request. One call at a
+time; end of stdin (the executor detached or died) kills everything and ends the container.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+HEADER = struct.Struct(">cII")  # kind, call id, payload length
+READ_SIZE = 1 << 16
+OUT_LIMIT = 1 << 20  # stop reading the command's pipes while this much waits for the executor
+TICK_S = 0.02
+PR_SET_DUMPABLE = 4
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
+
+
+def inherited() -> tuple[object, ...]:
+    """What commands inherit from the agent that a process of its uid may change on it anyway.
+
+    prlimit(2), setpriority(2) and sched_setaffinity(2) ask only for a matching uid, not for
+    ptrace access, so being non-dumpable does not protect these.
+    """
+    limits = tuple(resource.getrlimit(r) for r in RLIMITS)
+    return limits, os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0))
+
+
+def oom_kills() -> int:
+    """The container's memory cgroup oom_kill count (v2 or v1 file, whichever is shown)."""
+    for path in OOM_FILES:
+        with contextlib.suppress(OSError), open(path, encoding="ascii") as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    return 0
+
+
+def others(me: int, uid: int) -> bool:
+    """Whether a live (not zombie) process of ``uid`` other than ``me`` is in the container."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", "rb") as fh:
+            state = fh.read().rpartition(b")")[2].split()[0]
+            if state in (b"Z", b"X"):
+                continue
+            if owner(entry) == uid:
+                return True
+    return False
+
+
+def owner(pid: str) -> int:
+    with open(f"/proc/{pid}/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    return -1
+
+
+class Call:
+    def __init__(self, cid: int, proc: subprocess.Popen[bytes]) -> None:
+        self.id = cid
+        self.proc = proc
+        self.status: int | None = None
+        self.kill_at: float | None = None
+        self.swept = False
+        self.stdin = bytearray()
+        self.stdin_eof = False
+        self.oom_before = oom_kills()
+
+
+class Agent:
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu = cpu
+        self.me = os.getpid()
+        self.uid = os.getuid()
+        self.sel = selectors.DefaultSelector()
+        self.inbuf = b""
+        self.out = bytearray()
+        self.call: Call | None = None
+        self.pipes: dict[int, bytes] = {}  # fd -> kind (o/e)
+        self.writing = False
+        self.retiring = False
+        self.fingerprint = inherited()
+        wake_r, wake_w = os.pipe()
+        for fd in (0, 1, wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.wake = wake_r
+        self.sel.register(0, selectors.EVENT_READ, "in")
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+
+    # -- output to the executor
+
+    def emit(self, kind: bytes, cid: int, payload: bytes) -> None:
+        self.out += HEADER.pack(kind, cid, len(payload))
+        self.out += payload
+
+    def flush(self) -> None:
+        while self.out:
+            try:
+                sent = os.write(1, self.out)
+            except BlockingIOError:
+                break
+            del self.out[:sent]
+        want = bool(self.out)
+        if want != self.writing:
+            if want:
+                self.sel.register(1, selectors.EVENT_WRITE, "out")
+            else:
+                self.sel.unregister(1)
+            self.writing = want
+
+    # -- requests
+
+    def request(self, line: bytes) -> None:
+        msg = json.loads(line)
+        op, cid = msg.get("op"), int(msg.get("id", 0))
+        call = self.call if self.call is not None and self.call.id == cid else None
+        if op == "run":
+            self.start(cid, msg)
+        elif call is None:
+            return  # a late message for a call that is over
+        elif op == "stdin":
+            call.stdin += base64.b64decode(msg["data"])
+            self.want_stdin(call)
+        elif op == "eof":
+            call.stdin_eof = True
+            self.want_stdin(call)
+        elif op == "kill" and call.kill_at is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGTERM)
+            call.kill_at = time.monotonic() + max(0.0, float(msg.get("grace", 0)))
+
+    def start(self, cid: int, msg: dict[str, Any]) -> None:
+        if self.call is not None or self.retiring:
+            self.emit(b"!", cid, b"busy: a call is still running, or this container is retiring")
+            return
+        env = {str(k): str(v) for k, v in msg["env"].items()}
+        with contextlib.suppress(OSError):
+            os.makedirs(env.get("HOME", "/tmp/home"), exist_ok=True)
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in msg["argv"]], env=env, cwd=msg["cwd"], start_new_session=True,
+                stdin=subprocess.PIPE if msg.get("stdin") else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=self.limit)
+        except OSError as exc:
+            text = f"sandbox: cannot run {msg['argv'][0]}: {exc.strerror or exc}\n".encode()
+            self.emit(b"e", cid, text)
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.emit(b"x", cid, json.dumps({"code": code, "oom": False}).encode())
+            return
+        self.call = Call(cid, proc)
+        for stream, kind in ((proc.stdout, b"o"), (proc.stderr, b"e")):
+            assert stream is not None
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            self.pipes[fd] = kind
+            self.sel.register(fd, selectors.EVENT_READ, "pipe")
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+
+    def limit(self) -> None:
+        # CPU seconds count per process: the agent lives for the session, so only commands get it.
+        if self.cpu is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu, self.cpu))
+
+    # -- the command's stdin and output
+
+    def want_stdin(self, call: Call) -> None:
+        pipe = call.proc.stdin
+        if pipe is None or pipe.closed:
+            return
+        with contextlib.suppress(KeyError):
+            self.sel.unregister(pipe.fileno())
+        if call.stdin:
+            self.sel.register(pipe.fileno(), selectors.EVENT_WRITE, "stdin")
+        elif call.stdin_eof:
+            pipe.close()
+
+    def write_stdin(self, call: Call) -> None:
+        pipe = call.proc.stdin
+        assert pipe is not None
+        try:
+            sent = os.write(pipe.fileno(), call.stdin[:READ_SIZE])
+            del call.stdin[:sent]
+        except BlockingIOError:
+            return
+        except OSError:  # the command closed its stdin: the rest has nowhere to go
+            call.stdin.clear()
+            call.stdin_eof = True
+        self.want_stdin(call)
+
+    def read_pipe(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        if data and self.call is not None:
+            self.emit(self.pipes[fd], self.call.id, data)
+            return
+        self.sel.unregister(fd)
+        del self.pipes[fd]
+        os.close(fd)
+
+    def pause_pipes(self, paused: bool) -> None:
+        """Back-pressure: leave the pipes unread while the executor has not taken our output."""
+        registered = self.sel.get_map()
+        for fd in self.pipes:
+            if paused and fd in registered:
+                self.sel.unregister(fd)
+            elif not paused and fd not in registered:
+                self.sel.register(fd, selectors.EVENT_READ, "pipe")
+
+    # -- processes
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            call = self.call
+            if call is not None and pid == call.proc.pid:
+                call.status = os.waitstatus_to_exitcode(status)
+                call.proc.returncode = call.status
+
+    def sweep(self) -> None:
+        """SIGKILL every process of our uid until /proc shows none (fork races the first kill)."""
+        while True:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+            self.reap()
+            if not others(self.me, self.uid):
+                return
+            time.sleep(0.001)
+
+    def advance(self) -> None:
+        call = self.call
+        if call is None:
+            return
+        if call.status is None and call.kill_at is not None:
+            if time.monotonic() >= call.kill_at or not others(self.me, self.uid):
+                self.sweep()
+        if call.status is not None and not call.swept:
+            self.sweep()  # the call is over: nothing it started may outlive it
+            call.swept = True
+            if call.proc.stdin is not None and not call.proc.stdin.closed:
+                with contextlib.suppress(KeyError):
+                    self.sel.unregister(call.proc.stdin.fileno())
+                call.proc.stdin.close()
+        if call.swept and not self.pipes:
+            oom = oom_kills() > call.oom_before
+            # A call that changed what the next ones would inherit from us: this container is
+            # spoilt, the executor starts another one and we end this one once the reply is out.
+            self.retiring = inherited() != self.fingerprint
+            reply = {"code": call.status, "oom": oom, "retire": self.retiring}
+            self.emit(b"x", call.id, json.dumps(reply).encode())
+            self.call = None
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+        sys.exit(0)
+
+    # -- the loop
+
+    def step(self) -> None:
+        busy = self.call is not None and self.call.kill_at is not None and self.call.status is None
+        for key, _ in self.sel.select(TICK_S if busy else None):
+            what = key.data
+            if what == "in":
+                self.read_requests()
+            elif what == "wake":
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake, 4096)
+            elif what == "pipe":
+                self.read_pipe(key.fd)
+            elif what == "stdin" and self.call is not None:
+                self.write_stdin(self.call)
+        self.reap()
+        self.advance()
+        self.flush()
+        if self.retiring and not self.out:
+            self.shutdown()
+        self.pause_pipes(len(self.out) >= OUT_LIMIT)
+
+    def read_requests(self) -> None:
+        try:
+            data = os.read(0, READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            self.shutdown()
+        self.inbuf += data
+        *lines, self.inbuf = self.inbuf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.request(line)
+
+    def run(self) -> None:
+        while True:
+            self.step()
+
+
+def nondumpable() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sys.stderr.write(f"sandbox agent: prctl(PR_SET_DUMPABLE) failed: errno {ctypes.get_errno()}\n")
+        sys.exit(70)
+
+
+def main() -> None:
+    # Python's own SIGINT handler would let a command interrupt PID 1; without one it is ignored.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    nondumpable()
+    cpu = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None
+    Agent(cpu).run()
+
+
+if __name__ == "__main__":
+    main()
