@@ -150,7 +150,7 @@ def _lone_error(exc: BaseException) -> SandboxError | None:
     return exc if isinstance(exc, SandboxError) else None
 
 
-def _status(returncode: int, outcome: _Outcome) -> tuple[int, int | None]:
+def _status(returncode: int) -> tuple[int, int | None]:
     if returncode < 0:
         return 128 - returncode, -returncode
     if returncode > 128 and returncode - 128 < signal_module.NSIG:
@@ -201,7 +201,7 @@ async def run(
     finally:
         oom, peak = proc.oom_killed(), proc.peak_memory()
         proc.release()
-    exit_code, sig = _status(returncode, outcome)
+    exit_code, sig = _status(returncode)
     return ExecResult(
         exit_code=exit_code, signal=sig, timed_out=outcome.timed_out, aborted=outcome.aborted,
         stdout=out.text(), stderr=err.text(), stdout_bytes=out.total, stderr_bytes=err.total,

@@ -111,14 +111,21 @@ class Sandbox:
         scratch = (datadir.subdir("scratch") / sid).resolve()
         scratch.mkdir(mode=0o700, exist_ok=True)
         try:
+            # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
+            rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
+            gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-        rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
-        gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
-        return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
-                   approver=approver or UnattendedApprover.from_settings(prof.policy), mode=mode)
+        try:
+            return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
+                       approver=approver or UnattendedApprover.from_settings(prof.policy), mode=mode)
+        except BaseException:  # e.g. the audit log cannot be opened (full disk): leave nothing running
+            with anyio.CancelScope(shield=True):
+                await jail.aclose()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
 
     # -- the five boundaries ----------------------------------------------------------------------
 

@@ -62,17 +62,18 @@ def _masks() -> tuple[str, ...]:
     args: list[str] = []
     for top in MASKED_TREES:
         for dirpath, dirnames, filenames in os.walk(top):
+            hidden_dirs = []
             for name in dirnames + filenames:
                 path = os.path.join(dirpath, name)
                 with contextlib.suppress(OSError):
                     st = os.lstat(path)
                     if stat.S_ISLNK(st.st_mode) or st.st_mode & stat.S_IROTH:
                         continue
-                    if stat.S_ISDIR(st.st_mode):
-                        args += ["--ro-bind", _empty_dir(), path]
-                        dirnames.remove(name) if name in dirnames else None
-                    else:
-                        args += ["--ro-bind", "/dev/null", path]
+                    is_dir = stat.S_ISDIR(st.st_mode)
+                    args += ["--ro-bind", _empty_dir() if is_dir else "/dev/null", path]
+                    if is_dir:
+                        hidden_dirs.append(name)
+            dirnames[:] = [d for d in dirnames if d not in hidden_dirs]  # nothing below a mask matters
     return tuple(args)
 
 

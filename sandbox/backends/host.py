@@ -34,10 +34,6 @@ _HOLD = 'read -r _; exec "$@"'
 class HostJail(local.LocalJail):
     backend = "host"
 
-    @property
-    def cwd(self) -> Path:
-        return self.workspace
-
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
         stdin: bytes | None = None,
@@ -47,7 +43,8 @@ class HostJail(local.LocalJail):
         try:
             with map_errors("cannot start the command", BackendUnavailable):
                 proc = Child(["/bin/sh", "-c", _HOLD, "sandbox-host", *argv], stdin=True, new_session=True,
-                             cwd=cwd or str(self.cwd), env=base_env(self.profile, env) | {"HOME": str(self.cwd)})
+                             cwd=cwd or str(self.workspace),
+                             env=base_env(self.profile, env) | {"HOME": str(self.workspace)})
             child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             local.confine(proc.pid, self.profile, group)
             proc.release_hold(b"go\n", keep_open=stdin is not None)

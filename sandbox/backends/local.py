@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 
+KILL_WAIT_S = 10.0
+
+
 class CgroupPool:
     """A jail's idle call cgroups, reused so a call pays for an attach, not a creation."""
 
@@ -156,10 +159,14 @@ class LocalProcess(Process):
             while time.monotonic() < deadline and any(map(_alive, victims)):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         with anyio.CancelScope(shield=True):
-            while pids := self.running_pids():
+            # A task in uninterruptible sleep dies only when it leaves it; once SIGKILLed it can
+            # never run user code again, so stop polling after a while rather than hang the call.
+            give_up = time.monotonic() + KILL_WAIT_S
+            while (pids := self.running_pids()) and time.monotonic() < give_up:
                 signal_all([self.root_pid, *pids], signal.SIGKILL)
                 await anyio.sleep(0.002)
-            await self.wait()
+            with anyio.move_on_after(KILL_WAIT_S):
+                await self.wait()
 
     def oom_killed(self) -> bool:
         return self.cgroup.oom_killed() if self.cgroup else False

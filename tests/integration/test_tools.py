@@ -230,3 +230,15 @@ def test_old_orphan_scratch_dirs_are_swept(data_dir: Path) -> None:
     os.utime(old, (time.time() - 8 * 86400,) * 2)
     assert sweep_scratch() == ["old"]
     assert fresh.exists() and not old.exists()
+
+
+async def test_session_that_cannot_open_leaves_nothing_behind(backend: base.Backend, workspace: Path,
+                                                              data_dir: Path) -> None:
+    (data_dir / "audit").write_text("not a directory")  # the audit log cannot be opened
+    from sandbox.errors import SandboxError
+
+    with pytest.raises(SandboxError):
+        async with Sandbox.open(workspace, profile=_profile(backend, "untrusted"), mode="auto"):
+            pass
+    assert list((data_dir / "scratch").iterdir()) == []
+    assert not (data_dir / "copies").exists() or list((data_dir / "copies").iterdir()) == []
