@@ -6,6 +6,7 @@ requires and its policy settings. Errors name the file, the key and the problem.
 
 from __future__ import annotations
 
+import importlib.resources
 import re
 import tomllib
 from pathlib import Path
@@ -15,7 +16,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from sandbox.errors import InvalidArgument
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 BackendName = Literal["auto", "bwrap", "docker", "host"]
 MountStrategy = Literal["ro", "rw", "copy", "overlay"]
@@ -182,7 +182,10 @@ def load_file(path: Path) -> Profile:
 
 
 def available() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
+    """The shipped profiles: package data (``sandbox/profiles``, a link to ``profiles/`` in a checkout)."""
+    shipped = importlib.resources.files("sandbox") / "profiles"
+    return {Path(p.name).stem: Path(str(p)) for p in sorted(shipped.iterdir(), key=lambda e: e.name)
+            if p.name.endswith(".toml")}
 
 
 def load(name_or_path: str | None = None) -> Profile:
