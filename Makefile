@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-unit test-pi bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps demo test test-installed test-user test-unit test-pi bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -32,15 +32,30 @@ demo: setup
 docker-up:
 	-@bash images/dockerd-up.sh
 
+# The Docker backend's images by the same code as `sandbox image build` (as root it installs what
+# it lacks: debootstrap for the offline path): the default image, then the Node variant on top.
 image: setup docker-up
 	bash images/build.sh
+	bash images/build.sh --variant node
 
-# pytest exit 5 means "no tests ran": that is a failure, not a pass.
+# The whole suite, as users meet the product: the checkout's suite as root, then the installed
+# wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
+# suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
 test: setup
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
-	@$(MAKE) --no-print-directory test-pi
+	@$(MAKE) --no-print-directory test-installed
+	@$(MAKE) --no-print-directory test-user
+
+# The wheel, installed into a fresh venv outside the checkout (needs python3-venv and npm).
+test-installed: setup system-deps node-deps
+	PYTHON=$(BIN)/python bash tests/run-installed.sh $(CURDIR)
+
+# The bubblewrap suite as an ordinary user (root creates the user; an ordinary user already is one).
+test-user: setup system-deps
+	@if [ "$$(id -u)" = 0 ]; then bash tests/run-as-user.sh $(CURDIR); \
+	  else echo "make test-user: already an ordinary user; 'make test' ran the suite as one"; fi
 
 # pi 1.6 needs Node >= 22.19; the npm "node" devDependency provides it for the tests; npm itself must exist.
 node-deps:

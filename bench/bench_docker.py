@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from sandbox.backends.docker import DockerJail
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def say(text: str) -> None:
@@ -92,7 +91,7 @@ async def per_call(workspace: Path, n: int, docker_cli: str) -> tuple[float, flo
 
 def build_time() -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "images" / "build.py"), "--force", "--mode", "offline"],
+    subprocess.run([sys.executable, "-m", "sandbox.cli", "image", "build", "--force", "--mode", "offline"],
                    check=True, capture_output=True)
     return time.perf_counter() - started
 

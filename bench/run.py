@@ -13,6 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("executor (bubblewrap)", "bench_exec.py"),
+    ("start-up: whole processes, ours against bare bwrap, srt, Codex and docker", "bench_startup.py"),
     ("permission layer", "bench_policy.py"),
     ("docker backend", "bench_docker.py"),
     ("mount strategies", "bench_mounts.py"),

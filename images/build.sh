@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# `make image`: build sandbox-runtime:<version> through the docker SDK (see images/build.py):
-# online from debian:bookworm-slim when it is present or pullable, else offline from a cached
-# debootstrap rootfs. Idempotent: returns at once when the image is current.
+# `make image`: the same code as `sandbox image build` (sandbox/image.py), run from this checkout:
+# sandbox-runtime:<version> online from debian:bookworm-slim when it is present or pullable, else
+# offline from a debootstrap rootfs cached in images/.cache/. Arguments go to the command
+# (--variant node, --force, --mode offline). Idempotent: returns at once when the image is current.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-py=${PYTHON:-$here/../.venv/bin/python}
+root=$(dirname "$here")
+py=${PYTHON:-$root/.venv/bin/python}
 [ -x "$py" ] || py=python3
 if ! "$py" -c 'import docker' 2>/dev/null; then
   echo "image: $py has no docker SDK; run 'make setup' (or pip install 'docker>=7.1') first" >&2
   exit 1
 fi
-exec "$py" "$here/build.py" "$@"
+export SANDBOX_IMAGE_CACHE=${SANDBOX_IMAGE_CACHE:-$here/.cache}
+export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+exec "$py" -m sandbox.cli image build "$@"

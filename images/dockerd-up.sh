@@ -15,9 +15,14 @@ if [ -n "${DOCKER_HOST:-}" ]; then
   echo "dockerd-up: DOCKER_HOST=$DOCKER_HOST does not answer; not starting a local daemon" >&2; exit 1
 fi
 if [ "$(id -u)" != 0 ]; then
-  echo "dockerd-up: no Docker daemon answers and only root can start one here" >&2; exit 1
+  if ! command -v dockerd >/dev/null 2>&1; then
+    echo "dockerd-up: Docker is not installed: sudo apt-get install docker.io" >&2; exit 1
+  fi
+  echo "dockerd-up: no Docker daemon answers and only root can start one here (sudo systemctl start docker)" >&2
+  exit 1
 fi
 if ! command -v dockerd >/dev/null 2>&1; then
+  echo "dockerd-up: dockerd is missing; installing docker.io with apt-get"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null \
     || { echo "dockerd-up: cannot install docker.io" >&2; exit 1; }
 fi

@@ -2,12 +2,18 @@
 
 ``sandbox run`` is a contract scripts and CI depend on: the command's own exit status, 128+N
 for signal N, 124 on timeout, 125 when the sandbox could not start or refused (one line on
-stderr); with ``--json`` exactly one JSON object on stdout at the end.
+stderr), 127 when the command is not found in the jail and 126 when it cannot be executed there
+(one line naming it), 141 when our stdout was closed (as SIGPIPE ends a Unix tool); with
+``--json`` exactly one JSON object on stdout at the end, naming the network mode and every limit
+in force. Our stdin is the command's (streamed; a terminal is not forwarded). A flag never
+overrides a guarantee the profile requires: ``--network host`` under a profile that requires
+``net-none`` is refused with 125, and a bad value is blamed on the flag that gave it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -16,21 +22,29 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from sandbox import __version__
-from sandbox import exec as executor
-from sandbox import profile as profiles
-from sandbox.backends import base
+from sandbox import __version__, cli_compare, cli_image, cli_policy, cli_tools
+from sandbox.backends import BACKENDS
 from sandbox.errors import InvalidArgument, SandboxError, find_error
+
+if typing.TYPE_CHECKING:
+    import anyio
+
+    from sandbox import exec as executor
+    from sandbox import profile as profiles
+
+# Start-up is a product figure (`sandbox --version`, every `sandbox run`): this module and the
+# subcommand modules import only the standard library at the top; each command imports what it
+# uses (pydantic, anyio, the backends, the policy layer) when it runs.
 
 Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX = 125
+EXIT_SIGPIPE = 128 + signal.SIGPIPE
 
 
 def _say(line: str) -> None:
-    print(f"sandbox: {line}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # nobody reads our stderr any more: nothing to tell
+        print(f"sandbox: {line}", file=sys.stderr, flush=True)
 
 
 def _add_run(sub: Subparsers) -> None:
@@ -39,9 +53,10 @@ def _add_run(sub: Subparsers) -> None:
     run.add_argument("--backend", help="auto, bwrap, docker or host (default: the profile's, auto)")
     run.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
     run.add_argument("--mount", help="ro, rw, copy or overlay (default: the profile's)")
-    run.add_argument("--timeout", type=float, help="seconds, 1 to 300 (default: the profile's, 60)")
-    run.add_argument("--memory", help="memory limit, e.g. 512MiB")
-    run.add_argument("--pids", type=int, help="process limit")
+    run.add_argument("--timeout", type=float,
+                     help="seconds, from 1 to the profile's timeouts.max_s (default: its timeouts.default_s)")
+    run.add_argument("--memory", help="memory limit, binary units as Docker reads them: 512m, 2g = 2GiB")
+    run.add_argument("--pids", type=int, help="process limit (at least 8)")
     run.add_argument("--network", help="none or host (default: the profile's, none)")
     run.add_argument("--json", action="store_true", help="one JSON object on stdout at the end")
     run.add_argument("--apply", action="store_true", help="copy mount: apply the changeset to the workspace")
@@ -49,24 +64,34 @@ def _add_run(sub: Subparsers) -> None:
     run.set_defaults(func=cmd_run)
 
 
+# Which flag sets which profile key: errors in a flag's value name the flag, not the file.
+_FLAGS = {"mount.strategy": "--mount", "limits.memory": "--memory", "limits.pids": "--pids",
+          "network.mode": "--network", "backend": "--backend"}
+
+
 def _load_profile(args: argparse.Namespace) -> profiles.Profile:
+    from sandbox import profile as profiles
+    from sandbox.backends import base
+
     if args.backend not in (None, "auto"):
         base.get(args.backend)
     prof = profiles.load(args.profile)
-    prof = prof.with_overrides(**{
-        "mount.strategy": args.mount, "limits.memory": args.memory, "limits.pids": args.pids,
-        "network.mode": args.network, "backend": args.backend,
-    })
-    return prof
+    values = {"mount.strategy": args.mount, "limits.memory": args.memory, "limits.pids": args.pids,
+              "network.mode": args.network, "backend": args.backend}
+    return prof.override(values, _FLAGS)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import anyio
+
+    from sandbox import exec as executor
+
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     try:
         if not argv:
             raise InvalidArgument("no command given: sandbox run [options] -- ARGV...")
         prof = _load_profile(args)
-        executor.check_timeout(args.timeout, prof)
+        args.timeout_s = executor.check_timeout(args.timeout, prof)
         workspace = args.workspace or Path.cwd()
         return anyio.run(_run, args, prof, workspace, argv)
     except (SandboxError, BaseExceptionGroup) as exc:
@@ -79,42 +104,57 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_SANDBOX
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def _writer(fd: int) -> executor.OutputCallback:
-    async def write(chunk: bytes) -> None:
-        await anyio.to_thread.run_sync(_write_all, fd, chunk)
-
-    return write
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def _emit(obj: dict[str, Any]) -> bool:
+    """Write one JSON line on stdout; ``False`` when nobody reads it any more."""
+    try:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Else the interpreter's final flush of the same buffer prints a traceback-like warning.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
 
 
 async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path, argv: list[str]) -> int:
+    import anyio
+
+    from sandbox import cli_stdio
+    from sandbox import exec as executor
+    from sandbox.backends import base
+
     backend = base.choose(prof.backend, prof)
     abort = anyio.Event()
     received: list[int] = []
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_watch_signals, abort, received)
-        async with await backend.open_jail(workspace, prof) as jail:
-            result = await executor.run(
-                jail, argv, timeout=args.timeout, abort=abort,
-                on_stdout=None if args.json else _writer(1), on_stderr=None if args.json else _writer(2),
-            )
-            changes = await jail.changes()
-            applied = await jail.apply(changes) if changes is not None and args.apply else None
-        tg.cancel_scope.cancel()
+
+    def reader_gone() -> None:
+        received.append(signal.SIGPIPE)
+        abort.set()
+
+    out, err = cli_stdio.Sink(1, reader_gone), cli_stdio.Sink(2, reader_gone)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, abort, received)
+            async with await backend.open_jail(workspace, prof) as jail:
+                result = await executor.run(
+                    jail, executor.checked_argv(jail, argv), timeout=args.timeout, abort=abort,
+                    stdin=cli_stdio.stdin_source(),
+                    on_stdout=None if args.json else out.write, on_stderr=None if args.json else err.write,
+                )
+                changes = await jail.changes()
+                applied = await jail.apply(changes) if changes is not None and args.apply else None
+            tg.cancel_scope.cancel()
+    finally:
+        out.close()
+        err.close()
     return _report(args, prof, result, changes, applied, received)
 
 
 async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
+    import anyio
+
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             received.append(signum)
@@ -123,21 +163,27 @@ async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
 
 def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.ExecResult,
             changes: Any, applied: Any, received: list[int]) -> int:
-    if result.timed_out:
+    if signal.SIGPIPE in received:
+        code = EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
+    elif result.timed_out:
         code = EXIT_TIMEOUT
     elif result.aborted and received:
         code = 128 + received[0]
     else:
         code = result.exit_code
     if args.json:
-        _emit({
+        emitted = _emit({
             **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
             "profile": prof.name,
+            "network": prof.network.mode,
+            "limits": prof.limits.in_force(),
+            "timeout_s": args.timeout_s,
             "changes": changes.to_list() if changes is not None else None,
             "applied": applied.to_dict() if applied is not None else None,
             "exit_status": code,
         })
-    else:
+        return code if emitted else EXIT_SIGPIPE
+    with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
         _review(result, changes, applied, args.apply)
     return code
 
@@ -164,7 +210,9 @@ def _review(result: executor.ExecResult, changes: Any, applied: Any, apply: bool
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    names = [args.backend] if args.backend else list(base.BACKENDS)
+    from sandbox.backends import base
+
+    names = [args.backend] if args.backend else list(BACKENDS)
     reports = []
     for name in names:
         try:
@@ -184,18 +232,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    rows = []
+    from sandbox import profile as profiles
+
+    rows: list[dict[str, Any]] = []
     for name in profiles.available():
         prof = profiles.load(name)
         rows.append({"name": name, "description": prof.description, "backend": prof.backend,
                      "mount": prof.mount.strategy, "network": prof.network.mode,
-                     "requires": list(prof.requires)})
+                     "requires": list(prof.requires), "limits": prof.limits.in_force(),
+                     "timeouts": {"default_s": prof.timeouts.default_s, "max_s": prof.timeouts.max_s}})
     if args.json:
         _emit({"profiles": rows})
         return 0
     for row in rows:
         print(f"{row['name']}: {row['description']}")
-        print(f"  mount={row['mount']} network={row['network']} backend={row['backend']}")
+        print(f"  mount={row['mount']} network={row['network']} backend={row['backend']} "
+              f"timeout={row['timeouts']['default_s']:g}s (max {row['timeouts']['max_s']:g}s)")
         print(f"  guarantees: {', '.join(row['requires'])}")
     return 0
 
@@ -223,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = typing.cast("Subparsers", parser.add_subparsers(dest="command", required=True))
     _add_run(sub)
     check = sub.add_parser("check", help="what each backend can guarantee on this host")
-    check.add_argument("--backend", choices=base.BACKENDS)
+    check.add_argument("--backend", choices=BACKENDS)
     check.add_argument("--json", action="store_true")
     check.set_defaults(func=cmd_check)
     prof = sub.add_parser("profiles", help="list the shipped profiles and what they guarantee")
@@ -232,22 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="remove containers left behind by a crashed executor")
     gc.add_argument("--all", action="store_true", help="also containers of live executors")
     gc.set_defaults(func=cmd_gc)
-    _register_optional(sub)
+    for module in (cli_policy, cli_tools, cli_compare, cli_image):
+        module.register(sub)
     return parser
-
-
-def _register_optional(sub: Subparsers) -> None:
-    """Subcommands of the other layers, registered when their modules are present."""
-    import importlib
-
-    for module in ("sandbox.cli_policy", "sandbox.cli_tools", "sandbox.cli_compare"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        mod.register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(raw)
     except InvalidArgument as exc:
         _say(exc.message)
+        if raw[:2] == ["policy", "test"] and "--json" in raw[:raw.index("--") if "--" in raw else None]:
+            from sandbox.cli_policy import print_refusal
+
+            print_refusal(None, exc)
         return EXIT_SANDBOX if raw[:1] in (["run"], ["compare"]) else 2
     try:
         code: int = args.func(args)
@@ -264,6 +307,22 @@ def main(argv: list[str] | None = None) -> int:
         _say(str(exc))
         return EXIT_SANDBOX if args.command == "run" else 2
     return code
+
+
+def entry() -> typing.NoReturn:
+    """The console script: ``main``, then exit without the interpreter's teardown.
+
+    Finalising a few hundred modules costs more than a short ``sandbox run`` itself; by the
+    time ``main`` returns every jail is closed, every file we wrote is closed or committed, and
+    only our own output buffers remain to flush. ``serve`` exits the ordinary way.
+    """
+    code = main()
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

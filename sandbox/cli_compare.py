@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
-
-from sandbox import compare
+from sandbox.backends import DEFAULT_COMPARE_REPEAT, MOUNT_STRATEGIES
 from sandbox.errors import InvalidArgument, SandboxError
 
 if TYPE_CHECKING:
@@ -31,14 +29,15 @@ def register(sub: Subparsers) -> None:
         description="Run ARGV on fresh copies of the workspace under each backend and mount strategy; "
                     "print a table and write report.json, report.md, chart.svg and table.txt.")
     cmd.add_argument("--backends", help="comma-separated, e.g. bwrap,docker (default: every available one)")
-    cmd.add_argument("--mounts", help=f"comma-separated (default: {','.join(compare.MOUNTS)})")
+    cmd.add_argument("--mounts", help=f"comma-separated (default: {','.join(MOUNT_STRATEGIES)})")
     cmd.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
-    cmd.add_argument("--repeat", default=str(compare.DEFAULT_REPEAT),
-                     help=f"runs per cell, each on a fresh copy in a fresh jail (default: {compare.DEFAULT_REPEAT})")
+    cmd.add_argument("--repeat", default=str(DEFAULT_COMPARE_REPEAT),
+                     help=f"runs per cell, each on a fresh copy in a fresh jail (default: {DEFAULT_COMPARE_REPEAT})")
     cmd.add_argument("--report", type=Path, default=DEFAULT_REPORT,
                      help=f"directory for report.json, report.md, chart.svg, table.txt (default: ./{DEFAULT_REPORT})")
     cmd.add_argument("--profile", help="a shipped profile name or a TOML file (default: default)")
-    cmd.add_argument("--timeout", help="seconds per run, 1 to 300 (default: the profile's)")
+    cmd.add_argument("--timeout",
+                     help="seconds per run, 1 to the profile's timeouts.max_s (default: its timeouts.default_s)")
     cmd.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command and its arguments")
     cmd.set_defaults(func=cmd_compare)
 
@@ -48,6 +47,10 @@ def _say(line: str) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    import anyio
+
+    from sandbox import compare
+
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     try:
         plan = compare.make_plan(argv, args.workspace, backends=args.backends, mounts=args.mounts,

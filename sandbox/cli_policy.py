@@ -1,5 +1,10 @@
 """``sandbox policy …``, ``sandbox audit …`` and ``sandbox trust …``: judge without running,
-manage rules and trust, read the audit log. Bad input prints one line on stderr and exits 2."""
+manage rules and trust, read the audit log. Bad input prints one line on stderr and exits 2.
+
+``policy test --json`` prints one JSON object on stdout for every outcome: a decision (with
+``error_code`` null), a refusal at boundary 1 or 2 (``decision`` "deny", ``error_code``
+TOOL_DENIED or INVALID_ARGUMENT, as a session would answer the call) and a test that could not
+be made (``decision`` null); refusals and errors still exit 2 with their line on stderr."""
 
 from __future__ import annotations
 
@@ -8,17 +13,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox import datadir
-from sandbox.audit import AuditLog
-from sandbox.errors import SandboxError
-from sandbox.policy import load_ruleset
-from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
-from sandbox.policy.rules import BUILTIN_RULES, RuleStore
-from sandbox.policy.trust import TrustStore
-from sandbox.profile import Policy
-from sandbox.tools.params import validate
+from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from sandbox.policy.gate import Decision
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -57,7 +59,7 @@ def _register_policy(subparsers: Any) -> None:
     trust.add_argument("--trust-project", dest="trust_override", action="store_const", const=True)
     trust.add_argument("--no-trust-project", dest="trust_override", action="store_const", const=False)
     test.add_argument("command", nargs=argparse.REMAINDER, help='-- "<bash command>"')
-    test.set_defaults(func=_guard(_test))
+    test.set_defaults(func=_test_outcome)
     for action in ("allow", "block", "ask"):
         rule = sub.add_parser(action, help=f"add a user {action} rule (substring / command pattern)")
         rule.add_argument("text")
@@ -94,45 +96,93 @@ def _bad(message: str) -> int:
     return 2
 
 
+class _Refused(Exception):
+    """The call itself is refused before the policy sees it (boundaries 1 and 2)."""
+
+    def __init__(self, error: SandboxError, rule_id: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.rule_id = rule_id
+
+
+def _test_outcome(args: argparse.Namespace) -> int:
+    try:
+        return _test(args)
+    except _Refused as refused:
+        error, rule_id = refused.error, refused.rule_id
+        decision: str | None = "deny"
+    except SandboxError as exc:
+        error, rule_id, decision = exc, None, None
+    print(f"sandbox: {error.message}", file=sys.stderr)
+    if args.json:
+        print_refusal(decision, error, rule_id, tool=args.tool or "Bash")
+    return 2
+
+
+def print_refusal(decision: str | None, error: SandboxError, rule_id: str | None = None,
+                  tool: str | None = None) -> None:
+    """The one JSON object of ``policy test --json`` for an outcome that is not a policy decision."""
+    print(json.dumps({"decision": decision, "error_code": error.code, "reason": error.message,
+                      "rule_id": rule_id, "tool": tool, "details": error.data}, indent=2, default=str))
+
+
+def _arguments(args: argparse.Namespace, tool: str, command: str) -> dict[str, Any]:
+    if tool == "Bash" and args.tool_args is None:
+        if not command:
+            raise InvalidArgument('nothing to test: give -- "<bash command>" or --tool NAME --args JSON')
+        return {"command": command}
+    if command or args.tool_args is None:
+        raise InvalidArgument("--tool needs --args JSON and no command")
+    try:
+        raw = json.loads(args.tool_args)
+    except ValueError as exc:
+        raise _Refused(InvalidArgument(f"--args is not valid JSON: {exc}", tool=tool), "capability.params") from exc
+    if not isinstance(raw, dict):
+        raise _Refused(InvalidArgument("--args must be a JSON object", tool=tool), "capability.params")
+    return raw
+
+
 def _test(args: argparse.Namespace) -> int:
+    from sandbox.tools.params import validate
+
     parts = args.command[1:] if args.command[:1] == ["--"] else args.command
     command = " ".join(parts).strip()
     tool = args.tool or "Bash"
-    if tool == "Bash" and args.tool_args is None:
-        if not command:
-            return _bad('nothing to test: give -- "<bash command>" or --tool NAME --args JSON')
-        raw: Any = {"command": command}
-    else:
-        if command or args.tool_args is None:
-            return _bad("--tool needs --args JSON and no command")
-        try:
-            raw = json.loads(args.tool_args)
-        except ValueError as exc:
-            return _bad(f"--args is not valid JSON: {exc}")
-        if not isinstance(raw, dict):
-            return _bad("--args must be a JSON object")
+    raw = _arguments(args, tool, command)
     if not args.workspace.is_dir():
-        return _bad(f"workspace {args.workspace} is not a directory")
-    decision = _evaluate(args, tool, raw)
+        raise InvalidArgument(f"workspace {args.workspace} is not a directory")
+    try:
+        params = validate(tool, raw)
+    except ToolDenied as exc:
+        raise _Refused(exc, "capability.unknown-tool") from exc
+    except InvalidArgument as exc:
+        raise _Refused(exc, "capability.params") from exc
+    decision = _evaluate(args, tool, params)
     _print_decision(decision, args.json)
     return 0
 
 
-def _evaluate(args: argparse.Namespace, tool: str, raw: dict[str, Any]) -> Decision:
+def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decision:
+    from sandbox import datadir
+    from sandbox.policy import load_ruleset
+    from sandbox.policy.gate import Gate, SessionState, ToolCall
+    from sandbox.policy.rules import RuleStore
+    from sandbox.profile import Policy
+
     settings = Policy(mode=args.mode, operating_mode="plan" if args.plan else "agent")
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
         print(f"sandbox: {notice}", file=sys.stderr)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
     gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode())
-    call = ToolCall("policy-test", "turn-1", "call-1", tool, validate(tool, raw))
+    call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
     return gate.evaluate(call, SessionState("policy-test"))
 
 
 def _print_decision(decision: Decision, as_json: bool) -> None:
     if as_json:
         print(json.dumps({
-            "decision": decision.level, "reason": decision.reason, "rule_id": decision.rule_id,
+            "decision": decision.level, "error_code": None, "reason": decision.reason, "rule_id": decision.rule_id,
             "resource": decision.resource, "root": decision.root, "external": decision.external,
             "mode": decision.mode, "tool": decision.tool, "decided_by": decision.decided_by,
         }, indent=2))
@@ -142,12 +192,16 @@ def _print_decision(decision: Decision, as_json: bool) -> None:
 
 
 def _add_rule(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import RuleStore
+
     rule = RuleStore().add(args.action, args.text, args.tool)
     print(f"added {args.action} rule {rule.id}: {rule.text!r}")
     return 0
 
 
 def _mode(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import RuleStore
+
     store = RuleStore()
     if args.mode is not None:
         store.set_mode(None if args.mode == "unset" else args.mode)
@@ -157,16 +211,22 @@ def _mode(args: argparse.Namespace) -> int:
 
 
 def _remove_rule(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import RuleStore
+
     print(RuleStore().remove(args.rule_id))
     return 0
 
 
 def _restore_rule(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import RuleStore
+
     print(RuleStore().restore(args.rule_id))
     return 0
 
 
 def _list_rules(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import BUILTIN_RULES, RuleStore
+
     rules = RuleStore().ruleset()
     builtin = [{"id": r.id, "layer": r.layer, "enabled": rules.enabled(r.id), "description": r.description}
                for r in BUILTIN_RULES]
@@ -183,6 +243,8 @@ def _list_rules(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from sandbox.audit import AuditLog
+
     stats = AuditLog().stats()
     if args.json:
         print(json.dumps(stats, indent=2))
@@ -196,6 +258,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from sandbox.audit import AuditLog
+
     log = AuditLog()
     if args.output is None:
         log.export_jsonl(sys.stdout)
@@ -210,6 +274,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _trust(args: argparse.Namespace) -> int:
+    from sandbox.policy.trust import TrustStore
+
     store = TrustStore()
     if args.list:
         for path, trusted in store.entries().items():

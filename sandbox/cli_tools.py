@@ -7,15 +7,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from sandbox.errors import InvalidArgument, SandboxError
-from sandbox.policy.approvals import Approver, TerminalApprover, UnattendedApprover
 
 if TYPE_CHECKING:
     import argparse
 
     from sandbox.cli import Subparsers
+    from sandbox.policy.approvals import Approver
     from sandbox.tools.run import ToolResult
 
 EXIT_SANDBOX = 125
@@ -39,12 +37,16 @@ def register(sub: Subparsers) -> None:
 
 
 def _approver() -> Approver:
+    from sandbox.policy.approvals import TerminalApprover, UnattendedApprover
+
     if sys.stdin.isatty() and sys.stderr.isatty():
         return TerminalApprover(stdout=sys.stderr)
     return UnattendedApprover(allow=False)
 
 
 def cmd_tool(args: argparse.Namespace) -> int:
+    import anyio
+
     try:
         parsed = json.loads(args.args)
     except ValueError as exc:
@@ -90,13 +92,24 @@ def _echo(fh: Any) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sandbox import server
+    from sandbox import protocol
 
     if args.schema:
+        from sandbox import server
+
         print(json.dumps(server.schema(), indent=2, sort_keys=True))
         return 0
+    print("sandbox serve: JSON-RPC 2.0 on stdin/stdout", file=sys.stderr)
+    # Answer the agent's first request before the heavy imports (see sandbox.protocol).
+    line, rest = protocol.read_first_line(0)
+    reply = protocol.early_reply(line)
+    if reply is not None and not protocol.write_all(1, reply):
+        return 0
+    pending = rest if reply is not None else line + rest
+    from sandbox import server
+
     try:
-        return server.main()
+        return server.main(pending)
     except InvalidArgument as exc:
         print(f"sandbox: {exc}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ import anyio.to_thread
 from sandbox import __version__
 from sandbox import exec as executor
 from sandbox import profile as profiles
-from sandbox.backends import base
+from sandbox.backends import DEFAULT_COMPARE_REPEAT, MOUNT_STRATEGIES, base
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
 from sandbox.mounts import CopyTree, check_workspace, walk
 
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
 
     from sandbox.mounts import Changeset
 
-MOUNTS: tuple[str, ...] = ("ro", "rw", "copy", "overlay")
+MOUNTS: tuple[str, ...] = MOUNT_STRATEGIES
 DEFAULT_BACKENDS: tuple[str, ...] = ("bwrap", "docker")
-DEFAULT_REPEAT = 3
+DEFAULT_REPEAT = DEFAULT_COMPARE_REPEAT
 MAX_REPEAT = 100
 PROBE_SCRIPT = ("rm -rf ./* ./.[!.]* 2>/dev/null; "
                 "mkdir -p .git/hooks && echo 'echo evil' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit")

@@ -5,11 +5,15 @@ bounded head and tail, so memory stays flat whatever the command prints. The cal
 only when every process it started is dead: after a normal exit leftovers are killed at once;
 on timeout or abort they get TERM, a grace period, then KILL. A caller's cancellation gets the
 same treatment, shielded, and is then re-raised (trio's rule: never leave a child behind).
+A streamed stdin is copied while the command runs and dropped once it has exited. The timeout
+is the profile's ``timeouts.default_s`` unless asked for, up to its ``timeouts.max_s``.
+:func:`checked_argv` makes the jail itself answer 127 (not found) or 126 (not executable).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import signal as signal_module
 import time
 from collections import deque
@@ -24,12 +28,11 @@ from sandbox.errors import InvalidArgument, SandboxError
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
 
-    from sandbox.backends.base import Jail, Process
+    from sandbox.backends.base import Jail, Process, Stdin
     from sandbox.profile import Profile
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
 MIN_TIMEOUT_S = 1.0
-MAX_TIMEOUT_S = 300.0
 READ_SIZE = 1 << 16
 
 
@@ -91,15 +94,92 @@ class ExecResult(BaseModel):
     peak_memory_bytes: int | None = None
 
 
+# Runs in the jail, as the command's parent-to-be: the jail's own view decides 127 (not found) or
+# 126 (found, not executable), and `exec` still gives those statuses when a check passes and the
+# exec fails anyway (a script's missing interpreter). dash adds PWD to the environment; we don't.
+# $1 is a host-side explanation appended to the one line, for links into what the jail hides.
+_CHECKED = """h=$1; shift; unset PWD
+case $1 in
+*/*) if [ ! -e "$1" ]; then w="not found in the jail"; c=127
+     elif [ -d "$1" ]; then w="is a directory, not a command"; c=126
+     elif [ ! -x "$1" ]; then w="cannot be executed (no execute permission)"; c=126; fi ;;
+*) command -v -- "$1" >/dev/null 2>&1 || { w="command not found in the jail"; c=127; } ;;
+esac
+[ -z "$c" ] || { printf 'sandbox: %s: %s%s\\n' "$1" "$w" "$h" >&2; exit "$c"; }
+exec "$@"
+"""
+
+
+def checked_argv(jail: Jail, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+    """``argv`` run so that a missing command exits 127 and an unexecutable one 126, on every
+    backend, with one line on stderr naming it (and, where a host-side look finds it, that it
+    resolves into a part of the host the jail does not show)."""
+    hint = _hidden_hint(jail, argv[0], cwd or str(jail.workspace))
+    return ["/bin/sh", "-c", _CHECKED, "sandbox", hint, *argv]
+
+
+def _shown(jail: Jail) -> tuple[str, ...]:
+    """Host paths the jail shows at the same place (Docker: only the workspace; the rest is the image's)."""
+    roots: tuple[str, ...] = (str(jail.workspace),)
+    if jail.backend == "bwrap":
+        from sandbox.backends.bwrap import SYSTEM_DIRS
+
+        roots += (*(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
+    elif jail.backend == "host":
+        roots += ("/",)
+    return roots
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _candidate(jail: Jail, name: str, cwd: str) -> str | None:
+    """Where the jail would look for ``name``, if that is inside the workspace (else we cannot tell)."""
+    if "/" in name:
+        path = os.path.normpath(os.path.join(cwd, name))
+        return path if _under(path, (str(jail.workspace),)) else None
+    from sandbox.backends.environment import base_env
+
+    # The workspace's own tool directories (.venv/bin ...) come first on the jail's PATH.
+    for folder in base_env(jail.profile, workspace=jail.workspace).get("PATH", "").split(":"):
+        path = os.path.normpath(os.path.join(cwd, folder, name))
+        if _under(path, (str(jail.workspace),)) and os.path.lexists(path):
+            return path
+    return None
+
+
+def _hidden_hint(jail: Jail, name: str, cwd: str) -> str:
+    path = _candidate(jail, name, cwd)
+    if path is None:
+        return ""
+    shown = _shown(jail)
+    for _ in range(40):  # the kernel's own limit on links followed
+        parent = os.path.realpath(os.path.dirname(path))
+        path = os.path.join(parent, os.path.basename(path))
+        if not _under(parent, shown):
+            break
+        if not os.path.islink(path):
+            return ""
+        path = os.path.normpath(os.path.join(parent, os.readlink(path)))
+        if not _under(path, shown):
+            break
+    else:
+        return ""
+    there = "exists" if os.path.exists(path) else "does not exist either"
+    return f" (it resolves to {path}, which the jail does not show; on the host it {there})"
+
+
 def check_timeout(timeout: float | None, profile: Profile) -> float:
-    """The effective timeout: the profile's default, or an override from 1 to 300 s."""
+    """The effective timeout: the profile's default, or an override from 1 s to its ``timeouts.max_s``."""
     if timeout is None:
         return float(profile.timeouts.default_s)
-    ceiling = min(MAX_TIMEOUT_S, profile.timeouts.max_s)
+    ceiling = profile.timeouts.max_s
     if isinstance(timeout, bool) or not MIN_TIMEOUT_S <= timeout <= ceiling:
         raise InvalidArgument(
-            f"timeout must be between {MIN_TIMEOUT_S:g} and {ceiling:g} seconds, got {timeout!r}",
-            timeout=timeout,
+            f"timeout must be between {MIN_TIMEOUT_S:g} and {ceiling:g} seconds, got {timeout!r} "
+            f"(the ceiling is profile {profile.name!r}'s timeouts.max_s)",
+            timeout=timeout, max_s=ceiling, profile=profile.name,
         )
     return float(timeout)
 
@@ -111,6 +191,11 @@ async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCal
             maybe = callback(chunk)
             if inspect.isawaitable(maybe):
                 await maybe
+
+
+async def _feed(proc: Process, scope: anyio.CancelScope) -> None:
+    with scope:
+        await proc.feed_stdin()
 
 
 class _Outcome:
@@ -168,7 +253,7 @@ async def run(
     abort: anyio.Event | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
-    stdin: bytes | None = None,
+    stdin: Stdin = None,
     capture_bytes: int | None = None,
 ) -> ExecResult:
     """Run ``argv`` in ``jail``; see the module docstring for the guarantees.
@@ -185,11 +270,14 @@ async def run(
     spawned = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
+            feeding = anyio.CancelScope()
             if stdin is not None:
-                tg.start_soon(proc.feed_stdin)
+                tg.start_soon(_feed, proc, feeding)
             tg.start_soon(_pump, proc.stdout, out, on_stdout)
             tg.start_soon(_pump, proc.stderr, err, on_stderr)
             outcome = await _supervise(proc, limit, abort, grace)
+            # A streamed stdin may never end (`yes | sandbox run -- head -1`): the call is over.
+            feeding.cancel()
         returncode = await proc.wait()
     except BaseException as exc:
         with anyio.CancelScope(shield=True):

@@ -2,12 +2,18 @@
 
 Each backend's ``probe()`` returns a :class:`Report`; a profile lists the guarantees it requires
 and :meth:`Report.missing` names the unmet ones, so a jail is refused rather than weakened.
+
+A report also says, limit by limit, which mechanism enforces it here (a cgroup, an rlimit, a
+tmpfs size) and whether per call or per process (:class:`Enforcement`). A limit a profile or a
+flag sets to a value of its own that nothing here can enforce is refused
+(:meth:`Report.refused_limits`); a limit left at the schema's default is best effort and shown
+as not enforced, never silently.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from sandbox.profile import Profile
@@ -18,8 +24,8 @@ DESCRIPTIONS: dict[str, str] = {
     "fs-hidden-home": "home directories, /root, /var/run and host secrets are absent",
     "net-none": "no network but a private loopback",
     "tree-kill": "every process a call starts is killed on timeout, abort or close (pid namespace)",
-    "memory-limit": "memory use is capped (cgroup)",
-    "pids-limit": "the number of processes is capped (cgroup)",
+    "memory-limit": "the call's memory use is capped as a whole (cgroup)",
+    "pids-limit": "the call's number of processes is capped as a whole (cgroup, or RLIMIT_NPROC in its user namespace)",
     "cpu-limit": "CPU time (rlimit) and CPU share (cgroup quota) are capped",
     "fsize-limit": "the size of a written file is capped (rlimit)",
     "tmp-size-limit": "/tmp is a tmpfs of bounded size",
@@ -33,6 +39,34 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 
+LIMITS = ("memory", "pids", "cpus", "cpu_time_s", "file_size", "nofile", "tmp_size")
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """How one limit is enforced here: ``how`` (``None``: it cannot be) and over what ``scope``."""
+
+    how: str | None
+    scope: Literal["call", "process", ""] = ""
+    why_not: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.how is None:
+            return {"enforced": False, "why_not": self.why_not}
+        return {"enforced": True, "how": self.how, "scope": self.scope}
+
+    def text(self) -> str:
+        if self.how is None:
+            return f"not enforced ({self.why_not})"
+        return f"{self.how}, per {self.scope}"
+
+
+def asked_for(profile: Profile, name: str) -> bool:
+    """Whether a profile or a flag set limit ``name`` to a value of its own (not the schema's default)."""
+    value = getattr(profile.limits, name)
+    return value is not None and value != type(profile.limits).model_fields[name].default
+
+
 @dataclass
 class Report:
     backend: str
@@ -41,6 +75,8 @@ class Report:
     guarantees: dict[str, bool] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Enforcement] = field(default_factory=dict)  # empty: the backend enforces them all itself
+    advice: list[str] = field(default_factory=list)
 
     def grant(self, name: str, ok: bool, reason: str = "") -> None:
         self.guarantees[name] = ok
@@ -59,6 +95,16 @@ class Report:
             if not self.guarantees.get(name, False)
         }
 
+    def refused_limits(self, profile: Profile) -> dict[str, str]:
+        """``limits.<name>`` -> why not, for each limit the profile asks for that cannot be enforced here."""
+        return {f"limits.{name}": how.why_not for name, how in self.limits.items()
+                if how.how is None and asked_for(profile, name)}
+
+    def limits_in_force(self, profile: Profile) -> dict[str, dict[str, Any]]:
+        """Every limit the profile sets, with how it is enforced here (for ``--json``)."""
+        return {name: {"value": getattr(profile.limits, name), **how.to_dict()}
+                for name, how in self.limits.items() if getattr(profile.limits, name) is not None}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
@@ -68,5 +114,19 @@ class Report:
                 name: {"ok": ok, **({"why_not": self.reasons[name]} if not ok else {})}
                 for name, ok in self.guarantees.items()
             },
+            "limits": {name: how.to_dict() for name, how in self.limits.items()},
+            "advice": self.advice,
             "details": self.details,
         }
+
+    def to_text(self) -> str:
+        """What ``sandbox check`` prints for this backend."""
+        state = "available" if self.available else f"unavailable: {self.reason}"
+        lines = [f"{self.backend}: {state}"]
+        for name, ok in self.guarantees.items():
+            lines.append(f"  {name:18} " + ("yes" if ok else f"no  ({self.reasons.get(name, '')})"))
+        if self.limits:
+            lines.append("  limits:")
+            lines += [f"    {name:12} {how.text()}" for name, how in self.limits.items()]
+        lines += [f"  hint: {line}" for line in self.advice]
+        return "\n".join(lines)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
-from sandbox import datadir
+from sandbox import datadir, leftovers
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class CopyTree:
     @classmethod
     async def prepare(cls, workspace: Path, parent: Path | None = None) -> CopyTree:
         base = parent or datadir.subdir("copies")
-        root = base / f"copy-{uuid.uuid4().hex[:12]}"
+        root = base / private_tree_name("copy")
         return await _set_up(cls(workspace, root), "_copy_in")
 
     def _copy_in(self) -> None:
@@ -369,12 +369,33 @@ class CopyTree:
             raise Conflict("the host file changed since copy-in")
 
     def remove(self) -> None:
-        if self.root.exists():
-            # A jail may leave directories without write permission behind; allow removal.
-            for dirpath, _dirs, _files in os.walk(self.root):
-                with contextlib.suppress(OSError):
-                    os.chmod(dirpath, 0o700)
-            shutil.rmtree(self.root, ignore_errors=True)
+        remove_private_tree(self.root)
+
+
+def private_tree_name(kind: str) -> str:
+    """``<kind>-<pid>-<starttime>-<id>``: ``sandbox gc`` removes it once this executor is gone."""
+    return f"{kind}-{leftovers.owner_tag()}-{uuid.uuid4().hex[:12]}"
+
+
+def remove_private_tree(path: Path) -> str | None:
+    """Remove a private copy or overlay directory; ``None`` when it is gone, else why not.
+
+    An overlay still mounted (its executor was killed) is unmounted first, and nothing is removed
+    below a mount point that stays: ``rmtree`` must never walk into a workspace.
+    """
+    merged = path / "merged"
+    if os.path.ismount(merged) and _run(["umount", str(merged)]) and _run(["umount", "-l", str(merged)]):
+        return "its overlay is still mounted and cannot be unmounted"
+    if not os.path.lexists(path):
+        return None
+    for dirpath, _dirs, _files in os.walk(path):
+        if os.path.ismount(dirpath):
+            return f"{dirpath} is a mount point"
+        # A jail may leave directories without write permission behind; allow removal.
+        with contextlib.suppress(OSError):
+            os.chmod(dirpath, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+    return f"{path} could not be removed" if os.path.lexists(path) else None
 
 
 async def _set_up(tree: _T, step: str) -> _T:
@@ -552,7 +573,7 @@ class OverlayTree(CopyTree):
             raise InvalidArgument(f"overlay mount unavailable: {reason}")
         if any(c in str(workspace) for c in ",:\\"):
             raise InvalidArgument(f"overlay cannot mount a workspace whose path has ',' ':' or '\\': {workspace}")
-        base = (parent or datadir.subdir("copies")) / f"overlay-{uuid.uuid4().hex[:12]}"
+        base = (parent or datadir.subdir("copies")) / private_tree_name("overlay")
         return await _set_up(cls(workspace, base), "_mount")
 
     def _mount(self) -> None:
@@ -611,12 +632,5 @@ class OverlayTree(CopyTree):
             self.host[rel] = Stamp.of(self.workspace / rel)
 
     def remove(self) -> None:
-        if self.mounted:
-            if _run(["umount", str(self.root)]):
-                _run(["umount", "-l", str(self.root)])
-            self.mounted = False
-        if self.base.exists():
-            for dirpath, _dirs, _files in os.walk(self.base):
-                with contextlib.suppress(OSError):
-                    os.chmod(dirpath, 0o700)
-            shutil.rmtree(self.base, ignore_errors=True)
+        self.mounted = False
+        remove_private_tree(self.base)

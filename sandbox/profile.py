@@ -1,7 +1,11 @@
 """Profiles: what a jail may do, loaded from TOML and validated by pydantic.
 
 A profile names a backend, a mount strategy, network, limits, timeouts, the guarantees it
-requires and its policy settings. Errors name the file, the key and the problem.
+requires and its policy settings. Errors name the file, the key and the problem, or the flag
+that set a value (:meth:`Profile.override`). Sizes are binary whatever the spelling, as Docker
+reads them; zero, fractions of a byte and memory below :data:`MIN_MEMORY` are refused. No
+setting, in the file or from a flag, may void a guarantee the profile requires (``net-none``
+with ``network.mode = "host"``): that is refused, never silently weakened.
 """
 
 from __future__ import annotations
@@ -9,12 +13,25 @@ from __future__ import annotations
 import importlib.resources
 import re
 import tomllib
+from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
+from sandbox.backends import environment
 from sandbox.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 BackendName = Literal["auto", "bwrap", "docker", "host"]
@@ -39,13 +56,16 @@ Guarantee = Literal[
     "overlay",
 ]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+MIN_MEMORY = 6 * 2**20  # Docker's own floor; below it no Python, shell or test runner starts anyway
 
 
 def parse_size(value: object) -> int:
-    """``"512MiB"``, ``"1g"``, ``"2 GB"`` or an int of bytes -> bytes."""
-    if isinstance(value, bool):
+    """``"512MiB"``, ``"1g"``, ``"2 GB"`` or an int of bytes -> bytes.
+
+    Every unit is binary, as Docker reads them: ``2g`` = ``2G`` = ``2GB`` = ``2GiB`` = 2**31.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError("a size is a number of bytes or a string like '512MiB'")
     if isinstance(value, int):
         if value < 0:
@@ -53,14 +73,30 @@ def parse_size(value: object) -> int:
         return value
     match = _SIZE.match(str(value))
     if not match:
-        raise ValueError(f"{value!r} is not a size (examples: 4096, '512MiB', '1GB')")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    base = unit[:1]
-    scale = 1024 ** ("kmgt".index(base) + 1) if "i" in unit else _UNITS[base]
-    return int(number * scale)
+        raise ValueError(f"{value!r} is not a size (examples: 4096, '512MiB', '2g', '1GiB')")
+    number = Fraction(match.group(1))
+    scaled = number * 1024 ** ("_kmgt".index((match.group(2) or "_").lower()))
+    if scaled.denominator != 1:
+        raise ValueError(f"{value!r} is a fraction of a byte; give whole bytes (e.g. '1536KiB')")
+    return int(scaled)
+
+
+def _positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError("must be more than 0 bytes")
+    return value
+
+
+def _enough_memory(value: int) -> int:
+    if value < MIN_MEMORY:
+        raise ValueError(f"must be at least {MIN_MEMORY // 2**20}MiB, got {value} bytes")
+    return value
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]
+PositiveSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_positive)]
+MemorySize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_enough_memory)]
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # the schema's sanity cap; each profile sets its own timeouts.max_s
 
 
 class _Model(BaseModel):
@@ -76,27 +112,43 @@ class Network(_Model):
 
 
 class Limits(_Model):
-    memory: Size | None = parse_size("1GiB")
+    memory: MemorySize | None = parse_size("1GiB")
     pids: int | None = Field(256, ge=8)
     cpu_time_s: int | None = Field(300, ge=1)
-    cpus: float | None = Field(None, gt=0)
-    file_size: Size | None = parse_size("1GiB")
-    tmp_size: Size | None = parse_size("256MiB")
+    cpus: float | None = Field(None, ge=0.01)  # Docker's smallest CPU quota
+    file_size: PositiveSize | None = parse_size("1GiB")
+    tmp_size: PositiveSize | None = parse_size("256MiB")
     nofile: int | None = Field(1024, ge=16)
     capture_bytes: Size = Field(parse_size("1MiB"), ge=1024)
 
+    def in_force(self) -> dict[str, int | float | None]:
+        """The limits a call runs under (``None``: not limited), as ``--json`` reports them."""
+        return self.model_dump(exclude={"capture_bytes"})
+
 
 class Timeouts(_Model):
-    default_s: float = Field(60, ge=1, le=300)
-    max_s: float = Field(300, ge=1, le=300)
+    """Wall-clock seconds per call: ``default_s`` unless the caller asks for up to ``max_s``."""
+
+    default_s: float = Field(60, ge=1, le=MAX_TIMEOUT_S)
+    max_s: float = Field(3600, ge=1, le=MAX_TIMEOUT_S)
     kill_grace_s: float = Field(0.5, ge=0, le=10)
 
 
 class Env(_Model):
-    """Names passed through from the caller's environment on top of the built-in allowlist."""
+    """What the jail sees of the caller's environment, beyond the built-in allowlist (LANG, TERM ...).
 
-    allow: tuple[str, ...] = ()
+    ``allow`` is the pass-through list: variables copied from the caller's environment when set
+    (``GIT_AUTHOR_NAME`` ...); ``set`` gives fixed values; ``files`` binds files of the caller's
+    home read-only at the same place in the jail's home (``~/.gitconfig``): a missing one is
+    skipped, a secret refused; ``workspace_path`` lists workspace directories put first on PATH
+    when they exist (``[]`` turns that off). See :mod:`sandbox.backends.environment`.
+    """
+
+    allow: tuple[Annotated[str, AfterValidator(environment.passable_name)], ...] = ()
     set: dict[str, str] = Field(default_factory=dict)
+    files: tuple[Annotated[str, AfterValidator(environment.home_file)], ...] = ()
+    workspace_path: tuple[Annotated[str, AfterValidator(environment.workspace_dir)], ...] = (
+        ".venv/bin", "node_modules/.bin")
 
 
 class Docker(_Model):
@@ -141,6 +193,11 @@ class Profile(_Model):
 
     def with_overrides(self, **changes: Any) -> Profile:
         """A copy with dotted-key overrides (``{"limits.memory": "2GiB"}``), validated again."""
+        return self.override(changes)
+
+    def override(self, changes: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Profile:
+        """``with_overrides`` where ``labels`` names who set a key (``{"limits.pids": "--pids"}``):
+        errors in those values are blamed on the flag, not on the profile's file."""
         data = self.model_dump()
         for key, value in changes.items():
             if value is None:
@@ -150,24 +207,87 @@ class Profile(_Model):
             for part in parents:
                 node = node[part]
             node[leaf] = value
-        return _validate(data, self.source or "<overrides>")
+        given = {key: labels[key] for key in changes if labels and key in labels and changes[key] is not None}
+        return _validate(data, self.source or "<overrides>", given)
 
 
-def _format_error(exc: ValidationError, source: str) -> str:
-    problems = []
+# Which setting would silently void a required guarantee, and the value the guarantee needs there.
+_NEEDED: dict[str, tuple[str, str]] = {
+    "net-none": ("network.mode", "none"),
+    "memory-limit": ("limits.memory", "a limit"),
+    "pids-limit": ("limits.pids", "a limit"),
+    "cpu-limit": ("limits.cpu_time_s", "a limit"),
+    "fsize-limit": ("limits.file_size", "a limit"),
+    "tmp-size-limit": ("limits.tmp_size", "a limit"),
+}
+
+
+def _setting(profile: Profile, key: str) -> Any:
+    node: Any = profile
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _contradiction(profile: Profile) -> tuple[str, str] | None:
+    """The first (guarantee, key) pair where the profile's own settings void what it requires."""
+    for guarantee in profile.requires:
+        if guarantee not in _NEEDED:
+            continue
+        key, needed = _NEEDED[guarantee]
+        value = _setting(profile, key)
+        if (value != needed) if needed != "a limit" else value is None:
+            return guarantee, key
+    return None
+
+
+def _refuse_contradiction(profile: Profile, source: str, labels: Mapping[str, str]) -> None:
+    found = _contradiction(profile)
+    if found is None:
+        return
+    guarantee, key = found
+    from sandbox.guarantees import DESCRIPTIONS
+
+    value = _setting(profile, key)
+    why = f"{guarantee} ({DESCRIPTIONS.get(guarantee, guarantee)}), which profile {profile.name!r} requires"
+    if key in labels:
+        message = f"{labels[key]} {value} contradicts {why}; choose a profile that does not require it"
+    else:
+        message = f"invalid profile {source}: {key} = {value!r} contradicts {why}"
+    raise InvalidArgument(message, guarantee=guarantee, key=key, flag=labels.get(key), profile=profile.name,
+                          file=source)
+
+
+def _problem(err: Any) -> str:
+    msg = str(err["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def _format_error(exc: ValidationError, source: str, labels: Mapping[str, str]) -> str:
+    keyed, flagged = [], []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{key}: {err['msg']}")
-    return f"invalid profile {source}: " + "; ".join(problems)
+        if key in labels:
+            given = f", got {err['input']!r}" if isinstance(err.get("input"), int | float | str) else ""
+            flagged.append(f"{labels[key]}: {_problem(err)}{given} (sets {key})")
+        else:
+            keyed.append(f"{key}: {_problem(err)}")
+    parts = ([f"invalid profile {source}: " + "; ".join(keyed)] if keyed else []) + flagged
+    return "; ".join(parts)
 
 
-def _validate(data: dict[str, Any], source: str) -> Profile:
+def _validate(data: dict[str, Any], source: str, labels: Mapping[str, str] | None = None) -> Profile:
+    labels = labels or {}
     try:
-        return Profile.model_validate({**data, "source": source})
+        profile = Profile.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise InvalidArgument(_format_error(exc, source), file=source,
-                              errors=[{"key": ".".join(map(str, e["loc"])), "problem": e["msg"]}
-                                      for e in exc.errors()]) from exc
+        errors = []
+        for e in exc.errors():
+            key = ".".join(map(str, e["loc"]))
+            errors.append({"key": key, "problem": _problem(e), **({"flag": labels[key]} if key in labels else {})})
+        raise InvalidArgument(_format_error(exc, source, labels), file=source, errors=errors) from exc
+    _refuse_contradiction(profile, source, labels)
+    return profile
 
 
 def load_file(path: Path) -> Profile:

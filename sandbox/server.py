@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,11 +18,11 @@ import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox import __version__
 from sandbox.audit import AuditLog
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver
+from sandbox.protocol import PROTOCOL, initialize_result
 from sandbox.session import Sandbox
 from sandbox.tools.params import REGISTRY
 from sandbox.tools.run import ToolResult
@@ -31,7 +30,6 @@ from sandbox.tools.run import ToolResult
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-PROTOCOL = 1
 MAX_LINE = 64 * 1024 * 1024
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
 Answer = Literal["allow-once", "allow-session", "deny"]
@@ -266,7 +264,7 @@ class Server:
     # -- methods ----------------------------------------------------------------------------------
 
     async def initialize(self, params: InitializeParams) -> dict[str, Any]:
-        return {"server": "sandbox", "version": __version__, "protocol": PROTOCOL, "tools": sorted(REGISTRY)}
+        return initialize_result()
 
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
         sandbox = await Sandbox.create(p.workspace, profile=p.profile or "default", backend=p.backend,
@@ -341,10 +339,12 @@ def _validate(method: str, params: Any) -> BaseModel:
                        InvalidArgument(problems).to_dict()) from exc
 
 
-async def serve(stdin_fd: int = 0, stdout_fd: int = 1) -> int:
+async def serve(stdin_fd: int = 0, stdout_fd: int = 1, pending: bytes = b"") -> int:
+    """Serve until ``shutdown`` or the end of stdin; ``pending`` is input already read from it."""
     writer = Writer(stdout_fd)
     server = Server(writer)
     lines = BufferedByteReceiveStream(FdReceiveStream(stdin_fd))
+    lines.feed_data(pending)
     try:
         async with anyio.create_task_group() as tg:
 
@@ -366,6 +366,5 @@ async def serve(stdin_fd: int = 0, stdout_fd: int = 1) -> int:
     return 0
 
 
-def main() -> int:
-    print("sandbox serve: JSON-RPC 2.0 on stdin/stdout", file=sys.stderr)  # noqa: T201
-    return anyio.run(serve)
+def main(pending: bytes = b"") -> int:
+    return anyio.run(serve, 0, 1, pending)

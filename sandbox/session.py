@@ -140,7 +140,7 @@ class Sandbox:
             return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
         try:
             spec = tool_params.lookup(name)  # 1 capability
-            params = tool_params.validate(name, args)  # 2 parameters
+            params = tool_params.validate(name, args, max_timeout_s=self.profile.timeouts.max_s)  # 2 parameters
         except SandboxError as exc:
             self._audit_rejected(name, args, call_id, turn_id, exc, started)
             return _error(exc)

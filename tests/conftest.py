@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 BACKENDS = ("bwrap", "docker")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``@pytest.mark.root`` tests skip, saying so, when the suite runs as an ordinary user."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (marked root); this run is as an ordinary user")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path_factory.mktemp("data")
@@ -68,9 +78,24 @@ def workspace(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
 
 
 def make_profile(name: str = "default", **overrides: Any) -> profiles.Profile:
-    """A shipped profile with dotted-key overrides and no guarantee requirements of its own."""
+    """A shipped profile with dotted-key overrides and no guarantee requirements of its own.
+
+    (Tests take a profile for its mounts and limits; what it requires is checked where that is
+    the point, and an ordinary user without delegated cgroups cannot get ``untrusted``'s.)
+    """
     prof = profiles.load(name)
-    return prof.with_overrides(**overrides)
+    return prof.with_overrides(**{"requires": (), **overrides})
+
+
+def profile_or_skip(name: str, backend: str = "bwrap") -> profiles.Profile:
+    """A shipped profile whose requirements ``backend`` meets here, else skip naming what is missing
+    (an ordinary user without delegated cgroups has no per-call memory limit for ``untrusted``, ``ci``)."""
+    prof = profiles.load(name)
+    missing = backend_or_skip(backend).probe().missing(prof.requires, prof)
+    if missing:
+        why = "; ".join(f"{key} ({reason})" for key, reason in missing.items())
+        pytest.skip(f"{backend} cannot give profile {name!r} here: {why}")
+    return prof
 
 
 JailFactory = Callable[..., Any]

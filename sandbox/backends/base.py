@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar
 
 import anyio
 
+from sandbox.backends import AUTO_ORDER, BACKENDS
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from pathlib import Path
 
     from anyio.abc import ByteReceiveStream
@@ -27,8 +28,24 @@ if TYPE_CHECKING:
     from sandbox.mounts import ApplyReport, Changeset, CopyTree
     from sandbox.profile import Profile
 
-BACKENDS: tuple[str, ...] = ("bwrap", "docker", "host")
-AUTO_ORDER: tuple[str, ...] = ("bwrap", "docker")  # host is never chosen by auto
+Stdin: TypeAlias = "bytes | ByteReceiveStream | None"
+"""A call's stdin: all of it at once, a stream copied as it arrives, or none (closed from the start)."""
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[..., T], *args: object) -> T:
+    """Run blocking ``fn`` in a worker thread, or inline when no thread can start.
+
+    A fork bomb can leave this user no process to spare, and a thread is one: the work is done
+    anyway (blocking the loop a while) rather than lost to ``can't start new thread``.
+    """
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    except RuntimeError as exc:
+        if "can't start new thread" not in str(exc):
+            raise
+        return fn(*args)
 
 
 class Process(ABC):
@@ -61,7 +78,10 @@ class Process(ABC):
         return None
 
     async def feed_stdin(self) -> None:  # noqa: B027 - only commands spawned with stdin need it
-        """Write the ``stdin`` given to ``spawn`` and close it; run beside the output pumps."""
+        """Write the ``stdin`` given to ``spawn`` and close it; run beside the output pumps.
+
+        A stream is copied as it arrives; the caller cancels this once the command has exited.
+        """
 
     def release(self) -> None:  # noqa: B027 - an optional hook; most backends hold nothing
         """Free what the call held (cgroups, exec ids) once it is over and its tree is dead."""
@@ -86,10 +106,11 @@ class Jail(ABC):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
     ) -> Process:
         """Start ``argv`` inside the jail. ``env`` is added to the scrubbed base; ``stdin`` is fed
-        to the command and then closed (``None``: stdin is closed from the start)."""
+        to the command and then closed (``None``: stdin is closed from the start). A stream is
+        copied through a pipe of ours as it arrives, never handed over: the jail gets no host fd."""
 
     async def changes(self) -> Changeset | None:
         """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
@@ -113,7 +134,7 @@ class Jail(ABC):
                 await self._shutdown()
             finally:
                 if self.tree is not None:
-                    await anyio.to_thread.run_sync(self.tree.remove)
+                    await off_loop(self.tree.remove)
 
     @abstractmethod
     async def _shutdown(self) -> None:
@@ -153,6 +174,16 @@ class Backend(ABC):
                 backend=self.name,
                 profile=profile.name,
                 missing=missing,
+            )
+        refused = report.refused_limits(profile)
+        if refused:  # a limit asked for is enforced or refused, never dropped
+            raise GuaranteeUnavailable(
+                f"backend {self.name} cannot enforce on this host: "
+                + "; ".join(f"{key} = {getattr(profile.limits, key.removeprefix('limits.'))} ({why})"
+                            for key, why in refused.items()),
+                backend=self.name,
+                profile=profile.name,
+                missing=refused,
             )
 
 

@@ -24,10 +24,10 @@ import anyio
 
 from sandbox import datadir
 from sandbox.backends import cgroups, local
-from sandbox.backends.base import Backend
+from sandbox.backends.base import Backend, off_loop
 from sandbox.backends.child import Child
-from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env
-from sandbox.errors import BackendUnavailable, map_errors
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env, bwrap_args
+from sandbox.errors import BackendUnavailable
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, check_workspace, overlay_support
 
@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
     from collections.abc import Mapping, Sequence
 
+    from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
+START_TIMEOUT_S = 30.0
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 MASKED_TREES = ("/etc",)
 
@@ -106,6 +108,7 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
         *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
         "--tmpfs", "/tmp",
         "--dir", SANDBOX_HOME,
+        *bwrap_args(profile),  # env.files: host files, read-only, in the jail's home
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         "--remount-ro", "/",
@@ -123,7 +126,7 @@ class BwrapJail(local.LocalJail):
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
     ) -> local.LocalProcess:
         self._check_spawn(argv)
         group = self._pool.take()
@@ -141,31 +144,57 @@ class BwrapJail(local.LocalJail):
         self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
         group: cgroups.CallCgroup | None, stdin: bool,
     ) -> local.LocalProcess:
-        info_r, info_w = os.pipe()
-        block_r, block_w = os.pipe()
-        env_args = [a for k, v in base_env(self.profile, env).items() for a in ("--setenv", k, v)]
+        with local.starting("cannot start bwrap"):
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+        env_args = [a for k, v in base_env(self.profile, env, workspace=self.workspace).items()
+                    for a in ("--setenv", k, v)]
         cmd = [*self._prefix, "--chdir", cwd or str(self.workspace), "--clearenv", *env_args,
                "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
         try:
-            with map_errors("cannot start bwrap", BackendUnavailable):
+            with local.starting("cannot start bwrap"):
                 proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
+        except BaseException:
+            os.close(info_r)
+            os.close(block_w)
+            raise
         finally:
             os.close(info_w)
             os.close(block_r)
         try:
-            init_pid = await _read_init_pid(info_r, proc)
-            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
-            local.confine(init_pid, self.profile, group)
-            os.write(block_w, b"1")
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                proc.kill()
-                await proc.wait()
-                await proc.aclose()
-            raise
+            return await self._release_held(proc, info_r, block_w, group)
         finally:
             os.close(info_r)
             os.close(block_w)
+
+    async def _release_held(self, proc: Child, info_r: int, block_w: int,
+                            group: cgroups.CallCgroup | None) -> local.LocalProcess:
+        """Confine bwrap's init while it waits on the block fd, then let it run the command.
+
+        Closing the block fd unconfined would let the command run too, outside the call's
+        cgroups and beyond our reach once bwrap itself is killed: so a start is never cancelled
+        half-way (it takes milliseconds), and on any failure the held init is killed first.
+        """
+        child = None
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(START_TIMEOUT_S):
+                init_pid = await _read_init_pid(info_r, proc)
+            # While bwrap waits on the block fd its init cannot exit: its pid is still its own.
+            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
+            local.confine(init_pid, self.profile, group, "bwrap")
+            os.write(block_w, b"1")
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                if child is not None:
+                    child.kill_root()
+                    child.forget_root()
+                proc.kill()
+                await proc.wait()
+                await proc.aclose()
+            if isinstance(exc, TimeoutError):
+                raise BackendUnavailable(f"bwrap did not start the jail within {START_TIMEOUT_S:g} s",
+                                         backend="bwrap") from exc
+            raise
         return child
 
 
@@ -215,9 +244,9 @@ class BwrapBackend(Backend):
         if profile.mount.strategy in ("copy", "overlay"):
             tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(ws)
             source = tree.root
-            if profile.mount.strategy == "copy":
+            if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
-                await anyio.to_thread.run_sync(tree.hand_to, os.geteuid(), os.getegid())
+                await off_loop(tree.hand_to, os.geteuid(), os.getegid())
         return BwrapJail(ws, profile, source, tree, scratch)
 
 
@@ -245,25 +274,35 @@ def _smoke() -> str | None:
     return None
 
 
-@cache
+_probed: list[Report] = []
+
+
 def probe() -> Report:
+    """The bwrap report, cached once a smoke test has run (a host out of processes is asked again)."""
+    if _probed:
+        return _probed[0]
+    report = _probe()
+    if report.details.get("transient") is None:
+        _probed.append(report)
+    return report
+
+
+def _probe() -> Report:
     path = bwrap_path()
     if path is None:
         return Report("bwrap", False, "bubblewrap is not installed (apt-get install bubblewrap)")
     problem = _smoke()
     report = Report("bwrap", problem is None, problem or "")
-    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
-    report.details["version"] = version.stdout.strip()
+    if problem and "Errno 11]" in problem:
+        report.details["transient"] = True
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+        report.details["version"] = version.stdout.strip()
+    except OSError as exc:
+        report.details["version"] = f"unknown ({exc.strerror})"
     for name in _ALWAYS:
         report.grant(name, problem is None, problem or "")
-    for ctrl, guarantee in (("memory", "memory-limit"), ("pids", "pids-limit")):
-        where = cgroups.hierarchies()[ctrl]
-        if isinstance(where, cgroups.Hierarchy):
-            report.grant(guarantee, problem is None, problem or "")
-            report.details[f"cgroup-{ctrl}"] = f"v{where.version} {where.base}"
-        else:
-            report.grant(guarantee, False, where)
-            report.details[f"cgroup-{ctrl}"] = where
+    local.report_limits(report, "bwrap", problem)
     report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
     overlay = overlay_support()
     report.grant("overlay", overlay is None and problem is None, overlay or problem or "")

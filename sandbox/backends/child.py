@@ -54,6 +54,15 @@ class FdReceiveStream(ByteReceiveStream):
         self.close()
 
 
+async def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await anyio.wait_writable(fd)
+
+
 class Child:
     """``subprocess.Popen`` with stdin closed, stdout/stderr as streams and an awaitable exit."""
 
@@ -90,18 +99,20 @@ class Child:
             os.close(self.stdin_fd)
             self.stdin_fd = None
 
-    async def feed(self, data: bytes) -> None:
-        """Write ``data`` to the child's stdin, then close it (EPIPE: the child stopped reading)."""
+    async def feed(self, data: bytes | ByteReceiveStream) -> None:
+        """Write ``data`` (or copy a stream as it arrives) to the child's stdin, then close it.
+
+        EPIPE means the child stopped reading: the rest has nowhere to go, which is no error.
+        """
         fd = self.stdin_fd
         if fd is None:
             return
-        view = memoryview(data)
         try:
-            while view:
-                try:
-                    view = view[os.write(fd, view):]
-                except BlockingIOError:
-                    await anyio.wait_writable(fd)
+            if isinstance(data, bytes):
+                await _write_all(fd, data)
+            else:
+                async for chunk in data:
+                    await _write_all(fd, chunk)
         except BrokenPipeError:
             pass
         finally:

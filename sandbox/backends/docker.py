@@ -57,18 +57,20 @@ from docker.utils.socket import frames_iter
 from sandbox import __version__
 from sandbox.backends import docker_agent
 from sandbox.backends.base import Backend, Jail, Process
-from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, base_env
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env, host_files
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, map_errors
 from sandbox.guarantees import Report
+from sandbox.image import build_command
 from sandbox.mounts import CopyTree, check_workspace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from docker.models.containers import Container
 
+    from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
 T = TypeVar("T")
@@ -89,6 +91,7 @@ BUFFERED_CHUNKS = 64
 AGENT_SOURCE = inspect.getsource(docker_agent)
 AGENT_HEADER = docker_agent.HEADER
 STDIN_CHUNK = 1 << 16
+STDIN_WINDOW = 1 << 20  # stdin bytes in flight to a warm container's agent
 KILL_WAIT_S = 10  # beyond the grace: an agent this late is wedged, and its container is removed
 DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 
@@ -199,7 +202,8 @@ def check_image(client: docker.DockerClient, ref: str) -> None:
         if exc.data.get("status") != 404:
             raise
         raise BackendUnavailable(
-            f"the sandbox image {ref} is not built on this Docker host: run `make image`",
+            f"the sandbox image {ref} is not on this Docker host: run `{build_command(ref)}` "
+            "(`make image` in a checkout)",
             backend="docker", image=ref,
         ) from None
     found = labels.get(IMAGE_VERSION_LABEL)
@@ -207,7 +211,7 @@ def check_image(client: docker.DockerClient, ref: str) -> None:
     if found != __version__ and (found is not None or ref == DEFAULT_IMAGE):
         raise BackendUnavailable(
             f"image {ref} was built for sandbox {found or 'unknown'}, this is {__version__}: "
-            "run `make image` to rebuild it", backend="docker", image=ref, found=found,
+            f"run `{build_command(ref)}` to rebuild it", backend="docker", image=ref, found=found,
             expected=__version__,
         )
 
@@ -248,24 +252,32 @@ def _resources(profile: Profile, agent: bool = False) -> dict[str, Any]:
     return res
 
 
-def _tmpfs(profile: Profile) -> dict[str, str]:
+def _tmpfs(profile: Profile, home_owner: str | None = None) -> dict[str, str]:
     size = f",size={profile.limits.tmp_size}" if profile.limits.tmp_size else ""
-    return {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
+    tmpfs = {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
+    if home_owner is not None:
+        # Docker makes the mount points of host files as root: the home must stay the command user's.
+        uid, gid = _uid_gid(home_owner)
+        tmpfs[SANDBOX_HOME] = f"rw,nosuid,nodev,mode=0755,uid={uid},gid={gid}{size}"
+    return tmpfs
 
 
 def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path,
                      scratch: Path | None = None, agent_user: str | None = None) -> dict[str, Any]:
     """The create() arguments of a jail's container: every confinement knob in one place.
 
-    The Docker socket is never mounted; the only bind is the workspace (or its private copy),
-    at the workspace's own absolute path. With ``agent_user`` the container's only process is
-    the agent (see :mod:`sandbox.backends.docker_agent`), running as that uid with stdin open;
-    without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
+    The Docker socket is never mounted; the binds are the workspace (or its private copy), at
+    the workspace's own absolute path, and the profile's ``env.files``, read-only in the jail's
+    home (which then gets a tmpfs of its own, owned by the command user). With ``agent_user``
+    the container's only process is the agent (see :mod:`sandbox.backends.docker_agent`), running
+    as that uid with stdin open; without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
     """
     ws = str(workspace)
     mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
+    files = host_files(profile)
+    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
     config: dict[str, Any] = {
         "image": image_ref(profile),
         "command": ["sleep", "infinity"],
@@ -277,7 +289,7 @@ def container_config(profile: Profile, jail_id: str, workspace: Path, source: Pa
         "read_only": True,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on
-        "tmpfs": _tmpfs(profile),
+        "tmpfs": _tmpfs(profile, exec_user(profile, workspace) if files else None),
         "mounts": mounts,
         "working_dir": ws,
         "environment": {},
@@ -387,6 +399,25 @@ class _Pump:
             raw.sendall(data)
         with contextlib.suppress(OSError):
             raw.shutdown(socket.SHUT_WR)
+
+    async def stream(self, source: ByteReceiveStream) -> None:
+        """Copy a stream to the call's stdin as it arrives (no thread: MSG_DONTWAIT), then half-close."""
+        raw = _unwrap_socket(self.sock)
+        if raw is None:
+            raise BackendUnavailable("this Docker connection cannot carry stdin", backend="docker")
+        try:
+            async for chunk in source:
+                view = memoryview(chunk)
+                while view:
+                    try:
+                        view = view[raw.send(view, socket.MSG_DONTWAIT):]
+                    except BlockingIOError:
+                        await anyio.wait_writable(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self.stdout.close()
@@ -571,16 +602,23 @@ class DockerProcess(Process):
         self._oom = False
         self._swept = False
         self._killing = False
-        self.stdin_data: bytes | None = None
+        self.stdin_data: Stdin = None
         self.returncode: int | None = None
 
     async def feed_stdin(self) -> None:
-        await _run_sync("cannot write the call's stdin", self._pump.feed, self.stdin_data or b"")
+        if self.stdin_data is None or isinstance(self.stdin_data, bytes):
+            await _run_sync("cannot write the call's stdin", self._pump.feed, self.stdin_data or b"")
+        else:
+            await self._pump.stream(self.stdin_data)
 
     async def wait(self) -> int:
         if self.returncode is not None:
             return self.returncode
         await self._pump.done.wait()
+        if self._killing and self._swept:
+            # We removed its container (timeout, abort): the exec's status went with it.
+            self.returncode = -9
+            return self.returncode
         code = await _run_sync("cannot read the call's exit status", self.runtime.exit_code, self.exec_id)
         if code is None:
             raise BackendUnavailable("the Docker daemon stopped answering during the call",
@@ -656,6 +694,10 @@ class DockerProcess(Process):
 
     def _finish(self) -> None:
         self._on_done(self)
+
+
+async def _in_chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 def _quietly(func: Callable[[], None]) -> None:
@@ -740,7 +782,7 @@ class _AgentLink:
 class AgentProcess(Process):
     """One call in a warm container, started and swept by the agent (see docker_agent)."""
 
-    def __init__(self, jail: DockerJail, runtime: Runtime, link: _AgentLink, stdin: bytes | None) -> None:
+    def __init__(self, jail: DockerJail, runtime: Runtime, link: _AgentLink, stdin: Stdin) -> None:
         self.runtime = runtime
         self._jail = jail
         self._link = link
@@ -759,6 +801,8 @@ class AgentProcess(Process):
         self._draining = False  # killing: output nobody may read any more is dropped, not waited on
         self._blocked: anyio.CancelScope | None = None
         self._released = False
+        self._unacked = 0  # stdin bytes sent that the agent has not yet passed on (or dropped)
+        self._credit = anyio.Event()
         self.returncode: int | None = None
         link.calls[self.id] = self
 
@@ -774,6 +818,8 @@ class AgentProcess(Process):
                 anyio.from_thread.run(self._deliver, self._sends[kind], payload, token=self._token)
             elif kind == b"x":
                 anyio.from_thread.run_sync(self._exit, json.loads(payload), token=self._token)
+            elif kind == b"i":
+                anyio.from_thread.run_sync(self._credited, int(payload), token=self._token)
             elif kind == b"!":
                 self._refused = payload.decode(errors="replace")
                 anyio.from_thread.run_sync(self._end, token=self._token)
@@ -800,18 +846,33 @@ class AgentProcess(Process):
         self._lost = True
         self._end()
 
+    def _credited(self, count: int) -> None:
+        self._unacked -= count
+        self._credit.set()
+        self._credit = anyio.Event()
+
     def _end(self) -> None:
         for send in self._sends.values():
             send.close()
         self._exited.set()
+        self._credit.set()
 
     # -- the Process interface
 
     async def feed_stdin(self) -> None:
-        data = self._stdin or b""
-        for start in range(0, len(data), STDIN_CHUNK):
-            chunk = base64.b64encode(data[start:start + STDIN_CHUNK]).decode()
-            await self._request({"op": "stdin", "id": self.id, "data": chunk})
+        # At most STDIN_WINDOW bytes ride between us and the command: the agent credits what it
+        # passed on, so its buffer stays bounded and a kill request never waits behind stdin.
+        source = self._stdin or b""
+        chunks = _in_chunks(source) if isinstance(source, bytes) else source
+        async for data in chunks:
+            for start in range(0, len(data), STDIN_CHUNK):
+                while self._unacked >= STDIN_WINDOW and not self.finished:
+                    await self._credit.wait()
+                if self.finished:
+                    return
+                piece = data[start:start + STDIN_CHUNK]
+                self._unacked += len(piece)
+                await self._request({"op": "stdin", "id": self.id, "data": base64.b64encode(piece).decode()})
         await self._request({"op": "eof", "id": self.id})
 
     async def _request(self, message: dict[str, Any]) -> None:
@@ -932,7 +993,7 @@ class DockerJail(Jail):
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
     ) -> Process:
         if self._closed:
             raise InvalidArgument("the jail is closed", jail=self.id)
@@ -956,10 +1017,11 @@ class DockerJail(Jail):
         return proc
 
     async def _run_in_agent(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                            stdin: bytes | None) -> AgentProcess:
+                            stdin: Stdin) -> AgentProcess:
         runtime, link = await self._ready_agent()
         proc = AgentProcess(self, runtime, link, stdin)
-        request = {"op": "run", "id": proc.id, "argv": list(argv), "env": base_env(self.profile, env),
+        request = {"op": "run", "id": proc.id, "argv": list(argv),
+                   "env": base_env(self.profile, env, workspace=self.workspace),
                    "cwd": cwd or str(self.workspace), "stdin": stdin is not None}
         try:
             await _run_sync("cannot start the command in the container", link.send, request)
@@ -1029,11 +1091,11 @@ class DockerJail(Jail):
             self._slot.release()
 
     async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
-                    cwd: str | None, stdin: bytes | None) -> DockerProcess:
+                    cwd: str | None, stdin: Stdin) -> DockerProcess:
         cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
         exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
-                                        cmd, base_env(self.profile, env), cwd or str(self.workspace),
-                                        stdin is not None)
+                                        cmd, base_env(self.profile, env, workspace=self.workspace),
+                                        cwd or str(self.workspace), stdin is not None)
         proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done)
         proc.stdin_data = stdin
         self._live.add(proc)
@@ -1108,6 +1170,7 @@ class DockerBackend(Backend):
             raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
         user = exec_user(profile, ws)
         _uid_gid(user)
+        host_files(profile)  # a refused env.files entry fails here, before a client or a copy exists
         client = await anyio.to_thread.run_sync(connect)
         try:
             await anyio.to_thread.run_sync(check_image, client, image_ref(profile))

@@ -15,7 +15,9 @@ so the image needs nothing of ours. It runs as PID 1 of the container and as the
 Requests are JSON lines on stdin: ``{"op": "run", "id", "argv", "env", "cwd", "stdin"}``,
 ``{"op": "stdin", "id", "data": <base64>}``, ``{"op": "eof", "id"}``, ``{"op": "kill", "id",
 "grace"}``. Replies on stdout are binary frames (``HEADER`` then the payload): ``o``/``e`` carry
-the command's stdout/stderr as it arrives; ``x`` (JSON ``{"code", "oom"}``) comes once the
+the command's stdout/stderr as it arrives; ``i`` (a decimal count) credits stdin bytes passed on
+to the command, or dropped because it stopped reading, so the executor keeps only a window of
+stdin in flight and this buffer stays bounded; ``x`` (JSON ``{"code", "oom"}``) comes once the
 command exited *and* nothing of the uid is left; ``!`` is a refused request. One call at a
 time; end of stdin (the executor detached or died) kills everything and ends the container.
 """
@@ -154,8 +156,12 @@ class Agent:
         elif call is None:
             return  # a late message for a call that is over
         elif op == "stdin":
-            call.stdin += base64.b64decode(msg["data"])
-            self.want_stdin(call)
+            data = base64.b64decode(msg["data"])
+            if call.proc.stdin is None or call.proc.stdin.closed:
+                self.credit(call, len(data))  # nowhere to go any more: the sender may go on
+            else:
+                call.stdin += data
+                self.want_stdin(call)
         elif op == "eof":
             call.stdin_eof = True
             self.want_stdin(call)
@@ -219,9 +225,15 @@ class Agent:
         except BlockingIOError:
             return
         except OSError:  # the command closed its stdin: the rest has nowhere to go
+            sent = len(call.stdin)
             call.stdin.clear()
             call.stdin_eof = True
+        self.credit(call, sent)
         self.want_stdin(call)
+
+    def credit(self, call: Call, count: int) -> None:
+        if count:
+            self.emit(b"i", call.id, str(count).encode())
 
     def read_pipe(self, fd: int) -> None:
         try:

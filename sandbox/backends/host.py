@@ -14,7 +14,7 @@ from sandbox.backends import cgroups, local
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, map_errors
+from sandbox.errors import GuaranteeUnavailable
 from sandbox.guarantees import Report
 from sandbox.mounts import check_workspace
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+    from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
 
@@ -36,18 +37,24 @@ class HostJail(local.LocalJail):
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
     ) -> local.LocalProcess:
         self._check_spawn(argv)
         group = self._pool.take()
         try:
-            with map_errors("cannot start the command", BackendUnavailable):
+            with local.starting("cannot start the command"):
                 proc = Child(["/bin/sh", "-c", _HOLD, "sandbox-host", *argv], stdin=True, new_session=True,
                              cwd=cwd or str(self.workspace),
                              env=base_env(self.profile, env) | {"HOME": str(self.workspace)})
-            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
-            local.confine(proc.pid, self.profile, group)
-            proc.release_hold(b"go\n", keep_open=stdin is not None)
+            try:
+                child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
+                local.confine(proc.pid, self.profile, group, "host")
+                proc.release_hold(b"go\n", keep_open=stdin is not None)
+            except BaseException:
+                proc.kill()  # still held in `read`: it has started nothing
+                proc.popen.wait()
+                proc.close()
+                raise
         except BaseException:
             if group:
                 self._pool.give_back(group)
@@ -88,9 +95,7 @@ def probe() -> Report:
     pids = cgroups.hierarchies()["pids"]
     report.grant("tree-kill", isinstance(pids, cgroups.Hierarchy),
                  "without a pids cgroup, double-forked processes can escape the kill" if isinstance(pids, str) else "")
-    for ctrl, name in (("memory", "memory-limit"), ("pids", "pids-limit")):
-        where = cgroups.hierarchies()[ctrl]
-        report.grant(name, isinstance(where, cgroups.Hierarchy), where if isinstance(where, str) else "")
+    local.report_limits(report, "host", None)
     return report
 
 

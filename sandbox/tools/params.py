@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from sandbox.errors import InvalidArgument, ToolDenied
+from sandbox.profile import MAX_TIMEOUT_S
+
+DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
 
 Risk = Literal["read", "write", "execute"]
 
@@ -25,8 +28,17 @@ class _Params(BaseModel):
 
 class BashParams(_Params):
     command: str = Field(min_length=1, max_length=100_000)
-    timeout: float = Field(60, ge=1, le=300)
+    timeout: float = Field(60, ge=1, le=MAX_TIMEOUT_S)
     description: str | None = Field(None, max_length=500)
+
+    @field_validator("timeout")
+    @classmethod
+    def _within_the_profiles_ceiling(cls, value: float, info: ValidationInfo) -> float:
+        # The session passes its profile's timeouts.max_s; without one, the historical 300 s.
+        ceiling = float((info.context or {}).get("max_timeout_s", DEFAULT_MAX_TIMEOUT_S))
+        if value > ceiling:
+            raise ValueError(f"must be at most {ceiling:g} seconds (the profile's timeouts.max_s)")
+        return value
 
 
 class ReadParams(_Params):
@@ -131,13 +143,18 @@ def _problems(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
-def validate(name: str, args: Mapping[str, Any]) -> BaseModel:
-    """Boundary 2: the validated arguments are the only thing the policy and the tool ever read."""
+def validate(name: str, args: Mapping[str, Any], *, max_timeout_s: float | None = None) -> BaseModel:
+    """Boundary 2: the validated arguments are the only thing the policy and the tool ever read.
+
+    ``max_timeout_s`` is the session's profile's ``timeouts.max_s``: a Bash timeout above it is
+    refused here, before the policy or the user is asked about a call that could not run.
+    """
     spec = lookup(name)
     if not isinstance(args, Mapping):
         raise InvalidArgument(f"{name}: arguments must be a JSON object", tool=name)
+    context = None if max_timeout_s is None else {"max_timeout_s": max_timeout_s}
     try:
-        return spec.params.model_validate(dict(args))
+        return spec.params.model_validate(dict(args), context=context)
     except ValidationError as exc:
         problems = _problems(exc)
         text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)

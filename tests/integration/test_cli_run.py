@@ -21,8 +21,10 @@ def _need_bwrap() -> None:
     backend_or_skip("bwrap")
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SANDBOX, "run", *args], capture_output=True, text=True, cwd=cwd,
+def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    # stdin=DEVNULL unless given: the pytest process's own stdin must not leak into the command.
+    return subprocess.run([SANDBOX, "run", *args], capture_output=True, text=True, cwd=cwd, input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None,
                           timeout=120, env=os.environ.copy(), check=False)
 
 
@@ -74,8 +76,8 @@ def test_copy_mount_with_apply_changes_host(workspace: Path) -> None:
     ("args", "needle"),
     [
         (["--backend", "nope"], "unknown backend"),
-        (["--timeout", "0"], "timeout must be between 1 and 300"),
-        (["--timeout", "301"], "timeout must be between 1 and 300"),
+        (["--timeout", "0"], "timeout must be between 1 and 3600"),
+        (["--timeout", "3601"], "timeout must be between 1 and 3600"),
         (["--workspace", "/does/not/exist"], "does not exist"),
         (["--mount", "sideways"], "mount.strategy"),
         (["--profile", "no-such-profile"], "unknown profile"),
@@ -171,3 +173,149 @@ def test_docker_daemon_unreachable_exits_125(workspace: Path, monkeypatch: pytes
     done = run("--backend", "docker", "--json", "--workspace", str(workspace), "--", "true")
     assert done.returncode == 125
     assert json.loads(done.stdout)["error"]["code"] == "BACKEND_UNAVAILABLE"
+
+
+# -- issue 9, item 4: flags never override a profile's requirements -------------------------------
+
+
+def test_a_flag_contradicting_a_required_guarantee_is_refused(workspace: Path) -> None:
+    done = run("--profile", "untrusted", "--network", "host", "--json", "--workspace", str(workspace), "--",
+               "true")
+    assert done.returncode == 125
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "net-none" in done.stderr and "--network host" in done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["data"]["guarantee"]) == ("INVALID_ARGUMENT", "net-none")
+
+
+def test_json_reports_the_network_and_every_limit_in_force(workspace: Path) -> None:
+    done = run("--profile", "untrusted", "--memory", "256MiB", "--json", "--workspace", str(workspace), "--",
+               "true")
+    out = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert out["network"] == "none"
+    assert out["limits"] == {"memory": 256 * 2**20, "pids": 128, "cpus": None, "cpu_time_s": 1800,
+                             "file_size": 256 * 2**20, "tmp_size": 128 * 2**20, "nofile": 1024}
+    assert out["timeout_s"] == 30
+
+
+# -- item 5: a Unix tool ------------------------------------------------------------------------------
+
+
+def test_stdin_is_forwarded(cli_backend: str, workspace: Path) -> None:
+    done = run("--backend", cli_backend, "--workspace", str(workspace), "--", "cat", stdin="hi\nthere\n")
+    assert (done.returncode, done.stdout) == (0, "hi\nthere\n"), done.stderr
+
+
+def test_stdin_streams_and_is_never_read_whole_first(cli_backend: str, workspace: Path) -> None:
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        assert yes.stdout is not None
+        done = subprocess.run([SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--",
+                               "head", "-1"], stdin=yes.stdout, capture_output=True, text=True, timeout=60,
+                              check=False)
+    finally:
+        yes.kill()
+        yes.wait()
+        if yes.stdout is not None:
+            yes.stdout.close()
+    assert (done.returncode, done.stdout) == (0, "y\n"), done.stderr
+
+
+def test_a_closed_stdout_ends_the_call_like_sigpipe(cli_backend: str, workspace: Path) -> None:
+    proc = subprocess.Popen([SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--",
+                             "yes"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"y\n"
+    proc.stdout.close()  # what `| head -1` does once it has its line
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert code == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_command_not_found_exits_127_with_one_line(cli_backend: str, workspace: Path) -> None:
+    done = run("--backend", cli_backend, "--workspace", str(workspace), "--", "no-such-command-x", "arg")
+    assert done.returncode == 127
+    assert len(done.stderr.strip().splitlines()) == 1 and "no-such-command-x" in done.stderr
+    missing = run("--backend", cli_backend, "--workspace", str(workspace), "--", "./nope/tool")
+    assert missing.returncode == 127 and "./nope/tool" in missing.stderr
+
+
+def test_command_that_cannot_be_executed_exits_126(cli_backend: str, workspace: Path) -> None:
+    script = workspace / "plain.sh"
+    script.write_text("echo hi\n")
+    if cli_backend == "docker" and os.geteuid() == 0:
+        os.chown(script, 1000, 1000)
+    for target in ("./plain.sh", "./src"):
+        done = run("--backend", cli_backend, "--workspace", str(workspace), "--", target)
+        assert done.returncode == 126, (target, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and target in done.stderr
+
+
+def test_a_command_linking_into_a_hidden_part_of_the_host_says_so(cli_backend: str, workspace: Path,
+                                                                 tmp_path: Path) -> None:
+    # A venv whose python links outside the workspace, into a directory the jail does not show.
+    hidden = tmp_path / "hidden-pyenv" / "bin"
+    hidden.mkdir(parents=True)
+    (hidden / "python3").symlink_to("/bin/true")
+    (workspace / "venv-bin").mkdir()
+    (workspace / "venv-bin" / "python").symlink_to(hidden / "python3")
+    done = run("--backend", cli_backend, "--workspace", str(workspace), "--", "venv-bin/python", "-V")
+    assert done.returncode == 127
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "venv-bin/python" in lines[0]
+    assert str(hidden / "python3") in lines[0] and "does not show" in lines[0]
+
+
+def test_the_commands_own_127_is_not_rewritten(workspace: Path) -> None:
+    done = run("--workspace", str(workspace), "--", "sh", "-c", "echo mine >&2; exit 127")
+    assert (done.returncode, done.stderr) == (127, "mine\n")
+
+
+# -- item 6: limits and sizes say what they mean ------------------------------------------------------
+
+
+def test_sizes_are_binary(workspace: Path) -> None:
+    done = run("--memory", "2G", "--json", "--workspace", str(workspace), "--", "true")
+    assert json.loads(done.stdout)["limits"]["memory"] == 2 * 2**30
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--memory", "0"), ("--memory", "0.1"), ("--memory", "1k"),
+                                             ("--pids", "3"), ("--pids", "0")])
+def test_nonsense_limits_are_refused_naming_the_flag(workspace: Path, flag: str, value: str) -> None:
+    done = run(flag, value, "--workspace", str(workspace), "--", "true")
+    assert done.returncode == 125
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert f"{flag}:" in done.stderr and ".toml" not in done.stderr
+
+
+@pytest.mark.parametrize(("profile", "timeout"), [("ci", "400"), ("untrusted", "600")])
+def test_profiles_allow_timeouts_beyond_five_minutes(workspace: Path, profile: str, timeout: str) -> None:
+    done = run("--profile", profile, "--timeout", timeout, "--json", "--workspace", str(workspace), "--", "true")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["timeout_s"] == float(timeout)
+
+
+def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path) -> None:
+    import pty
+
+    parent, child = pty.openpty()
+    try:
+        done = subprocess.run([SANDBOX, "run", "--workspace", str(workspace), "--", "cat"], stdin=child,
+                              capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        os.close(parent)
+        os.close(child)
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_large_stdin_arrives_whole_and_an_unread_one_does_not_hold_the_call(cli_backend: str,
+                                                                          workspace: Path) -> None:
+    data = os.urandom(3 * 2**20 + 17)
+    common = [SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--"]
+    counted = subprocess.run([*common, "wc", "-c"], input=data, capture_output=True, timeout=120, check=False)
+    assert (counted.returncode, counted.stdout.strip()) == (0, str(len(data)).encode()), counted.stderr
+    ignored = subprocess.run([*common, "true"], input=data, capture_output=True, timeout=120, check=False)
+    assert ignored.returncode == 0, ignored.stderr

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from sandbox.profile import MAX_TIMEOUT_S
 from tests.conftest import backend_or_skip, survivors
 
 if TYPE_CHECKING:
@@ -171,7 +172,8 @@ def test_schema_is_generated_from_the_models() -> None:
     out = subprocess.run([SANDBOX, "serve", "--schema"], capture_output=True, text=True, check=True)
     schema = json.loads(out.stdout)
     assert {"tool.call", "session.open", "snapshot.rollback"} <= set(schema["requests"])
-    assert schema["tools"]["Bash"]["properties"]["timeout"]["maximum"] == 300
+    # The schema's cap; each session's profile (timeouts.max_s) sets the ceiling a call may use.
+    assert schema["tools"]["Bash"]["properties"]["timeout"]["maximum"] == MAX_TIMEOUT_S
 
 
 def test_committed_schema_is_current() -> None:

@@ -21,13 +21,14 @@ def test_shipped_profiles_validate(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(4096, 4096), ("512MiB", 512 * 2**20), ("1g", 10**9), ("2 GiB", 2 * 2**30), ("1.5KiB", 1536), ("10", 10)],
+    [(4096, 4096), ("512MiB", 512 * 2**20), ("1g", 2**30), ("2 GiB", 2 * 2**30), ("1.5KiB", 1536), ("10", 10),
+     ("2G", 2**31), ("2g", 2**31), ("2GiB", 2**31), ("2GB", 2**31), ("1k", 1024), ("3m", 3 * 2**20)],
 )
 def test_sizes(text: object, expected: int) -> None:
     assert profiles.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["lots", "-1", "1 XB", True, -5])
+@pytest.mark.parametrize("bad", ["lots", "-1", "1 XB", True, -5, "0.1", "1.3k", 1.5])
 def test_bad_sizes(bad: object) -> None:
     with pytest.raises(ValueError):
         profiles.parse_size(bad)
@@ -69,3 +70,73 @@ def test_overrides_are_validated() -> None:
     assert prof.limits.memory == 64 * 2**20 and prof.mount.strategy == "copy"
     with pytest.raises(InvalidArgument, match="mount.strategy"):
         profiles.load("default").with_overrides(**{"mount.strategy": "sideways"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [("limits.memory", 0, "limits.memory"), ("limits.memory", "0", "limits.memory"),
+     ("limits.memory", "1k", "at least"), ("limits.memory", "0.1", "fraction"),
+     ("limits.file_size", 0, "limits.file_size"), ("limits.tmp_size", "0", "limits.tmp_size"),
+     ("limits.pids", 3, "limits.pids"), ("limits.cpus", 0.001, "limits.cpus")],
+)
+def test_nonsense_limits_in_a_file_name_the_key_and_the_file(tmp_path: Path, key: str, value: object,
+                                                            needle: str) -> None:
+    section, leaf = key.split(".")
+    path = tmp_path / "p.toml"
+    path.write_text(f"[{section}]\n{leaf} = {value!r}\n".replace("'", '"'))
+    with pytest.raises(InvalidArgument) as info:
+        profiles.load(str(path))
+    assert str(path) in info.value.message and key in info.value.message and needle in info.value.message
+
+
+def test_overrides_name_the_flag_not_the_profile_file() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        profiles.load("default").override({"limits.pids": 3}, {"limits.pids": "--pids"})
+    assert info.value.message.startswith("--pids: ")
+    assert "default.toml" not in info.value.message
+    assert info.value.data["errors"][0]["flag"] == "--pids"
+
+
+def test_an_override_cannot_contradict_a_required_guarantee() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        profiles.load("untrusted").override({"network.mode": "host"}, {"network.mode": "--network"})
+    message = info.value.message
+    assert "--network host" in message and "net-none" in message and "untrusted" in message
+    assert info.value.data["guarantee"] == "net-none"
+
+
+def test_a_profile_file_cannot_contradict_its_own_requirements(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('requires = ["net-none"]\n[network]\nmode = "host"\n')
+    with pytest.raises(InvalidArgument, match="network.mode"):
+        profiles.load(str(path))
+
+
+@pytest.mark.parametrize(("name", "at_least"), [("ci", 6 * 3600), ("untrusted", 600), ("default", 600)])
+def test_profiles_allow_long_suites(name: str, at_least: float) -> None:
+    prof = profiles.load(name)
+    assert prof.timeouts.max_s >= at_least
+    assert (prof.limits.cpu_time_s or at_least) >= min(at_least, prof.timeouts.max_s)
+
+
+def test_untrusted_keeps_a_short_default() -> None:
+    assert profiles.load("untrusted").timeouts.default_s == 30
+
+
+def test_bash_timeout_follows_the_profile_not_a_fixed_300() -> None:
+    from sandbox.tools.params import validate
+
+    ci = profiles.load("ci").timeouts.max_s
+    assert validate("Bash", {"command": "true"}, max_timeout_s=ci).timeout == 60  # type: ignore[attr-defined]
+    assert validate("Bash", {"command": "x", "timeout": ci}, max_timeout_s=ci).timeout == ci  # type: ignore[attr-defined]
+    with pytest.raises(InvalidArgument, match="timeout"):
+        validate("Bash", {"command": "x", "timeout": ci + 1}, max_timeout_s=ci)
+
+
+def test_the_timeout_ceiling_is_the_profiles() -> None:
+    from sandbox import exec as executor
+
+    assert executor.check_timeout(5000, profiles.load("ci")) == 5000
+    untrusted = profiles.load("untrusted")
+    with pytest.raises(InvalidArgument, match="timeouts.max_s"):
+        executor.check_timeout(untrusted.timeouts.max_s + 1, untrusted)

@@ -1,0 +1,170 @@
+"""What a dead executor left behind, and the sweep that removes it (``sandbox gc``).
+
+An executor killed with SIGKILL (or a host that crashed) cannot clean up: its calls' cgroups,
+its private copies and overlays in the data directory and its sessions' scratch directories
+stay. Each of them therefore names its owner: cgroups and copies in their name,
+``<kind>-<pid>-<starttime>-<id>``; a scratch directory, whose name is its session's, in a
+``<name>.owner`` file beside it. ``starttime`` is the kernel's start time of the process (in
+clock ticks since boot), so a pid reused by another process never passes for the owner.
+:func:`sweep` removes only what belongs to an executor that is no longer running; a live
+executor's entries are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+OWNED = re.compile(r"^(?P<kind>call|copy|overlay)-(?P<pid>\d+)-(?P<start>\d+)-(?P<id>[0-9a-f]+)$")
+LEGACY_CGROUP = re.compile(r"^call-[0-9a-f]{12}$")  # 0.1's names, which carry no owner
+RMDIR_WAIT_S = 5.0
+
+_tags: dict[int, str] = {}
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19])
+
+
+def owner_tag() -> str:
+    """``<pid>-<starttime>`` of this process (recomputed after a fork)."""
+    pid = os.getpid()
+    if pid not in _tags:
+        _tags[pid] = f"{pid}-{start_time(pid)}"
+    return _tags[pid]
+
+
+def owner_alive(pid: int, start: int) -> bool:
+    return start_time(pid) == start
+
+
+def _dead_owner(name: str) -> bool:
+    match = OWNED.match(name)
+    return match is not None and not owner_alive(int(match["pid"]), int(match["start"]))
+
+
+def claim(path: Path) -> None:
+    """Record this executor as the owner of ``path`` (a directory named by its user, e.g. a scratch dir)."""
+    path.with_name(path.name + ".owner").write_text(owner_tag() + "\n")
+
+
+def release(path: Path) -> None:
+    """Forget the claim on ``path`` once it is removed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.with_name(path.name + ".owner").unlink()
+
+
+@dataclass
+class Swept:
+    cgroups: list[str] = field(default_factory=list)
+    copies: list[str] = field(default_factory=list)
+    scratch: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # a dead executor's, but could not be removed (why)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cgroups": self.cgroups, "copies": self.copies, "scratch": self.scratch, "kept": self.kept}
+
+    @property
+    def count(self) -> int:
+        return len(self.cgroups) + len(self.copies) + len(self.scratch)
+
+
+def sweep(*, legacy_cgroups: bool = False) -> Swept:
+    """Remove what executors that are no longer running left behind.
+
+    ``legacy_cgroups`` also removes empty cgroups named by 0.1 (``call-<12 hex>``), whose owner
+    cannot be told: only when the caller knows no 0.1 executor still runs.
+    """
+    swept = Swept()
+    _sweep_cgroups(swept, legacy_cgroups)
+    _sweep_copies(swept)
+    _sweep_scratch(swept)
+    return swept
+
+
+def _sweep_cgroups(swept: Swept, legacy: bool) -> None:
+    from sandbox.backends import cgroups
+
+    bases = {h.base for h in cgroups.hierarchies().values() if isinstance(h, cgroups.Hierarchy)}
+    for base in sorted(bases):
+        with contextlib.suppress(OSError):
+            for entry in sorted(base.iterdir()):
+                if entry.is_dir() and (_dead_owner(entry.name) or legacy and LEGACY_CGROUP.match(entry.name)):
+                    _remove_cgroup(entry, swept)
+
+
+def _remove_cgroup(path: Path, swept: Swept) -> None:
+    """Kill what still runs in a dead executor's cgroup, then remove it (retrying EBUSY meanwhile)."""
+    deadline = time.monotonic() + RMDIR_WAIT_S
+    while True:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                swept.kept.append(f"{path}: {exc.strerror}")
+                return
+            _kill_members(path)
+            time.sleep(0.01)
+            continue
+        swept.cgroups.append(str(path))
+        return
+
+
+def _kill_members(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    with contextlib.suppress(OSError):
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _sweep_copies(swept: Swept) -> None:
+    from sandbox import datadir, mounts
+
+    root = datadir.data_dir() / "copies"
+    with contextlib.suppress(OSError):
+        for entry in sorted(root.iterdir()):
+            if not _dead_owner(entry.name):
+                continue
+            problem = mounts.remove_private_tree(entry)
+            if problem:
+                swept.kept.append(f"{entry}: {problem}")
+            else:
+                swept.copies.append(str(entry))
+
+
+def _sweep_scratch(swept: Swept) -> None:
+    from sandbox import datadir, mounts
+
+    root = datadir.data_dir() / "scratch"
+    with contextlib.suppress(OSError):
+        for marker in sorted(root.glob("*.owner")):
+            pid, _, start = marker.read_text().strip().partition("-")
+            if not (pid.isdigit() and start.isdigit()) or owner_alive(int(pid), int(start)):
+                continue
+            target = marker.with_name(marker.name.removesuffix(".owner"))
+            problem = mounts.remove_private_tree(target)
+            if problem:
+                swept.kept.append(f"{target}: {problem}")
+                continue
+            marker.unlink()
+            swept.scratch.append(str(target))

@@ -1,0 +1,57 @@
+"""``sandbox policy test --json``: every outcome, refusals included, is one JSON object on stdout."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox import cli
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def _policy_test(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    code = cli.main(["policy", "test", "--json", "--workspace", str(tmp_path), *args])
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) >= 1
+    return code, json.loads(out)
+
+
+def test_a_decision_carries_no_error_code(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out = _policy_test(capsys, tmp_path, "--", "ls")
+    assert code == 0
+    assert out["decision"] in ("allow", "confirm", "deny") and out["error_code"] is None and out["reason"]
+
+
+@pytest.mark.parametrize(
+    ("args", "decision", "error_code"),
+    [
+        (["--tool", "Nope", "--args", "{}"], "deny", "TOOL_DENIED"),
+        (["--tool", "Read", "--args", '{"bogus": 1}'], "deny", "INVALID_ARGUMENT"),
+        (["--tool", "Read", "--args", "[1]"], "deny", "INVALID_ARGUMENT"),
+        (["--tool", "Read", "--args", "{not json"], "deny", "INVALID_ARGUMENT"),
+        ([], None, "INVALID_ARGUMENT"),
+        (["--tool", "Read"], None, "INVALID_ARGUMENT"),
+    ],
+)
+def test_refusals_are_one_json_object(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str],
+                                      decision: str | None, error_code: str) -> None:
+    code, out = _policy_test(capsys, tmp_path, *args)
+    assert code == 2
+    assert (out["decision"], out["error_code"]) == (decision, error_code)
+    assert out["reason"]
+
+
+def test_a_bad_workspace_is_one_json_object(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = cli.main(["policy", "test", "--json", "--workspace", str(tmp_path / "missing"), "--", "ls"])
+    out = json.loads(capsys.readouterr().out)
+    assert (code, out["decision"], out["error_code"]) == (2, None, "INVALID_ARGUMENT")
+
+
+def test_bad_usage_with_json_is_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["policy", "test", "--json", "--mode", "sideways", "--", "ls"])
+    out = json.loads(capsys.readouterr().out)
+    assert (code, out["decision"], out["error_code"]) == (2, None, "INVALID_ARGUMENT")
