@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# bubblewrap is the embedded default backend; install it when missing (we may be root).
+# bubblewrap is the embedded default; Debian's python3-venv makes the venvs the installed-wheel,
+# ordinary-user and README tests build with /usr/bin/python3 (an interpreter the jail can see).
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) bubblewrap; \
-	  else echo "bubblewrap is missing: sudo apt-get install bubblewrap" >&2; exit 1; fi; }
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
+	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
+	  [ -z "$$missing" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) $$missing; \
+	  else echo "missing: sudo apt-get install$$missing" >&2; exit 1; fi; }
 
 setup: $(STAMP) system-deps
 
@@ -70,7 +73,12 @@ test-pi: setup node-deps
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup
+# The start-up benchmark installs srt and Codex from npm into bench/.peers; srt needs socat and rg.
+bench: setup node-deps
+	@command -v socat >/dev/null && command -v rg >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) socat ripgrep; \
+	  else echo "srt needs socat and ripgrep: sudo apt-get install socat ripgrep" >&2; fi; }
+	-@bash images/dockerd-up.sh
 	$(BIN)/python bench/run.py
 
 # Compare mount strategies on a sample workload (this repo's tracked sources, byte-compiled) under

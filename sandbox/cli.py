@@ -149,7 +149,7 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
     finally:
         out.close()
         err.close()
-    return _report(args, prof, result, changes, applied, received)
+    return _report(args, prof, result, changes, applied, received, backend.probe().limits_in_force(prof))
 
 
 async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
@@ -162,7 +162,7 @@ async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
 
 
 def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.ExecResult,
-            changes: Any, applied: Any, received: list[int]) -> int:
+            changes: Any, applied: Any, received: list[int], enforced: dict[str, Any]) -> int:
     if signal.SIGPIPE in received:
         code = EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
     elif result.timed_out:
@@ -177,6 +177,7 @@ def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.E
             "profile": prof.name,
             "network": prof.network.mode,
             "limits": prof.limits.in_force(),
+            "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
             "timeout_s": args.timeout_s,
             "changes": changes.to_list() if changes is not None else None,
             "applied": applied.to_dict() if applied is not None else None,
@@ -211,23 +212,19 @@ def _review(result: executor.ExecResult, changes: Any, applied: Any, apply: bool
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sandbox.backends import base
+    from sandbox.guarantees import Report
 
-    names = [args.backend] if args.backend else list(BACKENDS)
-    reports = []
-    for name in names:
+    reports: list[Report] = []
+    for name in [args.backend] if args.backend else BACKENDS:
         try:
-            reports.append(base.get(name).probe().to_dict())
+            reports.append(base.get(name).probe())
         except SandboxError as exc:
-            reports.append({"backend": name, "available": False, "reason": exc.message, "guarantees": {}})
+            reports.append(Report(name, False, exc.message))
     if args.json:
-        _emit({"backends": reports})
+        _emit({"backends": [r.to_dict() for r in reports]})
         return 0
     for rep in reports:
-        state = "available" if rep["available"] else f"unavailable: {rep['reason']}"
-        print(f"{rep['backend']}: {state}")
-        for name, info in rep["guarantees"].items():
-            mark = "yes" if info["ok"] else f"no  ({info.get('why_not', '')})"
-            print(f"  {name:18} {mark}")
+        print(rep.to_text())
     return 0
 
 
@@ -253,13 +250,28 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sandbox.backends import docker as docker_backend
+    """What crashed executors left: call cgroups, private copies, scratch dirs, then containers."""
+    from sandbox import leftovers
+    from sandbox.backends import base
 
-    removed = docker_backend.gc(all=args.all)
+    swept = leftovers.sweep(legacy_cgroups=args.all)
+    for path in (*swept.cgroups, *swept.copies, *swept.scratch):
+        print(path)
+    for line in swept.kept:
+        _say(f"kept {line}")
+    removed: list[str] = []
+    try:
+        base.get("docker")  # BackendUnavailable when the docker extra is not installed
+        from sandbox.backends import docker as docker_backend
+
+        removed = docker_backend.gc(all=args.all)
+    except SandboxError as exc:  # no Docker here: the local sweep still stands
+        _say(f"docker: {exc.message}")
     for name in removed:
         print(name)
-    _say(f"removed {len(removed)} container(s)")
-    return 0
+    _say(f"removed {len(swept.cgroups)} cgroup(s), {len(swept.copies)} private copies, "
+         f"{len(swept.scratch)} scratch dir(s), {len(removed)} container(s)")
+    return 1 if swept.kept else 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -281,8 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profiles", help="list the shipped profiles and what they guarantee")
     prof.add_argument("--json", action="store_true")
     prof.set_defaults(func=cmd_profiles)
-    gc = sub.add_parser("gc", help="remove containers left behind by a crashed executor")
-    gc.add_argument("--all", action="store_true", help="also containers of live executors")
+    gc = sub.add_parser(
+        "gc", help="remove what crashed executors left: cgroups, private copies, scratch dirs, containers")
+    gc.add_argument("--all", action="store_true",
+                    help="also containers of live executors, and call cgroups of the old unowned naming")
     gc.set_defaults(func=cmd_gc)
     for module in (cli_policy, cli_tools, cli_compare, cli_image):
         module.register(sub)

@@ -46,7 +46,7 @@ import anyio.to_thread
 from sandbox import __version__
 from sandbox import exec as executor
 from sandbox import profile as profiles
-from sandbox.backends import DEFAULT_COMPARE_REPEAT, MOUNT_STRATEGIES, base
+from sandbox.backends import BACKENDS, DEFAULT_COMPARE_REPEAT, MOUNT_STRATEGIES, base
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
 from sandbox.mounts import CopyTree, check_workspace, walk
 
@@ -114,7 +114,7 @@ def make_plan(argv: Sequence[str], workspace: Path | None = None, *,
     """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs."""
     if not argv:
         raise InvalidArgument("no command given: sandbox compare [options] -- ARGV...")
-    names, explicit = _names(backends, DEFAULT_BACKENDS, base.BACKENDS, "backends")
+    names, explicit = _names(backends, DEFAULT_BACKENDS, BACKENDS, "backends")
     strategies, _ = _names(mounts, MOUNTS, MOUNTS, "mounts")
     prof = profiles.load(profile)
     limit = None if timeout is None else executor.check_timeout(_float(timeout), prof)

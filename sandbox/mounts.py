@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 
 from sandbox import datadir, leftovers
+from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 
 if TYPE_CHECKING:
@@ -263,7 +264,7 @@ class CopyTree:
             self.copy = dict(walk(self.root))
 
     async def changes(self) -> Changeset:
-        return await anyio.to_thread.run_sync(self._changes)
+        return await off_loop(self._changes)
 
     def _changes(self) -> Changeset:
         with map_errors("cannot read the private copy"):
@@ -309,7 +310,7 @@ class CopyTree:
         return change
 
     async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        return await anyio.to_thread.run_sync(self._apply, changeset, set(paths) if paths is not None else None)
+        return await off_loop(self._apply, changeset, set(paths) if paths is not None else None)
 
     def _apply(self, changeset: Changeset, only: set[str] | None) -> ApplyReport:
         report = ApplyReport()
@@ -401,10 +402,10 @@ def remove_private_tree(path: Path) -> str | None:
 async def _set_up(tree: _T, step: str) -> _T:
     """Run a tree's (blocking) setup in a thread; on any failure leave nothing behind."""
     try:
-        await anyio.to_thread.run_sync(getattr(tree, step))
+        await off_loop(getattr(tree, step))
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(tree.remove)
+            await off_loop(tree.remove)
         raise
     return tree
 

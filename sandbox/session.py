@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sandbox import datadir, review
+from sandbox import datadir, leftovers, review
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
 from sandbox.backends import base
@@ -110,6 +110,7 @@ class Sandbox:
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
         scratch.mkdir(mode=0o700, exist_ok=True)
+        leftovers.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
         try:
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
             rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
@@ -117,6 +118,7 @@ class Sandbox:
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
+            leftovers.release(scratch)
             raise
         try:
             return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
@@ -125,6 +127,7 @@ class Sandbox:
             with anyio.CancelScope(shield=True):
                 await jail.aclose()
             shutil.rmtree(scratch, ignore_errors=True)
+            leftovers.release(scratch)
             raise
 
     # -- the five boundaries ----------------------------------------------------------------------
@@ -255,6 +258,7 @@ class Sandbox:
             await self.jail.aclose()
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
+            leftovers.release(self.scratch)
             self.snapshots.remove_all()
             self.audit.close()
 

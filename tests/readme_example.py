@@ -56,9 +56,9 @@ def main() -> int:
     if (project / "app.py").read_text() != "x = 1\n":
         problems.append("the edit was not rolled back")
     if problems:
-        print(f"readme example failed: {'; '.join(problems)}", file=sys.stderr)
+        sys.stderr.write(f"readme example failed: {'; '.join(problems)}\n")
         return 1
-    print("readme example: ok")
+    sys.stdout.write("readme example: ok\n")
     return 0
 
 

@@ -25,7 +25,6 @@ import time
 from typing import TYPE_CHECKING, Literal
 
 import anyio
-import psutil
 
 from sandbox import leftovers
 from sandbox.backends import cgroups
@@ -191,10 +190,13 @@ def _open_pidfd(pid: int) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is not a zombie (read from /proc: no psutil on the start-up path)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
         return False
+    return state not in (b"Z", b"X")
 
 
 def signal_all(pids: Sequence[int], sig: int) -> None:
@@ -251,6 +253,8 @@ class LocalProcess(Process):
         root_alive = self._root_alive()
         if root_alive and (self.cgroup is None or not self.kernel_reaps):
             # Without a cgroup, descendants are the only record (double forks can escape it).
+            import psutil  # only here: the host backend, or no cgroup to read the tree from
+
             with contextlib.suppress(psutil.Error):
                 pids.update(child.pid for child in psutil.Process(self.root_pid).children(recursive=True))
         pids.discard(self.root_pid)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import backend_or_skip
+from tests.conftest import backend_or_skip, profile_or_skip
 
 pytestmark = pytest.mark.bwrap
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
@@ -189,6 +189,7 @@ def test_a_flag_contradicting_a_required_guarantee_is_refused(workspace: Path) -
 
 
 def test_json_reports_the_network_and_every_limit_in_force(workspace: Path) -> None:
+    profile_or_skip("untrusted")
     done = run("--profile", "untrusted", "--memory", "256MiB", "--json", "--workspace", str(workspace), "--",
                "true")
     out = json.loads(done.stdout)
@@ -293,6 +294,7 @@ def test_nonsense_limits_are_refused_naming_the_flag(workspace: Path, flag: str,
 
 @pytest.mark.parametrize(("profile", "timeout"), [("ci", "400"), ("untrusted", "600")])
 def test_profiles_allow_timeouts_beyond_five_minutes(workspace: Path, profile: str, timeout: str) -> None:
+    profile_or_skip(profile)
     done = run("--profile", profile, "--timeout", timeout, "--json", "--workspace", str(workspace), "--", "true")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["timeout_s"] == float(timeout)

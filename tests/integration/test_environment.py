@@ -227,11 +227,7 @@ async def test_git_identity_in_a_per_call_container(home: Path) -> None:
 
 
 async def test_refusal_leaves_no_copy_behind(open_jail: JailFactory, backend: base.Backend, home: Path,
-                                             data_dir: Path, request: pytest.FixtureRequest) -> None:
-    if backend.name == "bwrap":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BwrapBackend.open_jail copies the workspace before jail_args() refuses; needs host_files(profile) "
-            "first in open_jail (sandbox/backends/bwrap.py, another helper's file)")))
+                                             data_dir: Path) -> None:
     profile = _profile(backend, **{"env.files": ["~/.gitconfig"], "mount.strategy": "copy"})
     _link_gitconfig_to_a_key(home)
     with pytest.raises(InvalidArgument, match="a secret"):

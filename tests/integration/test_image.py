@@ -126,8 +126,9 @@ def test_recipes_ship_inside_the_package() -> None:
 
 
 def test_build_sh_is_the_same_command() -> None:
+    env = {**os.environ, "PYTHON": sys.executable}  # the interpreter under test, venv or not
     out = subprocess.run(["bash", str(ROOT / "images" / "build.sh"), "--print-tag", "--variant", "node"],
-                         capture_output=True, text=True, timeout=60, check=False)
+                         capture_output=True, text=True, timeout=60, check=False, env=env)
     assert (out.returncode, out.stdout) == (0, "sandbox-runtime:node\n"), out.stderr
 
 

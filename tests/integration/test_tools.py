@@ -149,7 +149,7 @@ async def test_file_tools_cannot_write_where_bash_cannot(backend: base.Backend, 
 
 
 async def test_copy_mount_tools_see_the_private_copy(backend: base.Backend, workspace: Path) -> None:
-    async with Sandbox.open(workspace, profile=_profile(backend, "untrusted"), mode="auto") as s:
+    async with Sandbox.open(workspace, profile=_profile(backend, "untrusted", requires=()), mode="auto") as s:
         wrote = await s.call("Write", {"path": "README.md", "content": "in the copy\n"})
         seen = await s.call("Bash", {"command": "cat README.md"})
         changes = await s.jail.changes()
@@ -238,7 +238,7 @@ async def test_session_that_cannot_open_leaves_nothing_behind(backend: base.Back
     from sandbox.errors import SandboxError
 
     with pytest.raises(SandboxError):
-        async with Sandbox.open(workspace, profile=_profile(backend, "untrusted"), mode="auto"):
+        async with Sandbox.open(workspace, profile=_profile(backend, "untrusted", requires=()), mode="auto"):
             pass
     assert list((data_dir / "scratch").iterdir()) == []
     assert not (data_dir / "copies").exists() or list((data_dir / "copies").iterdir()) == []

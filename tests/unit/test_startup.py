@@ -39,6 +39,13 @@ def test_version_imports_nothing_heavy() -> None:
     assert loaded_after(code) == []
 
 
+def test_run_imports_only_what_a_run_needs(tmp_path: Path) -> None:
+    """pydantic (the profile) and anyio (the executor) are left; the rest is not a run's business."""
+    code = (f"from sandbox import cli\ntry:\n    cli.main(['run', '--workspace', {str(tmp_path)!r}, '--', 'true'])\n"
+            "except SystemExit:\n    pass")
+    assert set(loaded_after(code)) <= {"pydantic", "asyncio", "anyio", "sandbox.profile", "sandbox.exec"}
+
+
 def test_names_spelled_for_the_parser_are_the_real_ones() -> None:
     from sandbox import cli_image, image
 
@@ -103,3 +110,34 @@ def test_a_bad_first_line_gets_the_full_servers_error() -> None:
     replies = _serve(b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"x":1}}\n'
                      b'{"jsonrpc":"2.0","id":8,"method":"shutdown"}\n')
     assert replies[0]["id"] == 7 and replies[0]["error"]["code"] == -32602
+
+
+def _fake_bwrap(tmp_path: Path) -> str:
+    path = tmp_path / "bwrap"
+    path.write_text("#!/bin/sh\necho 'bubblewrap 0.0-test'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_passed_smoke_test_is_kept_until_the_binary_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.backends import bwrap
+
+    runs: list[str] = []
+    monkeypatch.setattr(bwrap, "_smoke", lambda: runs.append("smoke"))
+    fake = _fake_bwrap(tmp_path)
+    assert bwrap._smoke_verdict(fake) == (None, "bubblewrap 0.0-test")
+    assert bwrap._smoke_verdict(fake) == (None, "bubblewrap 0.0-test")
+    assert runs == ["smoke"]  # the second process start reads the verdict
+    Path(fake).write_text("#!/bin/sh\necho 'bubblewrap 0.1-test'\n")  # an upgrade: size and mtime change
+    assert bwrap._smoke_verdict(fake) == (None, "bubblewrap 0.1-test")
+    assert runs == ["smoke", "smoke"]
+
+
+def test_a_failed_smoke_test_is_never_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.backends import bwrap
+
+    monkeypatch.setattr(bwrap, "_smoke", lambda: "bwrap cannot create a jail here: no user namespaces")
+    fake = _fake_bwrap(tmp_path)
+    assert bwrap._smoke_verdict(fake)[0] == "bwrap cannot create a jail here: no user namespaces"
+    monkeypatch.setattr(bwrap, "_smoke", lambda: None)
+    assert bwrap._smoke_verdict(fake)[0] is None  # fixed host: seen at once
