@@ -29,9 +29,9 @@ def example(readme: Path) -> str:
 
 def make_project(root: Path) -> Path:
     project = root / "project"
-    (project / "tests").mkdir(parents=True, exist_ok=True)
+    project.mkdir(parents=True, exist_ok=True)
     (project / "app.py").write_text("x = 1\n")
-    (project / "tests" / "test_app.py").write_text("import app\n\ndef test_x():\n    assert app.x == 1\n")
+    (project / "test_app.py").write_text("import app\n\ndef test_x():\n    assert app.x == 1\n")
     venv = project / ".venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "pytest"], check=True)
