@@ -260,14 +260,21 @@ def current(client: docker.DockerClient, ref: str, want: str) -> bool:
     return labels.get("sandbox.image.recipe") == want
 
 
-def online_base_available(client: docker.DockerClient) -> bool:
+def _present(client: docker.DockerClient, ref: str) -> bool:
     import docker.errors
 
     try:
-        client.images.get(BASE_IMAGE)
-        return True
+        client.images.get(ref)
     except docker.errors.ImageNotFound:
-        pass
+        return False
+    return True
+
+
+def online_base_available(client: docker.DockerClient) -> bool:
+    import docker.errors
+
+    if _present(client, BASE_IMAGE):
+        return True
     log(f"{BASE_IMAGE} is not present locally; trying to pull it")
     try:
         client.images.pull(BASE_IMAGE)
@@ -395,14 +402,9 @@ def _run(argv: list[str], env: dict[str, str] | None = None, quiet: bool = False
 
 
 def import_rootfs(client: docker.DockerClient, tarball: Path) -> str:
-    import docker.errors
-
     ref = f"{ROOTFS_REPOSITORY}:{__version__}-{rootfs_key()}"
-    try:
-        client.images.get(ref)
+    if _present(client, ref):
         return ref
-    except docker.errors.ImageNotFound:
-        pass
     log(f"importing {tarball.name} as {ref}")
     repository, image_tag = ref.split(":")
     with _docker_errors(f"cannot import {tarball}"):
