@@ -118,18 +118,6 @@ def checked_argv(jail: Jail, argv: Sequence[str], cwd: str | None = None) -> lis
     return ["/bin/sh", "-c", _CHECKED, "sandbox", hint, *argv]
 
 
-def _shown(jail: Jail) -> tuple[str, ...]:
-    """Host paths the jail shows at the same place (Docker: only the workspace; the rest is the image's)."""
-    roots: tuple[str, ...] = (str(jail.workspace),)
-    if jail.backend == "bwrap":
-        from sandbox.backends.bwrap import SYSTEM_DIRS
-
-        roots += (*(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
-    elif jail.backend == "host":
-        roots += ("/",)
-    return roots
-
-
 def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
@@ -153,7 +141,7 @@ def _hidden_hint(jail: Jail, name: str, cwd: str) -> str:
     path = _candidate(jail, name, cwd)
     if path is None:
         return ""
-    shown = _shown(jail)
+    shown = jail.host_paths_shown
     for _ in range(40):  # the kernel's own limit on links followed
         parent = os.path.realpath(os.path.dirname(path))
         path = os.path.join(parent, os.path.basename(path))

@@ -15,10 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,13 +76,6 @@ class Swept:
     scratch: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # a dead executor's, but could not be removed (why)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"cgroups": self.cgroups, "copies": self.copies, "scratch": self.scratch, "kept": self.kept}
-
-    @property
-    def count(self) -> int:
-        return len(self.cgroups) + len(self.copies) + len(self.scratch)
-
 
 def sweep(*, legacy_cgroups: bool = False) -> Swept:
     """Remove what executors that are no longer running left behind.
@@ -111,30 +103,17 @@ def _sweep_cgroups(swept: Swept, legacy: bool) -> None:
 
 def _remove_cgroup(path: Path, swept: Swept) -> None:
     """Kill what still runs in a dead executor's cgroup, then remove it (retrying EBUSY meanwhile)."""
+    from sandbox.backends import cgroups
+
+    group = cgroups.CallCgroup(paths=[path])
     deadline = time.monotonic() + RMDIR_WAIT_S
-    while True:
-        try:
-            path.rmdir()
-        except FileNotFoundError:
+    while not group.try_remove():
+        if time.monotonic() > deadline:
+            swept.kept.append(f"{path}: still busy after {RMDIR_WAIT_S:g} s")
             return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                swept.kept.append(f"{path}: {exc.strerror}")
-                return
-            _kill_members(path)
-            time.sleep(0.01)
-            continue
-        swept.cgroups.append(str(path))
-        return
-
-
-def _kill_members(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        (path / "cgroup.kill").write_text("1")
-    with contextlib.suppress(OSError):
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signal.SIGKILL)
+        group.kill()
+        time.sleep(0.01)
+    swept.cgroups.append(str(path))
 
 
 def _sweep_copies(swept: Swept) -> None:

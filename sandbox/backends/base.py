@@ -99,6 +99,12 @@ class Jail(ABC):
     def mount(self) -> str:
         return self.profile.mount.strategy
 
+    @property
+    def host_paths_shown(self) -> tuple[str, ...]:
+        """Host paths the jail shows at the same place (a container: only the workspace; the rest
+        is its image's). Used to explain a command that resolves into what the jail hides."""
+        return (str(self.workspace),)
+
     @abstractmethod
     async def spawn(
         self,

@@ -121,6 +121,10 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
 class BwrapJail(local.LocalJail):
     backend = "bwrap"
 
+    @property
+    def host_paths_shown(self) -> tuple[str, ...]:
+        return (str(self.workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
+
     def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None,
                  scratch: Path | None = None) -> None:
         super().__init__(workspace, profile, tree)

@@ -210,7 +210,6 @@ class CallCgroup:
 
     paths: list[Path] = field(default_factory=list)
     oom_baseline: int = 0
-    versions: dict[Path, int] = field(default_factory=dict)
 
     @classmethod
     def create(cls, limits: Limits, owner: str) -> CallCgroup:
@@ -228,7 +227,6 @@ class CallCgroup:
                 path = where.base / name
                 path.mkdir()
                 group.paths.append(path)
-                group.versions[path] = where.version
                 _set_limit(where, path, ctrl, value)
         except BaseException:
             group.try_remove()
@@ -247,11 +245,11 @@ class CallCgroup:
         return found
 
     def kill(self) -> None:
-        """SIGKILL every member (v2: ``cgroup.kill``, which also catches processes forking meanwhile)."""
+        """SIGKILL every member (v2: ``cgroup.kill``, which also catches processes forking meanwhile;
+        v1 has no such file)."""
         for path in self.paths:
-            if self.versions.get(path) == 2:
-                with contextlib.suppress(OSError):
-                    (path / "cgroup.kill").write_text("1")
+            with contextlib.suppress(OSError):
+                (path / "cgroup.kill").write_text("1")
         for pid in self.pids():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

@@ -34,6 +34,7 @@ _HOLD = 'read -r _; exec "$@"'
 
 class HostJail(local.LocalJail):
     backend = "host"
+    host_paths_shown = ("/",)
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,

@@ -16,7 +16,6 @@ namespace of its own (the count would be every process of the user): there, only
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import resource
 import select
@@ -170,16 +169,14 @@ def confine(pid: int, profile: Profile, group: cgroups.CallCgroup | None, kind: 
 
 @contextlib.contextmanager
 def starting(what: str) -> Iterator[None]:
-    """Map a failure to start a call's process: EAGAIN (no process left to this user or host) gets its own words."""
-    try:
-        yield
-    except BlockingIOError as exc:
-        raise BackendUnavailable(
-            f"{what}: the kernel refused a new process (EAGAIN): this user or the host has reached its "
-            "process limit; a fork bomb may be running", errno="EAGAIN") from exc
-    except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
-        raise BackendUnavailable(f"{what}: {exc.strerror or exc}", errno=name, path=exc.filename) from exc
+    """``map_errors`` for starting a call's process, with EAGAIN (no process left) in its own words."""
+    with map_errors(what, BackendUnavailable):
+        try:
+            yield
+        except BlockingIOError as exc:
+            raise BackendUnavailable(
+                f"{what}: the kernel refused a new process (EAGAIN): this user or the host has reached its "
+                "process limit; a fork bomb may be running", errno="EAGAIN") from exc
 
 
 def _open_pidfd(pid: int) -> int | None:
