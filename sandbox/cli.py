@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sandbox import __version__, cli_compare, cli_image, cli_policy, cli_tools
+from sandbox import __version__, calls, cli_compare, cli_image, cli_policy, cli_tools
 from sandbox.backends import BACKENDS
 from sandbox.errors import InvalidArgument, SandboxError, find_error
 
@@ -30,6 +30,7 @@ if typing.TYPE_CHECKING:
     import anyio
 
     from sandbox import exec as executor
+    from sandbox import launch
     from sandbox import profile as profiles
 
 # Start-up is a product figure (`sandbox --version`, every `sandbox run`): this module and the
@@ -82,16 +83,21 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import anyio
-
-    from sandbox import exec as executor
+    from sandbox import launch
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     try:
         if not argv:
             raise InvalidArgument("no command given: sandbox run [options] -- ARGV...")
+        quick = launch.run(args, argv)
+        if quick is not None:
+            with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
+                _review(quick, None, None, apply=False)
+            return _exit_status(quick, quick.received)
+        import anyio
+
         prof = _load_profile(args)
-        args.timeout_s = executor.check_timeout(args.timeout, prof)
+        args.timeout_s = calls.check_timeout(args.timeout, prof)
         workspace = args.workspace or Path.cwd()
         return anyio.run(_run, args, prof, workspace, argv)
     except (SandboxError, BaseExceptionGroup) as exc:
@@ -121,11 +127,13 @@ def _emit(obj: dict[str, Any]) -> bool:
 async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path, argv: list[str]) -> int:
     import anyio
 
-    from sandbox import cli_stdio
+    from sandbox import cli_stdio, launch
     from sandbox import exec as executor
     from sandbox.backends import base
 
     backend = base.choose(prof.backend, prof)
+    if backend.name == "bwrap":
+        launch.remember(args, prof)  # the next run of this profile here may take the quick path
     abort = anyio.Event()
     received: list[int] = []
 
@@ -139,7 +147,7 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
             tg.start_soon(_watch_signals, abort, received)
             async with await backend.open_jail(workspace, prof) as jail:
                 result = await executor.run(
-                    jail, executor.checked_argv(jail, argv), timeout=args.timeout, abort=abort,
+                    jail, calls.checked_argv(jail, argv), timeout=args.timeout, abort=abort,
                     stdin=cli_stdio.stdin_source(),
                     on_stdout=None if args.json else out.write, on_stderr=None if args.json else err.write,
                 )
@@ -161,16 +169,19 @@ async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
             abort.set()
 
 
+def _exit_status(result: executor.ExecResult | launch.Outcome, received: list[int]) -> int:
+    if signal.SIGPIPE in received:
+        return EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if result.aborted and received:
+        return 128 + received[0]
+    return result.exit_code
+
+
 def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.ExecResult,
             changes: Any, applied: Any, received: list[int], enforced: dict[str, Any]) -> int:
-    if signal.SIGPIPE in received:
-        code = EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
-    elif result.timed_out:
-        code = EXIT_TIMEOUT
-    elif result.aborted and received:
-        code = 128 + received[0]
-    else:
-        code = result.exit_code
+    code = _exit_status(result, received)
     if args.json:
         emitted = _emit({
             **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
@@ -189,7 +200,7 @@ def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.E
     return code
 
 
-def _review(result: executor.ExecResult, changes: Any, applied: Any, apply: bool) -> None:
+def _review(result: executor.ExecResult | launch.Outcome, changes: Any, applied: Any, apply: bool) -> None:
     if result.timed_out:
         _say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
     if result.oom_killed:
@@ -281,11 +292,15 @@ class _Parser(argparse.ArgumentParser):
         raise InvalidArgument(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
+    """The whole parser; ``only_run``: just ``sandbox run``'s, which parses its arguments the same
+    (building every subcommand's parser is a tenth of a short run)."""
     parser = _Parser(prog="sandbox", description="Run agent tools under an OS-level boundary.")
     parser.add_argument("--version", action="version", version=f"sandbox {__version__}")
     sub = typing.cast("Subparsers", parser.add_subparsers(dest="command", required=True))
     _add_run(sub)
+    if only_run:
+        return parser
     check = sub.add_parser("check", help="what each backend can guarantee on this host")
     check.add_argument("--backend", choices=BACKENDS)
     check.add_argument("--json", action="store_true")
@@ -304,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     raw = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only_run=raw[:1] == ["run"])
     try:
         args = parser.parse_args(raw)
     except InvalidArgument as exc:

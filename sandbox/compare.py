@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.to_thread
 
-from sandbox import __version__
+from sandbox import __version__, calls
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.backends import BACKENDS, DEFAULT_COMPARE_REPEAT, MOUNT_STRATEGIES, base
+from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
-from sandbox.mounts import CopyTree, check_workspace, walk
+from sandbox.mounts import CopyTree, walk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -117,7 +118,7 @@ def make_plan(argv: Sequence[str], workspace: Path | None = None, *,
     names, explicit = _names(backends, DEFAULT_BACKENDS, BACKENDS, "backends")
     strategies, _ = _names(mounts, MOUNTS, MOUNTS, "mounts")
     prof = profiles.load(profile)
-    limit = None if timeout is None else executor.check_timeout(_float(timeout), prof)
+    limit = None if timeout is None else calls.check_timeout(_float(timeout), prof)
     ws = check_workspace(workspace or Path.cwd())
     return Plan(tuple(argv), ws, names, strategies, _repeat(repeat), prof, limit, explicit)
 

@@ -13,7 +13,6 @@ is the profile's ``timeouts.default_s`` unless asked for, up to its ``timeouts.m
 from __future__ import annotations
 
 import inspect
-import os
 import signal as signal_module
 import time
 from collections import deque
@@ -23,16 +22,15 @@ from typing import TYPE_CHECKING
 import anyio
 from pydantic import BaseModel
 
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.calls import check_timeout
+from sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
 
     from sandbox.backends.base import Jail, Process, Stdin
-    from sandbox.profile import Profile
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
-MIN_TIMEOUT_S = 1.0
 READ_SIZE = 1 << 16
 
 
@@ -94,82 +92,6 @@ class ExecResult(BaseModel):
     peak_memory_bytes: int | None = None
 
 
-# Runs in the jail, as the command's parent-to-be: the jail's own view decides 127 (not found) or
-# 126 (found, not executable), and `exec` still gives those statuses when a check passes and the
-# exec fails anyway (a script's missing interpreter). dash adds PWD to the environment; we don't.
-# $1 is a host-side explanation appended to the one line, for links into what the jail hides.
-_CHECKED = """h=$1; shift; unset PWD
-case $1 in
-*/*) if [ ! -e "$1" ]; then w="not found in the jail"; c=127
-     elif [ -d "$1" ]; then w="is a directory, not a command"; c=126
-     elif [ ! -x "$1" ]; then w="cannot be executed (no execute permission)"; c=126; fi ;;
-*) command -v -- "$1" >/dev/null 2>&1 || { w="command not found in the jail"; c=127; } ;;
-esac
-[ -z "$c" ] || { printf 'sandbox: %s: %s%s\\n' "$1" "$w" "$h" >&2; exit "$c"; }
-exec "$@"
-"""
-
-
-def checked_argv(jail: Jail, argv: Sequence[str], cwd: str | None = None) -> list[str]:
-    """``argv`` run so that a missing command exits 127 and an unexecutable one 126, on every
-    backend, with one line on stderr naming it (and, where a host-side look finds it, that it
-    resolves into a part of the host the jail does not show)."""
-    hint = _hidden_hint(jail, argv[0], cwd or str(jail.workspace))
-    return ["/bin/sh", "-c", _CHECKED, "sandbox", hint, *argv]
-
-
-def _under(path: str, roots: Sequence[str]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-
-def _candidate(jail: Jail, name: str, cwd: str) -> str | None:
-    """Where the jail would look for ``name``, if that is inside the workspace (else we cannot tell)."""
-    if "/" in name:
-        path = os.path.normpath(os.path.join(cwd, name))
-        return path if _under(path, (str(jail.workspace),)) else None
-    from sandbox.backends.environment import base_env
-
-    # The workspace's own tool directories (.venv/bin ...) come first on the jail's PATH.
-    for folder in base_env(jail.profile, workspace=jail.workspace).get("PATH", "").split(":"):
-        path = os.path.normpath(os.path.join(cwd, folder, name))
-        if _under(path, (str(jail.workspace),)) and os.path.lexists(path):
-            return path
-    return None
-
-
-def _hidden_hint(jail: Jail, name: str, cwd: str) -> str:
-    path = _candidate(jail, name, cwd)
-    if path is None:
-        return ""
-    shown = jail.host_paths_shown
-    for _ in range(40):  # the kernel's own limit on links followed
-        parent = os.path.realpath(os.path.dirname(path))
-        path = os.path.join(parent, os.path.basename(path))
-        if not _under(parent, shown):
-            break
-        if not os.path.islink(path):
-            return ""
-        path = os.path.normpath(os.path.join(parent, os.readlink(path)))
-        if not _under(path, shown):
-            break
-    else:
-        return ""
-    there = "exists" if os.path.exists(path) else "does not exist either"
-    return f" (it resolves to {path}, which the jail does not show; on the host it {there})"
-
-
-def check_timeout(timeout: float | None, profile: Profile) -> float:
-    """The effective timeout: the profile's default, or an override from 1 s to its ``timeouts.max_s``."""
-    if timeout is None:
-        return float(profile.timeouts.default_s)
-    ceiling = profile.timeouts.max_s
-    if isinstance(timeout, bool) or not MIN_TIMEOUT_S <= timeout <= ceiling:
-        raise InvalidArgument(
-            f"timeout must be between {MIN_TIMEOUT_S:g} and {ceiling:g} seconds, got {timeout!r} "
-            f"(the ceiling is profile {profile.name!r}'s timeouts.max_s)",
-            timeout=timeout, max_s=ceiling, profile=profile.name,
-        )
-    return float(timeout)
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:

@@ -12,8 +12,7 @@ as not enforced, never silently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from sandbox.profile import Profile
@@ -42,8 +41,7 @@ DESCRIPTIONS: dict[str, str] = {
 LIMITS = ("memory", "pids", "cpus", "cpu_time_s", "file_size", "nofile", "tmp_size")
 
 
-@dataclass(frozen=True)
-class Enforcement:
+class Enforcement(NamedTuple):
     """How one limit is enforced here: ``how`` (``None``: it cannot be) and over what ``scope``."""
 
     how: str | None
@@ -67,16 +65,21 @@ def asked_for(profile: Profile, name: str) -> bool:
     return value is not None and value != type(profile.limits).model_fields[name].default
 
 
-@dataclass
 class Report:
-    backend: str
-    available: bool
-    reason: str = ""
-    guarantees: dict[str, bool] = field(default_factory=dict)
-    reasons: dict[str, str] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
-    limits: dict[str, Enforcement] = field(default_factory=dict)  # empty: the backend enforces them all itself
-    advice: list[str] = field(default_factory=list)
+    """What one backend can enforce on this host, with the reason where it cannot."""
+
+    def __init__(self, backend: str, available: bool, reason: str = "") -> None:
+        self.backend = backend
+        self.available = available
+        self.reason = reason
+        self.guarantees: dict[str, bool] = {}
+        self.reasons: dict[str, str] = {}
+        self.details: dict[str, Any] = {}
+        self.limits: dict[str, Enforcement] = {}  # empty: the backend enforces them all itself
+        self.advice: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"Report({self.backend!r}, available={self.available}, reason={self.reason!r})"
 
     def grant(self, name: str, ok: bool, reason: str = "") -> None:
         self.guarantees[name] = ok

@@ -16,7 +16,6 @@ import contextlib
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,12 +68,14 @@ def release(path: Path) -> None:
         path.with_name(path.name + ".owner").unlink()
 
 
-@dataclass
 class Swept:
-    cgroups: list[str] = field(default_factory=list)
-    copies: list[str] = field(default_factory=list)
-    scratch: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)  # a dead executor's, but could not be removed (why)
+    """What a sweep removed, by kind, and what it had to keep."""
+
+    def __init__(self) -> None:
+        self.cgroups: list[str] = []
+        self.copies: list[str] = []
+        self.scratch: list[str] = []
+        self.kept: list[str] = []  # a dead executor's, but could not be removed (why)
 
 
 def sweep(*, legacy_cgroups: bool = False) -> Swept:
@@ -103,17 +104,15 @@ def _sweep_cgroups(swept: Swept, legacy: bool) -> None:
 
 def _remove_cgroup(path: Path, swept: Swept) -> None:
     """Kill what still runs in a dead executor's cgroup, then remove it (retrying EBUSY meanwhile)."""
-    from sandbox.backends import cgroups
+    from sandbox.backends import cgroups, confine
 
-    group = cgroups.CallCgroup(paths=[path])
-    deadline = time.monotonic() + RMDIR_WAIT_S
-    while not group.try_remove():
-        if time.monotonic() > deadline:
-            swept.kept.append(f"{path}: still busy after {RMDIR_WAIT_S:g} s")
-            return
-        group.kill()
-        time.sleep(0.01)
-    swept.cgroups.append(str(path))
+    group = cgroups.CallCgroup([path])
+    for pause in confine.removal_steps(group, RMDIR_WAIT_S):
+        time.sleep(pause)
+    if group.paths:
+        swept.kept.append(f"{path}: still busy after {RMDIR_WAIT_S:g} s")
+    else:
+        swept.cgroups.append(str(path))
 
 
 def _sweep_copies(swept: Swept) -> None:

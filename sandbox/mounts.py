@@ -37,27 +37,8 @@ if TYPE_CHECKING:
 Kind = Literal["file", "dir", "symlink", "special"]
 _T = TypeVar("_T", bound="CopyTree")
 Status = Literal["added", "modified", "deleted"]
-FORBIDDEN_WORKSPACES = {Path(p) for p in ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64",
-                                          "/proc", "/sys", "/dev", "/boot", "/var", "/tmp", "/run")}
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 _CHUNK = 1 << 20
-
-
-def check_workspace(workspace: Path) -> Path:
-    """The canonical workspace directory, or a clear INVALID_ARGUMENT."""
-    try:
-        ws = Path(workspace).expanduser().resolve(strict=True)
-    except (OSError, RuntimeError) as exc:
-        raise InvalidArgument(f"workspace {workspace} does not exist", workspace=str(workspace)) from exc
-    if not ws.is_dir():
-        raise InvalidArgument(f"workspace {ws} is not a directory", workspace=str(ws))
-    if ws in FORBIDDEN_WORKSPACES or ws == Path.home().resolve() and os.geteuid() != 0:
-        raise InvalidArgument(f"workspace {ws} is a system or home directory; choose a project directory",
-                              workspace=str(ws))
-    data = datadir.data_dir().resolve()
-    if data == ws or data.is_relative_to(ws) or ws.is_relative_to(data):
-        raise InvalidArgument(f"workspace {ws} overlaps the sandbox data directory {data}", workspace=str(ws))
-    return ws
 
 
 def _kind(mode: int) -> Kind:

@@ -24,8 +24,8 @@ from sandbox import datadir, leftovers, review
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
 from sandbox.backends import base
+from sandbox.calls import check_workspace
 from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
-from sandbox.mounts import check_workspace
 from sandbox.policy import load_ruleset
 from sandbox.policy.approvals import Approver, UnattendedApprover
 from sandbox.policy.authorize import Authorization, authorize

@@ -13,23 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import stat
 import subprocess
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 
-from sandbox import datadir
-from sandbox.backends import cgroups, local
+from sandbox.backends import bwrap_argv, cgroups, confine, local
 from sandbox.backends.base import Backend, off_loop
+from sandbox.backends.bwrap_argv import bwrap_path, jail_args, require_bwrap
 from sandbox.backends.child import Child
-from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env, bwrap_args, host_files
+from sandbox.backends.environment import base_env, host_files
+from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable
 from sandbox.guarantees import Report
-from sandbox.mounts import CopyTree, OverlayTree, check_workspace, overlay_support
+from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 
 if TYPE_CHECKING:
 
@@ -39,96 +37,17 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 START_TIMEOUT_S = 30.0
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
-MASKED_TREES = ("/etc",)
-
-
-def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
-
-
-@cache
-def _empty_dir() -> str:
-    path = datadir.subdir("empty")
-    path.chmod(0o555)
-    return str(path)
-
-
-@cache
-def _masks() -> tuple[str, ...]:
-    """Entries under /etc that only their owner can read (shadow, ssl/private, host keys ...).
-
-    The jail's uid maps to the caller's; when that caller is root it would own these files,
-    so they are hidden behind an empty file or directory rather than trusted to permissions.
-    Computed afresh by every process (a chmod changes no cheap key), with ``scandir``: a
-    quarter of what ``os.walk`` plus an ``lstat`` per entry costs.
-    """
-    args: list[str] = []
-    pending = list(MASKED_TREES)
-    while pending:
-        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                with contextlib.suppress(OSError):
-                    st = entry.stat(follow_symlinks=False)
-                    if stat.S_ISLNK(st.st_mode):
-                        continue
-                    is_dir = stat.S_ISDIR(st.st_mode)
-                    if st.st_mode & stat.S_IROTH:
-                        if is_dir:
-                            pending.append(entry.path)
-                        continue  # nothing below a mask matters, so only readable dirs are entered
-                    args += ["--ro-bind", _empty_dir() if is_dir else "/dev/null", entry.path]
-    return tuple(args)
-
-
-def _system_mounts() -> list[str]:
-    args: list[str] = []
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    args += ["--ro-bind", "/etc", "/etc", *_masks()]
-    return args
-
-
-def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | None = None) -> list[str]:
-    """The bwrap arguments shared by every call of a jail (everything but fds, env and argv)."""
-    ws = str(workspace)
-    args = [
-        "--unshare-all",
-        *(["--share-net"] if profile.network.mode == "host" else []),
-        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop", "ALL",
-        "--hostname", "sandbox",
-        *_system_mounts(),
-        "--proc", "/proc",
-        "--dev", "/dev",
-        *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
-        "--tmpfs", "/tmp",
-        "--dir", SANDBOX_HOME,
-        *bwrap_args(profile),  # env.files: host files, read-only, in the jail's home
-        "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
-        *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
-        "--remount-ro", "/",
-    ]
-    return args
-
-
 class BwrapJail(local.LocalJail):
     backend = "bwrap"
 
     @property
     def host_paths_shown(self) -> tuple[str, ...]:
-        return (str(self.workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
+        return bwrap_argv.host_paths_shown(self.workspace)
 
     def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None,
                  scratch: Path | None = None) -> None:
         super().__init__(workspace, profile, tree)
-        self._prefix = [_require_bwrap(), *jail_args(profile, workspace, source, scratch)]
+        self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch)]
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -150,7 +69,7 @@ class BwrapJail(local.LocalJail):
         self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
         group: cgroups.CallCgroup | None, stdin: bool,
     ) -> local.LocalProcess:
-        with local.starting("cannot start bwrap"):
+        with confine.starting("cannot start bwrap"):
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
         env_args = [a for k, v in base_env(self.profile, env, workspace=self.workspace).items()
@@ -158,7 +77,7 @@ class BwrapJail(local.LocalJail):
         cmd = [*self._prefix, "--chdir", cwd or str(self.workspace), "--clearenv", *env_args,
                "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
         try:
-            with local.starting("cannot start bwrap"):
+            with confine.starting("cannot start bwrap"):
                 proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
         except BaseException:
             os.close(info_r)
@@ -187,7 +106,7 @@ class BwrapJail(local.LocalJail):
                 init_pid = await _read_init_pid(info_r, proc)
             # While bwrap waits on the block fd its init cannot exit: its pid is still its own.
             child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
-            local.confine(init_pid, self.profile, group, "bwrap")
+            confine.confine(init_pid, self.profile, group, "bwrap")
             os.write(block_w, b"1")
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
@@ -226,16 +145,6 @@ async def _read_init_pid(fd: int, proc: Child) -> int:
         ) from None
 
 
-def _require_bwrap() -> str:
-    path = bwrap_path()
-    if path is None:
-        raise BackendUnavailable(
-            "bubblewrap is not installed: apt-get install bubblewrap (or use --backend docker)",
-            backend="bwrap",
-        )
-    return path
-
-
 class BwrapBackend(Backend):
     name = "bwrap"
 
@@ -266,8 +175,8 @@ def _smoke() -> str | None:
     """Run one real jail; ``None`` when it confined as promised, else why not."""
     from sandbox.profile import Profile
 
-    empty = Path(_empty_dir())
-    cmd = [_require_bwrap(), *jail_args(Profile(), empty, empty), "--clearenv", "--",
+    empty = Path(bwrap_argv.empty_dir())
+    cmd = [require_bwrap(), *jail_args(Profile(), empty, empty), "--clearenv", "--",
            "/bin/sh", "-c", "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
@@ -322,44 +231,17 @@ def _smoke_verdict(path: str) -> tuple[str | None, str]:
     the next call, which is BACKEND_UNAVAILABLE: it never runs anything unconfined. Failures are
     never cached, so a host that is fixed is seen at once.
     """
-    key = _smoke_key(path)
-    cache = datadir.data_dir() / "cache" / "bwrap-probe.json"
-    with contextlib.suppress(OSError, ValueError):
-        kept = json.loads(cache.read_text())
-        if kept.get("key") == key:
-            return None, str(kept["version"])
+    kept = bwrap_argv.passed_smoke(path)
+    if kept is not None:
+        return None, kept
     problem = _smoke()
     try:
         version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout.strip()
     except OSError as exc:
         version = f"unknown ({exc.strerror})"
     if problem is None:
-        with contextlib.suppress(OSError):
-            cache.parent.mkdir(mode=0o700, exist_ok=True)
-            temp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            temp.write_text(json.dumps({"key": key, "version": version}))
-            temp.replace(cache)
+        bwrap_argv.remember_smoke(path, version)
     return problem, version
-
-
-_SMOKE_SYSCTLS = ("/proc/sys/kernel/random/boot_id", "/proc/sys/user/max_user_namespaces",
-                  "/proc/sys/kernel/unprivileged_userns_clone",
-                  "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-
-
-def _smoke_key(path: str) -> str:
-    from sandbox import __version__
-
-    st = os.stat(path)
-    parts = [__version__, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, os.uname().release,
-             os.geteuid()]
-    for name in _SMOKE_SYSCTLS:
-        try:
-            with open(name, encoding="utf-8") as fh:
-                parts.append(fh.read().strip())
-        except OSError:
-            parts.append("-")
-    return json.dumps(parts)
 
 
 backend_class = BwrapBackend

@@ -23,10 +23,9 @@ import contextlib
 import errno
 import os
 import signal
-import uuid
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
@@ -34,8 +33,7 @@ LEAF = "sandbox-executor"
 DELEGATE_HINT = "systemd-run --user --scope -p Delegate=yes sandbox ..."
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(NamedTuple):
     controller: str
     version: int
     base: Path  # where per-call cgroups are created
@@ -46,8 +44,7 @@ class Hierarchy:
         return f"cgroup v{self.version}" + (" (delegated)" if self.delegated else "")
 
 
-@dataclass(frozen=True)
-class HostView:
+class HostView(NamedTuple):
     """What detection reads: mounts (where, fstype, options), our cgroup paths, our uid."""
 
     mounts: tuple[tuple[str, str, str], ...]
@@ -189,8 +186,7 @@ def hierarchies() -> dict[str, Hierarchy | str]:
         return dict.fromkeys(CONTROLLERS, f"cannot read this process's cgroups: {exc.strerror or exc}")
 
 
-@dataclass
-class Limits:
+class Limits(NamedTuple):
     memory: int | None = None
     pids: int | None = None
     cpus: float | None = None
@@ -200,7 +196,6 @@ _V2_FILES = {"memory": "memory.max", "pids": "pids.max"}
 _V1_FILES = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
 
 
-@dataclass
 class CallCgroup:
     """The cgroups (one per controller in use) that hold one call's processes.
 
@@ -208,13 +203,17 @@ class CallCgroup:
     to a fresh v1 memory cgroup costs milliseconds, later ones tens of microseconds.
     """
 
-    paths: list[Path] = field(default_factory=list)
-    oom_baseline: int = 0
+    def __init__(self, paths: list[Path] | None = None) -> None:
+        self.paths: list[Path] = paths or []
+        self.oom_baseline = 0
+
+    def __repr__(self) -> str:
+        return f"CallCgroup({[str(p) for p in self.paths]})"
 
     @classmethod
     def create(cls, limits: Limits, owner: str) -> CallCgroup:
         """``owner`` is the executor's ``<pid>-<starttime>`` (see ``sandbox.leftovers``)."""
-        name = f"call-{owner}-{uuid.uuid4().hex[:8]}"
+        name = f"call-{owner}-{os.urandom(4).hex()}"
         group = cls()
         wanted = {"memory": limits.memory, "pids": limits.pids, "cpu": limits.cpus}
         try:

@@ -58,10 +58,11 @@ from sandbox import __version__
 from sandbox.backends import docker_agent
 from sandbox.backends.base import Backend, Jail, Process
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, base_env, host_files
+from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, map_errors
 from sandbox.guarantees import Report
 from sandbox.image import build_command
-from sandbox.mounts import CopyTree, check_workspace
+from sandbox.mounts import CopyTree
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -1226,7 +1227,9 @@ def _probe_report(client: docker.DockerClient) -> Report:
     try:
         check_image(client, DEFAULT_IMAGE)
     except BackendUnavailable as exc:
-        return Report("docker", False, exc.message, details=report.details)
+        unavailable = Report("docker", False, exc.message)
+        unavailable.details = report.details
+        return unavailable
     security = _security_options(info)
     report.details["userns-remap"] = "userns" in security
     report.details["rootless"] = "rootless" in security

@@ -10,13 +10,13 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from sandbox.backends import cgroups, local
+from sandbox.backends import cgroups, confine, local
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
+from sandbox.calls import check_workspace
 from sandbox.errors import GuaranteeUnavailable
 from sandbox.guarantees import Report
-from sandbox.mounts import check_workspace
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -43,13 +43,13 @@ class HostJail(local.LocalJail):
         self._check_spawn(argv)
         group = self._pool.take()
         try:
-            with local.starting("cannot start the command"):
+            with confine.starting("cannot start the command"):
                 proc = Child(["/bin/sh", "-c", _HOLD, "sandbox-host", *argv], stdin=True, new_session=True,
                              cwd=cwd or str(self.workspace),
                              env=base_env(self.profile, env) | {"HOME": str(self.workspace)})
             try:
                 child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
-                local.confine(proc.pid, self.profile, group, "host")
+                confine.confine(proc.pid, self.profile, group, "host")
                 proc.release_hold(b"go\n", keep_open=stdin is not None)
             except BaseException:
                 proc.kill()  # still held in `read`: it has started nothing

@@ -7,10 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import backend_or_skip, profile_or_skip
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = pytest.mark.bwrap
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
@@ -28,7 +32,21 @@ def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subpro
                           timeout=120, env=os.environ.copy(), check=False)
 
 
-def test_streams_go_to_ours_and_exit_code_is_the_commands(workspace: Path) -> None:
+@pytest.fixture(params=["full", "quick"])
+def run_path(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) -> Iterator[str]:
+    """``sandbox run``'s full path (a profile's first run here) or its quick one (sandbox.launch),
+    for tests whose runs give no key flag (see ``cli_backend``)."""
+    if request.param == "full":
+        yield "full"
+        return
+    assert run("--workspace", str(workspace), "--", "true").returncode == 0
+    [entry] = quick_cache(data_dir)
+    written = entry.stat().st_mtime_ns
+    yield "quick"
+    assert entry.stat().st_mtime_ns == written, "a run took the full path"
+
+
+def test_streams_go_to_ours_and_exit_code_is_the_commands(workspace: Path, run_path: str) -> None:
     done = run("--", "sh", "-c", "echo out; echo err >&2; exit 7", cwd=workspace)
     assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "err\n")
 
@@ -46,13 +64,18 @@ def test_json_contract(workspace: Path) -> None:
     assert (out["stdout"], out["stderr"], out["backend"], out["mount"]) == ("hi\n", "oops\n", "bwrap", "rw")
 
 
-def test_timeout_exits_124(workspace: Path) -> None:
-    done = run("--timeout", "1", "--workspace", str(workspace), "--", "sleep", "30")
+def test_timeout_exits_124_and_kills_every_process(workspace: Path, run_path: str) -> None:
+    from tests.conftest import survivors
+
+    marker = str(710000 + os.getpid() % 1000 * 10 + (run_path == "quick"))
+    done = run("--timeout", "1", "--workspace", str(workspace), "--", "sh", "-c",
+               f"trap '' TERM; setsid sleep {marker} & sleep {marker}")
     assert done.returncode == 124
     assert "timed out" in done.stderr
+    assert survivors(marker) == []
 
 
-def test_signal_exits_128_plus_n(workspace: Path) -> None:
+def test_signal_exits_128_plus_n(workspace: Path, run_path: str) -> None:
     done = run("--workspace", str(workspace), "--", "sh", "-c", "kill -TERM $$")
     assert done.returncode == 143
 
@@ -124,12 +147,12 @@ def test_check_and_profiles_commands() -> None:
 
 
 @pytest.mark.parametrize("signum", [2, 15])
-def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: int) -> None:
+def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: int, run_path: str) -> None:
     import time
 
     from tests.conftest import survivors
 
-    marker = str(700000 + os.getpid() % 1000 * 100 + signum)
+    marker = str(700000 + os.getpid() % 1000 * 100 + signum * 2 + (run_path == "quick"))
     proc = subprocess.Popen([SANDBOX, "run", "--workspace", str(workspace), "--", "sh", "-c",
                              f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -141,16 +164,37 @@ def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: in
     assert [p for p in survivors(marker) if p != proc.pid] == []
 
 
+def quick_cache(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "cache" / "profiles").glob("*.json"))
+
+
 @pytest.fixture(params=[pytest.param("bwrap", marks=pytest.mark.bwrap),
+                        pytest.param("bwrap-quick", marks=pytest.mark.bwrap),
                         pytest.param("docker", marks=pytest.mark.docker)])
-def cli_backend(request: pytest.FixtureRequest, workspace: Path) -> str:
-    backend_or_skip(request.param)
-    if request.param == "docker" and os.geteuid() == 0:
+def cli_backend(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) -> Iterator[str]:
+    """The backend a test's runs name; ``bwrap-quick``: bwrap, each run on the quick path (sandbox.launch).
+
+    The quick path takes a profile and flags the full path has accepted here before: a first run
+    of ``true`` with the same flags warms it. The full path rewrites that cache entry at each run
+    it makes, so an entry left untouched by the test proves that every run took the quick path.
+    """
+    backend = str(request.param).removesuffix("-quick")
+    backend_or_skip(backend)
+    if backend == "docker" and os.geteuid() == 0:
         for path in (workspace, *workspace.rglob("*")):
             os.chown(path, 1000, 1000, follow_symlinks=False)
-    return str(request.param)
+    if request.param != "bwrap-quick":
+        yield backend
+        return
+    assert run("--backend", backend, "--workspace", str(workspace), "--", "true").returncode == 0
+    [entry] = quick_cache(data_dir)
+    written = entry.stat().st_mtime_ns
+    yield backend
+    if request.node.get_closest_marker("full_path") is None:
+        assert entry.stat().st_mtime_ns == written, "a run took the full path"
 
 
+@pytest.mark.full_path  # --json always takes it
 def test_same_json_contract_and_exit_codes_on_every_backend(cli_backend: str, workspace: Path) -> None:
     done = run("--backend", cli_backend, "--json", "--workspace", str(workspace), "--",
                "sh", "-c", "echo hi; echo oops >&2; exit 3")
@@ -300,7 +344,7 @@ def test_profiles_allow_timeouts_beyond_five_minutes(workspace: Path, profile: s
     assert json.loads(done.stdout)["timeout_s"] == float(timeout)
 
 
-def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path) -> None:
+def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path, run_path: str) -> None:
     import pty
 
     parent, child = pty.openpty()

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from sandbox import profile as profiles
-from sandbox.backends import base, bwrap, cgroups, local
+from sandbox.backends import base, bwrap, cgroups, confine
 from sandbox.errors import GuaranteeUnavailable
 from tests.conftest import backend_or_skip, survivors
 
@@ -84,14 +84,14 @@ def test_memory_limit_holds_whatever_enforces_it(workspace: Path) -> None:
                "python3", "-c", ALLOCATE_400_MIB)
     out = _json(done)
     assert "allocated" not in str(out["stdout"]) and out["exit_code"] != 0
-    if local.enforcement("bwrap")["memory"].how == "rlimit DATA":
+    if confine.enforcement("bwrap")["memory"].how == "rlimit DATA":
         assert "MemoryError" in str(out["stderr"])
     else:
         assert out["exit_code"] == 137
 
 
 def test_pids_limit_holds_whatever_enforces_it(workspace: Path) -> None:
-    if local.enforcement("bwrap")["pids"].how is None:
+    if confine.enforcement("bwrap")["pids"].how is None:
         pytest.skip("no pids cgroup and root: nothing here can cap processes (the next test shows the refusal)")
     done = run("run", "--pids", "50", "--json", "--workspace", str(workspace), "--", "python3", "-c", COUNT_FORKS)
     out = _json(done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sandbox import calls
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.errors import InvalidArgument
@@ -46,10 +47,10 @@ def test_one_huge_chunk() -> None:
 def test_timeout_bounds(bad: float) -> None:
     """From 1 s to the profile's own timeouts.max_s (default: an hour), named in the refusal."""
     with pytest.raises(InvalidArgument, match="between 1 and 3600 .*timeouts.max_s"):
-        executor.check_timeout(bad, profiles.load("default"))
+        calls.check_timeout(bad, profiles.load("default"))
 
 
 def test_timeout_default_and_override() -> None:
     prof = profiles.load("default")
-    assert executor.check_timeout(None, prof) == 60
-    assert executor.check_timeout(1, prof) == 1 and executor.check_timeout(3600, prof) == 3600
+    assert calls.check_timeout(None, prof) == 60
+    assert calls.check_timeout(1, prof) == 1 and calls.check_timeout(3600, prof) == 3600

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import profile as profiles
-from sandbox.backends import cgroups, local
+from sandbox.backends import cgroups, confine, local
 from sandbox.guarantees import Report
 
 OTHER_UID = 4242  # not ours: a tree owned by it is not delegated to us
@@ -130,21 +130,21 @@ def _fake_host(monkeypatch: pytest.MonkeyPatch, euid: int, **present: cgroups.Hi
 
 def test_an_ordinary_user_without_cgroups_gets_rlimits_said_to_be_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_host(monkeypatch, 1000)
-    plan = local.enforcement("bwrap")
+    plan = confine.enforcement("bwrap")
     assert plan["memory"].how == "rlimit DATA" and plan["memory"].scope == "process"
     assert plan["pids"].how is not None and "NPROC" in plan["pids"].how and plan["pids"].scope == "call"
     assert plan["cpus"].how is None and "cpu cgroup" in plan["cpus"].why_not
     import resource
 
     prof = profiles.Profile().with_overrides(**{"limits.memory": "100MiB", "limits.pids": 50})
-    assert (resource.RLIMIT_DATA, 100 * 2**20) in local.rlimits(prof, "bwrap")
-    assert (resource.RLIMIT_NPROC, 50) in local.rlimits(prof, "bwrap")
-    assert not any(res == resource.RLIMIT_NPROC for res, _ in local.rlimits(prof, "host"))
+    assert (resource.RLIMIT_DATA, 100 * 2**20) in confine.rlimits(prof, "bwrap")
+    assert (resource.RLIMIT_NPROC, 50) in confine.rlimits(prof, "bwrap")
+    assert not any(res == resource.RLIMIT_NPROC for res, _ in confine.rlimits(prof, "host"))
 
 
 def test_root_without_a_pids_cgroup_cannot_count_on_nproc(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_host(monkeypatch, 0, memory=cgroups.Hierarchy("memory", 1, Path("/x")))
-    plan = local.enforcement("bwrap")
+    plan = confine.enforcement("bwrap")
     assert plan["pids"].how is None and "not enforce RLIMIT_NPROC for root" in plan["pids"].why_not
     assert plan["memory"].how == "cgroup v1" and plan["memory"].scope == "call"
 

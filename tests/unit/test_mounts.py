@@ -9,8 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from sandbox.calls import check_workspace
 from sandbox.errors import InvalidArgument
-from sandbox.mounts import CopyTree, check_workspace
+from sandbox.mounts import CopyTree
 
 pytestmark = pytest.mark.anyio
 

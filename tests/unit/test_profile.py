@@ -134,9 +134,9 @@ def test_bash_timeout_follows_the_profile_not_a_fixed_300() -> None:
 
 
 def test_the_timeout_ceiling_is_the_profiles() -> None:
-    from sandbox import exec as executor
+    from sandbox import calls
 
-    assert executor.check_timeout(5000, profiles.load("ci")) == 5000
+    assert calls.check_timeout(5000, profiles.load("ci")) == 5000
     untrusted = profiles.load("untrusted")
     with pytest.raises(InvalidArgument, match="timeouts.max_s"):
-        executor.check_timeout(untrusted.timeouts.max_s + 1, untrusted)
+        calls.check_timeout(untrusted.timeouts.max_s + 1, untrusted)

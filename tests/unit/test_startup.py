@@ -25,7 +25,8 @@ HEAVY = ("pydantic", "bashlex", "docker", "psutil", "sqlite3", "asyncio", "anyio
 def loaded_after(code: str) -> list[str]:
     """The heavy modules a fresh interpreter has loaded after running ``code``."""
     script = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         check=True)
     modules = json.loads(out.stdout.splitlines()[-1])
     return sorted({h for m in modules for h in HEAVY if m == h or m.startswith(h + ".")})
 
@@ -40,10 +41,13 @@ def test_version_imports_nothing_heavy() -> None:
 
 
 def test_run_imports_only_what_a_run_needs(tmp_path: Path) -> None:
-    """pydantic (the profile) and anyio (the executor) are left; the rest is not a run's business."""
+    """A profile's first run here: pydantic (to validate it) and anyio (the executor), psutil where
+    no cgroup lists the call's processes. Its next runs (the quick path): nothing heavy at all."""
     code = (f"from sandbox import cli\ntry:\n    cli.main(['run', '--workspace', {str(tmp_path)!r}, '--', 'true'])\n"
             "except SystemExit:\n    pass")
-    assert set(loaded_after(code)) <= {"pydantic", "asyncio", "anyio", "sandbox.profile", "sandbox.exec"}
+    first = set(loaded_after(code))
+    assert first <= {"pydantic", "asyncio", "anyio", "psutil", "sandbox.profile", "sandbox.exec"}
+    assert loaded_after(code) == []
 
 
 def test_names_spelled_for_the_parser_are_the_real_ones() -> None:

@@ -1,0 +1,163 @@
+"""bwrap's command line for a jail, and the cached smoke-test verdict: no anyio, no pydantic.
+
+Both the event-loop backend (:mod:`sandbox.backends.bwrap`) and the synchronous ``sandbox run``
+(:mod:`sandbox.launch`) build their jails from here, so a call is confined the same way
+whichever path starts it. ``profile`` is anything shaped like :class:`sandbox.profile.Profile`
+(the model, or the launcher's cached copy of one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from functools import cache
+from typing import TYPE_CHECKING
+
+from sandbox import datadir
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, bwrap_args
+from sandbox.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sandbox.profile import Profile
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+MASKED_TREES = ("/etc",)
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@cache
+def empty_dir() -> str:
+    path = datadir.subdir("empty")
+    path.chmod(0o555)
+    return str(path)
+
+
+@cache
+def _masks() -> tuple[str, ...]:
+    """Entries under /etc that only their owner can read (shadow, ssl/private, host keys ...).
+
+    The jail's uid maps to the caller's; when that caller is root it would own these files,
+    so they are hidden behind an empty file or directory rather than trusted to permissions.
+    Computed afresh by every process (a chmod changes no cheap key), with ``scandir``: a
+    quarter of what ``os.walk`` plus an ``lstat`` per entry costs.
+    """
+    args: list[str] = []
+    pending = list(MASKED_TREES)
+    while pending:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_symlink():  # from the directory entry: no stat for /etc/ssl/certs' hundreds
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        continue
+                    is_dir = stat.S_ISDIR(st.st_mode)
+                    if st.st_mode & stat.S_IROTH:
+                        if is_dir:
+                            pending.append(entry.path)
+                        continue  # nothing below a mask matters, so only readable dirs are entered
+                    args += ["--ro-bind", empty_dir() if is_dir else "/dev/null", entry.path]
+    return tuple(args)
+
+
+def _system_mounts() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--ro-bind", "/etc", "/etc", *_masks()]
+    return args
+
+
+def host_paths_shown(workspace: Path) -> tuple[str, ...]:
+    """The host paths a jail shows, as the host names them (for "it resolves into what the jail hides")."""
+    return (str(workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
+
+
+def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | None = None) -> list[str]:
+    """The bwrap arguments shared by every call of a jail (everything but fds, env and argv)."""
+    ws = str(workspace)
+    args = [
+        "--unshare-all",
+        *(["--share-net"] if profile.network.mode == "host" else []),
+        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--hostname", "sandbox",
+        *_system_mounts(),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
+        "--tmpfs", "/tmp",
+        "--dir", SANDBOX_HOME,
+        *bwrap_args(profile),  # env.files: host files, read-only, in the jail's home
+        "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
+        *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
+        "--remount-ro", "/",
+    ]
+    return args
+
+
+def require_bwrap() -> str:
+    path = bwrap_path()
+    if path is None:
+        raise BackendUnavailable(
+            "bubblewrap is not installed: apt-get install bubblewrap (or use --backend docker)",
+            backend="bwrap",
+        )
+    return path
+
+
+_SMOKE_SYSCTLS = ("/proc/sys/kernel/random/boot_id", "/proc/sys/user/max_user_namespaces",
+                  "/proc/sys/kernel/unprivileged_userns_clone",
+                  "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+
+
+def smoke_key(path: str) -> str:
+    from sandbox import __version__
+
+    st = os.stat(path)
+    parts = [__version__, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, os.uname().release,
+             os.geteuid()]
+    for name in _SMOKE_SYSCTLS:
+        try:
+            with open(name, encoding="utf-8") as fh:
+                parts.append(fh.read().strip())
+        except OSError:
+            parts.append("-")
+    return json.dumps(parts)
+
+
+def probe_cache() -> Path:
+    return datadir.data_dir() / "cache" / "bwrap-probe.json"
+
+
+def passed_smoke(path: str) -> str | None:
+    """bwrap's version when a smoke test passed for this very host and binary (see ``smoke_key``), else ``None``."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        kept = json.loads(probe_cache().read_text())
+        if kept.get("key") == smoke_key(path):
+            return str(kept["version"])
+    return None
+
+
+def remember_smoke(path: str, version: str) -> None:
+    with contextlib.suppress(OSError):
+        cache = probe_cache()
+        cache.parent.mkdir(mode=0o700, exist_ok=True)
+        temp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        temp.write_text(json.dumps({"key": smoke_key(path), "version": version}))
+        temp.replace(cache)
