@@ -3,7 +3,11 @@
 Every row is a fresh process timed from spawn to exit (wall), N repetitions interleaved round
 by round, so a noisy neighbour slows every row alike; medians and p90 are printed with ratios.
 
-* ``sandbox run --backend bwrap -- true``: the venv's console script, default profile;
+* ``sandbox run --backend bwrap -- true``, default profile: the console script of this checkout
+  installed as a wheel into a venv of the run's own (what ``pip install`` users run), and of the
+  editable checkout (``make bench``'s .venv: its import hook costs tens of ms); then the wheel's
+  first run of a profile here (its cache of accepted profiles emptied before each run: the
+  full path, pydantic and asyncio), where the other rows measure later runs (the quick path);
 * bare ``bwrap`` with our jail's flags (``jail_args``, ``--clearenv`` and the scrubbed env),
   without what the executor adds per call (info/block fds, cgroups, rlimits, capture);
 * ``srt`` (npm ``@anthropic-ai/sandbox-runtime``) and the Codex CLI's native ``codex sandbox``
@@ -369,6 +373,28 @@ def docker_cases(sandbox: Path, ws: Path, env: dict[str, str]) -> list[Case]:
 # ----------------------------------------------------------------------------------- the run
 
 
+def wheel_venv(root: Path) -> Path:
+    """This checkout installed as a wheel (``pip install .``) into a fresh venv; its console script."""
+    venv = root / "wheel-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(Path(__file__).resolve().parents[1])],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise Unavailable(f"pip install of this checkout failed: {last_line(done.stderr)}")
+    return venv / "bin" / "sandbox"
+
+
+def first_run_case(row: Row, sandbox: Path, ws: Path, env: dict[str, str], cache: Path) -> Case:
+    """A profile's first run here: the quick path's cache emptied before each (not timed) run."""
+    argv = [str(sandbox), "run", "--backend", "bwrap", "--", "true"]
+
+    def once() -> list[float]:
+        shutil.rmtree(cache, ignore_errors=True)
+        return [run_once(argv, ws, env)]
+
+    return Case([row], once)
+
+
 def build_cases(root: Path) -> list[Case]:
     def ws(name: str) -> Path:
         path = root / name  # one workspace per row: peers leave mount points in theirs
@@ -378,8 +404,19 @@ def build_cases(root: Path) -> list[Case]:
     sandbox = ours_bin()
     env = ours_env(root / "data")
     problem = ensure_peers()
-    ours = Row("sandbox run -- true (bwrap)", "ours", BWRAP_REFS)
-    cases = [process_case(ours, [str(sandbox), "run", "--backend", "bwrap", "--", "true"], ws("ours"), env)]
+    ours = Row("sandbox run -- true (bwrap), installed wheel", "ours", BWRAP_REFS)
+    first = Row("  the same, a profile's first run here (full path)", "first run", BWRAP_REFS)
+    try:
+        wheel = wheel_venv(root)
+    except (Unavailable, subprocess.CalledProcessError) as exc:
+        cases = [absent(ours, str(exc)), absent(first, str(exc))]
+    else:
+        cases = [process_case(ours, [str(wheel), "run", "--backend", "bwrap", "--", "true"], ws("ours"), env),
+                 first_run_case(first, wheel, ws("first"), ours_env(root / "data-first"),
+                                root / "data-first" / "cache" / "profiles")]
+    editable = Row("  the same, editable checkout (.venv)", "editable", BWRAP_REFS)
+    cases.append(process_case(editable, [str(sandbox), "run", "--backend", "bwrap", "--", "true"], ws("editable"),
+                              env))
     bare = Row("bare bwrap, our jail's flags -- true", "bwrap")
     try:
         cases.append(process_case(bare, bare_bwrap_argv(ws("bwrap")), root))

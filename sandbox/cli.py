@@ -291,6 +291,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         raise InvalidArgument(f"{self.prog}: {message}")
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse asks shutil for the terminal's width at every add_argument: shutil (with the
+        # compressors it imports) would be a tenth of a short run's imports.
+        return self.formatter_class(prog=self.prog, width=_columns() - 2)  # type: ignore[call-arg]
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``: $COLUMNS, else our stdout's terminal, else 80."""
+    with contextlib.suppress(KeyError, ValueError):
+        if (columns := int(os.environ["COLUMNS"])) > 0:
+            return columns
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    return 80
+
 
 def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     """The whole parser; ``only_run``: just ``sandbox run``'s, which parses its arguments the same

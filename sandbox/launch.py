@@ -35,7 +35,6 @@ import os
 import select
 import signal
 import stat
-import subprocess
 import time
 import zlib
 from pathlib import Path
@@ -143,20 +142,55 @@ class Outcome:
         self.received = received
 
 
+NOT_FORWARDED = -1  # a stdin the command does not get: it reads /dev/null
+
+
 def _handed_over(fd: int, *, stdin: bool) -> int | None:
-    """``fd`` itself, ``DEVNULL`` for a stdin that is not forwarded, or ``None``: the full path copies it."""
+    """``fd`` itself, ``NOT_FORWARDED`` for such a stdin, or ``None``: the full path copies it."""
     try:
         st = os.fstat(fd)
     except OSError:
-        return subprocess.DEVNULL if stdin else None
+        return NOT_FORWARDED if stdin else None
     if stat.S_ISFIFO(st.st_mode):
         return fd
     if stat.S_ISCHR(st.st_mode):
         if st.st_rdev == os.stat(os.devnull).st_rdev:
             return fd
         if stdin and os.isatty(fd):
-            return subprocess.DEVNULL
+            return NOT_FORWARDED
     return None
+
+
+class _Bwrap:
+    """bwrap, our child, started by ``posix_spawn`` (``subprocess`` and its imports are a tenth of a run)."""
+
+    def __init__(self, argv: list[str], streams: list[int], pass_fds: tuple[int, ...]) -> None:
+        actions = []
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            for target, fd in enumerate(streams):
+                source = null if fd == NOT_FORWARDED else fd
+                if source != target:
+                    actions.append((os.POSIX_SPAWN_DUP2, source, target))
+            for fd in pass_fds:
+                os.set_inheritable(fd, True)
+            # Python ignores SIGPIPE and SIGXFSZ: the command must not inherit that (as subprocess restores them).
+            self.pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions,
+                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *SIGNALS))
+        finally:
+            os.close(null)
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 
 class _Shown(NamedTuple):
@@ -179,6 +213,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     bwrap = bwrap_argv.bwrap_path()
     if None in streams or bwrap is None or bwrap_argv.passed_smoke(bwrap) is None:
         return None
+    handed = [fd for fd in streams if fd is not None]
     prof = _recall(args)
     if prof is None:
         return None
@@ -188,7 +223,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     shown = _Shown(ws, prof, bwrap_argv.host_paths_shown(ws))
     env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]
     prefix = [bwrap, *bwrap_argv.jail_args(prof, ws, ws), "--chdir", str(ws), "--clearenv", *env]
-    return _Call(prof, args.timeout_s).run(prefix, calls.checked_argv(shown, argv), streams)
+    return _Call(prof, args.timeout_s).run(prefix, calls.checked_argv(shown, argv), handed)
 
 
 class _Call:
@@ -197,24 +232,27 @@ class _Call:
         self.timeout = timeout
         self.received: list[int] = []
 
-    def run(self, prefix: list[str], argv: list[str], streams: list[int | None]) -> Outcome:
+    def run(self, prefix: list[str], argv: list[str], streams: list[int]) -> Outcome:
         # From here on a signal to us is an abort of the call, even one that comes during the start.
         with _signals_to(self.received) as wakeup:
             group = confine.call_cgroup(self.profile)
             try:
                 proc, tree = self._start(prefix, argv, streams, group)
-                with proc, tree_killed(tree):  # the tree first, then bwrap is waited for
-                    outcome = self._wait(proc, tree, wakeup)
-                    outcome.oom_killed = group.oom_killed() if group else False
-                outcome.exit_code = _status(proc.returncode)
+                try:
+                    with tree_killed(tree):
+                        outcome = self._wait(proc, tree, wakeup)
+                        outcome.oom_killed = group.oom_killed() if group else False
+                finally:  # the tree first, then bwrap is waited for
+                    code = proc.wait()
+                outcome.exit_code = _status(code)
                 return outcome
             finally:
                 if group is not None:
                     for pause in confine.removal_steps(group):
                         time.sleep(pause)
 
-    def _start(self, prefix: list[str], argv: list[str], streams: list[int | None],
-               group: cgroups.CallCgroup | None) -> tuple[subprocess.Popen[bytes], confine.Tree]:
+    def _start(self, prefix: list[str], argv: list[str], streams: list[int],
+               group: cgroups.CallCgroup | None) -> tuple[_Bwrap, confine.Tree]:
         """bwrap started with its init held until it is confined (see ``BwrapJail._release_held``)."""
         with confine.starting("cannot start bwrap"):
             info_r, info_w = os.pipe()
@@ -222,8 +260,7 @@ class _Call:
         try:
             cmd = [*prefix, "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
             with confine.starting("cannot start bwrap"):
-                proc = subprocess.Popen(cmd, stdin=streams[0], stdout=streams[1], stderr=streams[2],
-                                        pass_fds=(info_w, block_r))
+                proc = _Bwrap(cmd, streams, (info_w, block_r))
             os.close(info_w)
             os.close(block_r)
             info_w = block_r = -1
@@ -245,7 +282,7 @@ class _Call:
                 if fd >= 0:
                     os.close(fd)
 
-    def _wait(self, proc: subprocess.Popen[bytes], tree: confine.Tree, wakeup: int) -> Outcome:
+    def _wait(self, proc: _Bwrap, tree: confine.Tree, wakeup: int) -> Outcome:
         """Wait for bwrap, a deadline or a signal to us; on the last two, kill the tree with grace."""
         outcome = Outcome(self.received)
         deadline = time.monotonic() + self.timeout
@@ -280,33 +317,27 @@ def tree_killed(tree: confine.Tree) -> Any:
         tree.forget_root()
 
 
-def _status(returncode: int | None) -> int:
+def _status(returncode: int) -> int:
     """bwrap's status as the command's: 128+N for a signal, as the shell reports it."""
-    if returncode is None:
-        return 128 + signal.SIGKILL
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _read_init_pid(fd: int, proc: subprocess.Popen[bytes]) -> int:
-    data = b""
+def _read_init_pid(fd: int, proc: _Bwrap) -> int:
+    info = bwrap_argv.InfoReader(fd)
     deadline = time.monotonic() + START_TIMEOUT_S
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    while not data.rstrip().endswith(b"}"):
+    while not info.done:
         left = deadline - time.monotonic()
         if left <= 0 or not poller.poll(left * 1000):
             raise BackendUnavailable(f"bwrap did not start the jail within {START_TIMEOUT_S:g} s", backend="bwrap")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    try:
-        return int(json.loads(data)["child-pid"])
-    except (ValueError, KeyError):
+        info.read()
+    pid = info.init_pid()
+    if pid is None:
         code = proc.wait()
         raise BackendUnavailable(
-            "bwrap failed to start the jail (its own message is on stderr above)", backend="bwrap", exit_code=code,
-        ) from None
+            "bwrap failed to start the jail (its own message is on stderr above)", backend="bwrap", exit_code=code)
+    return pid
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ children; a process-group kill would not.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -124,25 +123,22 @@ class BwrapJail(local.LocalJail):
 
 
 async def _read_init_pid(fd: int, proc: Child) -> int:
-    data = b""
-    while not data.rstrip().endswith(b"}"):
+    info = bwrap_argv.InfoReader(fd)
+    while not info.done:
         await anyio.wait_readable(fd)
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    try:
-        return int(json.loads(data)["child-pid"])
-    except (ValueError, KeyError):
-        await proc.wait()
-        err = b""
-        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
-            while len(err) < 4096:
-                err += await proc.stderr.receive()
-        raise BackendUnavailable(
-            f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
-            backend="bwrap", exit_code=proc.returncode,
-        ) from None
+        info.read()
+    pid = info.init_pid()
+    if pid is not None:
+        return pid
+    await proc.wait()
+    err = b""
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+        while len(err) < 4096:
+            err += await proc.stderr.receive()
+    raise BackendUnavailable(
+        f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
+        backend="bwrap", exit_code=proc.returncode,
+    )
 
 
 class BwrapBackend(Backend):

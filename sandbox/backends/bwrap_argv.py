@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 from functools import cache
 from typing import TYPE_CHECKING
@@ -30,7 +29,12 @@ MASKED_TREES = ("/etc",)
 
 
 def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+    """``shutil.which("bwrap")``, without importing shutil (and its compressors) on every run."""
+    for folder in os.get_exec_path():
+        path = os.path.join(folder, "bwrap")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 @cache
@@ -109,6 +113,28 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
         "--remount-ro", "/",
     ]
     return args
+
+
+class InfoReader:
+    """bwrap's ``--info-fd`` report, read as it arrives: the host pid of the namespace's init."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = b""
+        self.done = False
+
+    def read(self) -> None:
+        """One read, once ``fd`` is readable; ``done`` at the end of the JSON object or of the pipe."""
+        chunk = os.read(self.fd, 4096)
+        self.data += chunk
+        self.done = not chunk or self.data.rstrip().endswith(b"}")
+
+    def init_pid(self) -> int | None:
+        """The init's pid, or ``None`` when bwrap failed before it reported one."""
+        try:
+            return int(json.loads(self.data)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 def require_bwrap() -> str:
