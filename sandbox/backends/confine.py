@@ -187,10 +187,11 @@ class Tree:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self._root_fd, signal.SIGKILL)
 
-    def running_pids(self) -> list[int]:
+    def running_pids(self, descendants: bool = True) -> list[int]:
+        """``descendants=False``: skip the process-table scan (a pid namespace's init dies last)."""
         pids: set[int] = set(self.cgroup.pids()) if self.cgroup else set()
         root_alive = self.root_alive()
-        if root_alive and (self.cgroup is None or not self.kernel_reaps):
+        if root_alive and descendants and (self.cgroup is None or not self.kernel_reaps):
             # Without a cgroup, descendants are the only record (double forks can escape it).
             import psutil  # only here: the host backend, or no cgroup to read the tree from
 
@@ -208,8 +209,8 @@ class Tree:
         Under bwrap the root is the namespace's init: TERM it and the kernel kills the rest at
         once, leaving them no grace; so TERM goes to everything else first.
         """
-        victims = [p for p in self.running_pids() if p != self.root_pid or not self.kernel_reaps]
-        if grace > 0 and victims:
+        victims = [p for p in self.running_pids() if p != self.root_pid or not self.kernel_reaps] if grace > 0 else []
+        if victims:
             signal_all(victims, signal.SIGTERM)
             deadline = time.monotonic() + grace
             # Polling: no event tells us that processes in another pid namespace exited.
@@ -218,7 +219,9 @@ class Tree:
         # A task in uninterruptible sleep dies only when it leaves it; once SIGKILLed it can
         # never run user code again, so stop polling after a while rather than hang the call.
         give_up = time.monotonic() + KILL_WAIT_S
-        while (pids := self.running_pids()) and time.monotonic() < give_up:
+        # Under bwrap, killing the init kills its namespace, and the init is gone only once the
+        # rest is: no scan of the process table is needed to know the call is over.
+        while (pids := self.running_pids(descendants=not self.kernel_reaps)) and time.monotonic() < give_up:
             self.kill_root()
             signal_all([p for p in pids if p != self.root_pid], signal.SIGKILL)
             yield 0.002
