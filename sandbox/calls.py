@@ -8,6 +8,7 @@ jail's ``workspace``, ``profile`` and ``host_paths_shown``.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -132,3 +133,12 @@ def check_workspace(workspace: Path) -> Path:
     if data == ws or data.is_relative_to(ws) or ws.is_relative_to(data):
         raise InvalidArgument(f"workspace {ws} overlaps the sandbox data directory {data}", workspace=str(ws))
     return ws
+
+
+def exit_status(returncode: int) -> tuple[int, int | None]:
+    """A child's status (``-N``: killed by signal N) as the shell reports it, 128+N, and that signal."""
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    if returncode > 128 and returncode - 128 < signal.NSIG:
+        return returncode, returncode - 128
+    return returncode, None

@@ -13,7 +13,6 @@ is the profile's ``timeouts.default_s`` unless asked for, up to its ``timeouts.m
 from __future__ import annotations
 
 import inspect
-import signal as signal_module
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 from pydantic import BaseModel
 
+from sandbox import calls
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
 
@@ -145,14 +145,6 @@ def _lone_error(exc: BaseException) -> SandboxError | None:
     return exc if isinstance(exc, SandboxError) else None
 
 
-def _status(returncode: int) -> tuple[int, int | None]:
-    if returncode < 0:
-        return 128 - returncode, -returncode
-    if returncode > 128 and returncode - 128 < signal_module.NSIG:
-        return returncode, returncode - 128
-    return returncode, None
-
-
 async def run(
     jail: Jail,
     argv: Sequence[str],
@@ -199,7 +191,7 @@ async def run(
     finally:
         oom, peak = proc.oom_killed(), proc.peak_memory()
         proc.release()
-    exit_code, sig = _status(returncode)
+    exit_code, sig = calls.exit_status(returncode)
     return ExecResult(
         exit_code=exit_code, signal=sig, timed_out=outcome.timed_out, aborted=outcome.aborted,
         stdout=out.text(), stderr=err.text(), stdout_bytes=out.total, stderr_bytes=err.total,

@@ -239,12 +239,12 @@ class _Call:
             try:
                 proc, tree = self._start(prefix, argv, streams, group)
                 try:
-                    with tree_killed(tree):
+                    with _tree_killed(tree):
                         outcome = self._wait(proc, tree, wakeup)
                         outcome.oom_killed = group.oom_killed() if group else False
                 finally:  # the tree first, then bwrap is waited for
                     code = proc.wait()
-                outcome.exit_code = _status(code)
+                outcome.exit_code = calls.exit_status(code)[0]
                 return outcome
             finally:
                 if group is not None:
@@ -307,7 +307,7 @@ class _Call:
 
 
 @contextlib.contextmanager
-def tree_killed(tree: confine.Tree) -> Any:
+def _tree_killed(tree: confine.Tree) -> Any:
     """On the way out, however it is left: nothing of the call runs any more."""
     try:
         yield
@@ -315,11 +315,6 @@ def tree_killed(tree: confine.Tree) -> Any:
         for pause in tree.kill_steps(0):
             time.sleep(pause)
         tree.forget_root()
-
-
-def _status(returncode: int) -> int:
-    """bwrap's status as the command's: 128+N for a signal, as the shell reports it."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def _read_init_pid(fd: int, proc: _Bwrap) -> int:
