@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from sandbox.backends.docker import DockerJail
 
 
-
 def say(text: str) -> None:
     print(text, flush=True)  # noqa: T201 - a benchmark reports on stdout
 
@@ -79,8 +78,20 @@ async def warm(workspace: Path, n: int, docker_cli: str) -> tuple[float, float]:
 
 async def per_call(workspace: Path, n: int, docker_cli: str) -> tuple[float, float]:
     jail = await open_jail(workspace, "call")
-    run = [docker_cli, "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
-           "-u", jail.user, dockerb.DEFAULT_IMAGE, "true"]
+    run = [
+        docker_cli,
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "-u",
+        jail.user,
+        dockerb.DEFAULT_IMAGE,
+        "true",
+    ]
     try:
         ours = await timed(n, lambda: executor.run(jail, ["true"]))
         theirs = await timed(n, lambda: cli(run))
@@ -91,8 +102,11 @@ async def per_call(workspace: Path, n: int, docker_cli: str) -> tuple[float, flo
 
 def build_time() -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sandbox.cli", "image", "build", "--force", "--mode", "offline"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "image", "build", "--force", "--mode", "offline"],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - started
 
 
@@ -107,11 +121,15 @@ async def main_async(n: int, with_build: bool) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-docker-") as tmp:
         ours, theirs = await warm(Path(tmp), n, docker_cli)
-        say(f"warm exec      ours {ours:7.1f} ms   docker exec    {theirs:7.1f} ms   ratio {ours / theirs:.2f}"
-            f"  (target <= 0.50, median of {n})")
+        say(
+            f"warm exec      ours {ours:7.1f} ms   docker exec    {theirs:7.1f} ms   ratio {ours / theirs:.2f}"
+            f"  (target <= 0.50, median of {n})"
+        )
         ours, theirs = await per_call(Path(tmp), n, docker_cli)
-        say(f"call container ours {ours:7.1f} ms   docker run --rm {theirs:6.1f} ms   ratio {ours / theirs:.2f}"
-            f"  (median of {n})")
+        say(
+            f"call container ours {ours:7.1f} ms   docker run --rm {theirs:6.1f} ms   ratio {ours / theirs:.2f}"
+            f"  (median of {n})"
+        )
     if with_build:
         say(f"image build (offline, rootfs cached, forced): {build_time():.1f} s")
     return 0

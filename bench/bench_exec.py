@@ -29,14 +29,24 @@ from sandbox.backends.environment import base_env
 CALLS = int(os.environ.get("BENCH_CALLS", "40"))
 KILLS = int(os.environ.get("BENCH_KILLS", "5"))
 STREAM = 1 << 30
-TREE = ("trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 1000' & ( (sleep 1000 &) & ); "
-        "nohup sleep 1000 >/dev/null 2>&1 & sleep 1000")
+TREE = (
+    "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 1000' & ( (sleep 1000 &) & ); "
+    "nohup sleep 1000 >/dev/null 2>&1 & sleep 1000"
+)
 
 
 def raw_cmd(prof: profiles.Profile, ws: Path, argv: list[str]) -> list[str]:
     env = [a for k, v in base_env(prof).items() for a in ("--setenv", k, v)]
-    return [bwrap.bwrap_path() or "bwrap", *bwrap.jail_args(prof, ws, ws), "--chdir", str(ws),
-            "--clearenv", *env, "--", *argv]
+    return [
+        bwrap.bwrap_path() or "bwrap",
+        *bwrap.jail_args(prof, ws, ws),
+        "--chdir",
+        str(ws),
+        "--clearenv",
+        *env,
+        "--",
+        *argv,
+    ]
 
 
 def raw_calls(prof: profiles.Profile, ws: Path) -> list[float]:
@@ -114,14 +124,22 @@ async def main() -> int:
         stream_ours, peak = await sandbox_stream(jail)
     stream_raw = raw_stream(prof, ws)
     grace_ms = prof.timeouts.kill_grace_s * 1000
-    print(f"exec overhead   : exec.run median {ms(ours):.2f} ms, bare bwrap {ms(raw):.2f} ms over {CALLS} calls "
-          f"-> ratio {ms(ours) / ms(raw):.2f}x (target <= 1.30x)")
-    print(f"tree kill       : median {statistics.median(kills):.0f} ms, max {max(kills):.0f} ms after the deadline "
-          f"(grace {grace_ms:.0f} ms; target <= {grace_ms + 200:.0f} ms every time) over {KILLS} kills")
-    print(f"stdout 1 GiB    : through the jail {STREAM / stream_ours / 2**20:.0f} MiB/s, bare bwrap "
-          f"{STREAM / stream_raw / 2**20:.0f} MiB/s -> ratio {stream_raw / stream_ours:.2f}x of raw speed")
-    print(f"executor memory : peak RSS {peak / 2**20:.0f} MiB while streaming 1 GiB "
-          f"(+{(peak - rss_before) / 2**20:.1f} MiB over the start)")
+    print(
+        f"exec overhead   : exec.run median {ms(ours):.2f} ms, bare bwrap {ms(raw):.2f} ms over {CALLS} calls "
+        f"-> ratio {ms(ours) / ms(raw):.2f}x (target <= 1.30x)"
+    )
+    print(
+        f"tree kill       : median {statistics.median(kills):.0f} ms, max {max(kills):.0f} ms after the deadline "
+        f"(grace {grace_ms:.0f} ms; target <= {grace_ms + 200:.0f} ms every time) over {KILLS} kills"
+    )
+    print(
+        f"stdout 1 GiB    : through the jail {STREAM / stream_ours / 2**20:.0f} MiB/s, bare bwrap "
+        f"{STREAM / stream_raw / 2**20:.0f} MiB/s -> ratio {stream_raw / stream_ours:.2f}x of raw speed"
+    )
+    print(
+        f"executor memory : peak RSS {peak / 2**20:.0f} MiB while streaming 1 GiB "
+        f"(+{(peak - rss_before) / 2**20:.1f} MiB over the start)"
+    )
     ok = ms(ours) / ms(raw) <= 1.3 and max(kills) <= grace_ms + 200
     return 0 if ok else 1
 

@@ -181,27 +181,37 @@ def cell(value: float | None) -> str:
 
 
 def print_table(results: dict[str, dict[int, dict[str, float]]]) -> None:
-    say(f"\nmedian ms over up to {REPS} rounds (write100/read100 include one jail spawn each; setup of ro, rw "
-        f"and overlay also over {SETUP_SAMPLES} extra open/close pairs)")
+    say(
+        f"\nmedian ms over up to {REPS} rounds (write100/read100 include one jail spawn each; setup of ro, rw "
+        f"and overlay also over {SETUP_SAMPLES} extra open/close pairs)"
+    )
     say(f"{'strategy':9} {'files':>6} " + " ".join(f"{s:>9}" for s in STEPS) + "  rounds")
     for strategy, by_size in results.items():
         for size, times in by_size.items():
-            say(f"{strategy:9} {size:>6} " + " ".join(f"{cell(times.get(s)):>9}" for s in STEPS)
-                + f"  {times['rounds']:>6.0f}")
+            say(
+                f"{strategy:9} {size:>6} "
+                + " ".join(f"{cell(times.get(s)):>9}" for s in STEPS)
+                + f"  {times['rounds']:>6.0f}"
+            )
 
 
 def ratios(results: dict[str, dict[int, dict[str, float]]]) -> dict[str, dict[str, float]]:
     small, large = min(SIZES), max(SIZES)
     out: dict[str, dict[str, float]] = {}
     for strategy, by_size in results.items():
-        out[strategy] = {step: by_size[large][step] / by_size[small][step]
-                         for step in ("setup", "changes", "apply") if step in by_size[small]}
+        out[strategy] = {
+            step: by_size[large][step] / by_size[small][step]
+            for step in ("setup", "changes", "apply")
+            if step in by_size[small]
+        }
     return out
 
 
 def print_ratios(found: dict[str, dict[str, float]]) -> None:
-    say(f"\nscaling, {max(SIZES)} files / {min(SIZES)} files (flat is ~1x; the workspace grew "
-        f"{max(SIZES) / min(SIZES):.0f}x):")
+    say(
+        f"\nscaling, {max(SIZES)} files / {min(SIZES)} files (flat is ~1x; the workspace grew "
+        f"{max(SIZES) / min(SIZES):.0f}x):"
+    )
     for strategy, steps in found.items():
         say(f"  {strategy:8} " + ", ".join(f"{step} {value:.2f}x" for step, value in steps.items()))
 
@@ -232,8 +242,10 @@ async def main() -> int:
     flat = found.get("overlay", {}).get("setup")
     largest = results.get("overlay", {}).get(max(SIZES), {}).get("setup")
     if flat is not None and largest is not None and flat > FLAT_RATIO and largest > FLAT_MS:
-        say(f"FAIL: overlay setup grew {flat:.2f}x with the workspace to {largest:.1f} ms "
-            f"(target <= {FLAT_RATIO:.0f}x or <= {FLAT_MS:.0f} ms)")
+        say(
+            f"FAIL: overlay setup grew {flat:.2f}x with the workspace to {largest:.1f} ms "
+            f"(target <= {FLAT_RATIO:.0f}x or <= {FLAT_MS:.0f} ms)"
+        )
         return 1
     return 0
 

@@ -57,16 +57,19 @@ def main() -> None:
         bash = "git status && ls -la src | grep foo"
         warm = call("Bash", {"command": bash})
         cold = [call("Bash", {"command": f"{bash}{i}"}) for i in range(ROUNDS + 200)]
-        complex_cmd = [call("Bash", {"command": f"for f in $(ls src); do echo \"$f\" > /dev/null; done; "
-                                                f"cat README{i}.md | wc -l"}) for i in range(ROUNDS + 200)]
+        complex_cmd = [
+            call("Bash", {"command": f'for f in $(ls src); do echo "$f" > /dev/null; done; cat README{i}.md | wc -l'})
+            for i in range(ROUNDS + 200)
+        ]
         results = {
             "Read (file tool)": _median_us(lambda i: gate.evaluate(read, state)),
             "Write (file tool)": _median_us(lambda i: gate.evaluate(write, state)),
             "Grep (file tool)": _median_us(lambda i: gate.evaluate(grep, state)),
             f"Bash cold: {bash!r}": _median_us(lambda i: gate.evaluate(cold[i], state)),
             f"Bash warm: {bash!r}": _median_us(lambda i: gate.evaluate(warm, state)),
-            "Bash cold, bashlex path (loop + $(…) + redirect)":
-                _median_us(lambda i: gate.evaluate(complex_cmd[i], state)),
+            "Bash cold, bashlex path (loop + $(…) + redirect)": _median_us(
+                lambda i: gate.evaluate(complex_cmd[i], state)
+            ),
         }
     for name, value in results.items():
         print(f"{value:9.1f} µs  median  {name}")  # noqa: T201

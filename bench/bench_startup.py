@@ -98,10 +98,12 @@ def forking(spawn: Callable[[], T]) -> T:
 
 def run_once(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> float:
     """Wall seconds from spawn to exit of one process; a non-zero exit makes the row unavailable."""
+
     def spawn() -> tuple[float, subprocess.CompletedProcess[bytes]]:
         started = time.perf_counter()
-        done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=120, check=False)
+        done = subprocess.run(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=False
+        )
         return time.perf_counter() - started, done
 
     elapsed, done = forking(spawn)
@@ -197,9 +199,19 @@ class ServeCase:
     def once(self) -> tuple[float, ...]:
         with tempfile.TemporaryFile() as log:
             # The clock starts with each try: a fork that failed is no part of the sample.
-            started, proc = forking(lambda: (time.perf_counter(), subprocess.Popen(
-                self.argv, cwd=self.workspace, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=log)))
+            started, proc = forking(
+                lambda: (
+                    time.perf_counter(),
+                    subprocess.Popen(
+                        self.argv,
+                        cwd=self.workspace,
+                        env=self.env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                    ),
+                )
+            )
             try:
                 cold = self._call(proc, 1, "initialize", {"client": "bench"}) - started
                 if self.open_session:
@@ -279,8 +291,16 @@ def ensure_peers() -> str | None:
         return "npm is not installed (apt-get install npm), so the peers cannot be installed"
     say(f"installing {' '.join(missing)} into {PEERS_DIR.relative_to(HERE.parent)} ...")
     PEERS_DIR.mkdir(exist_ok=True)
-    cmd = [npm, "install", "--prefix", str(PEERS_DIR), "--no-audit", "--no-fund", "--save-exact",
-           *(f"{name}@{version}" for name, version in PEERS.items())]
+    cmd = [
+        npm,
+        "install",
+        "--prefix",
+        str(PEERS_DIR),
+        "--no-audit",
+        "--no-fund",
+        "--save-exact",
+        *(f"{name}@{version}" for name, version in PEERS.items()),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
     if done.returncode != 0:
         return f"npm install failed (exit {done.returncode}): {last_line(done.stderr)}"
@@ -300,10 +320,14 @@ def srt_case(ws: Path, cfg_dir: Path, problem: str | None) -> Case:
     # deny paths, starts its HTTP and SOCKS proxies on the host, then runs bwrap (net, pid and
     # user namespaces, / bound read-only) with socat bridges inside and applies its seccomp filter.
     settings = cfg_dir / "srt-settings.json"
-    settings.write_text(json.dumps({
-        "network": {"allowedDomains": [], "deniedDomains": []},
-        "filesystem": {"denyRead": [], "allowWrite": ["."], "denyWrite": []},
-    }))
+    settings.write_text(
+        json.dumps(
+            {
+                "network": {"allowedDomains": [], "deniedDomains": []},
+                "filesystem": {"denyRead": [], "allowWrite": ["."], "denyWrite": []},
+            }
+        )
+    )
     cli = PEERS_DIR / "node_modules" / "@anthropic-ai" / "sandbox-runtime" / "dist" / "cli.js"
     return process_case(row, [str(node_bin()), str(cli), "--settings", str(settings), "true"], ws)
 
@@ -344,8 +368,7 @@ def docker_problem() -> str | None:
     cli = shutil.which("docker")
     if cli is None:
         return "no docker CLI"
-    info = subprocess.run([cli, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                          check=False)
+    info = subprocess.run([cli, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, check=False)
     if info.returncode != 0:
         return f"dockerd is not reachable: {last_line(info.stderr)}"
     image = subprocess.run([cli, "image", "inspect", IMAGE], capture_output=True, check=False)
@@ -363,11 +386,38 @@ def docker_cases(sandbox: Path, ws: Path, env: dict[str, str]) -> list[Case]:
     # The raw CLI with our default's confinement: no network, read-only root, no capabilities,
     # the workspace bound at its path, the same memory and pids limits, uid 1000 (the executor's
     # choice for a root-owned workspace).
-    raw = ["docker", "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL",
-           "--security-opt", "no-new-privileges", "--tmpfs", "/tmp", "--memory", "2g", "--memory-swap", "2g",
-           "--pids-limit", "512", "-u", "1000:1000", "-v", f"{ws}:{ws}", "-w", str(ws), IMAGE, "true"]
-    return [process_case(ours, [str(sandbox), "run", "--backend", "docker", "--", "true"], ws, env),
-            process_case(theirs, raw, ws)]
+    raw = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--tmpfs",
+        "/tmp",
+        "--memory",
+        "2g",
+        "--memory-swap",
+        "2g",
+        "--pids-limit",
+        "512",
+        "-u",
+        "1000:1000",
+        "-v",
+        f"{ws}:{ws}",
+        "-w",
+        str(ws),
+        IMAGE,
+        "true",
+    ]
+    return [
+        process_case(ours, [str(sandbox), "run", "--backend", "docker", "--", "true"], ws, env),
+        process_case(theirs, raw, ws),
+    ]
 
 
 # ----------------------------------------------------------------------------------- the run
@@ -377,8 +427,12 @@ def wheel_venv(root: Path) -> Path:
     """This checkout installed as a wheel (``pip install .``) into a fresh venv; its console script."""
     venv = root / "wheel-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(Path(__file__).resolve().parents[1])],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(Path(__file__).resolve().parents[1])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise Unavailable(f"pip install of this checkout failed: {last_line(done.stderr)}")
     return venv / "bin" / "sandbox"
@@ -411,12 +465,14 @@ def build_cases(root: Path) -> list[Case]:
     except (Unavailable, subprocess.CalledProcessError) as exc:
         cases = [absent(ours, str(exc)), absent(first, str(exc))]
     else:
-        cases = [process_case(ours, [str(wheel), "run", "--backend", "bwrap", "--", "true"], ws("ours"), env),
-                 first_run_case(first, wheel, ws("first"), ours_env(root / "data-first"),
-                                root / "data-first" / "cache" / "profiles")]
+        cases = [
+            process_case(ours, [str(wheel), "run", "--backend", "bwrap", "--", "true"], ws("ours"), env),
+            first_run_case(
+                first, wheel, ws("first"), ours_env(root / "data-first"), root / "data-first" / "cache" / "profiles"
+            ),
+        ]
     editable = Row("  the same, editable checkout (.venv)", "editable", BWRAP_REFS)
-    cases.append(process_case(editable, [str(sandbox), "run", "--backend", "bwrap", "--", "true"], ws("editable"),
-                              env))
+    cases.append(process_case(editable, [str(sandbox), "run", "--backend", "bwrap", "--", "true"], ws("editable"), env))
     bare = Row("bare bwrap, our jail's flags -- true", "bwrap")
     try:
         cases.append(process_case(bare, bare_bwrap_argv(ws("bwrap")), root))
@@ -427,8 +483,15 @@ def build_cases(root: Path) -> list[Case]:
     version = Row("sandbox --version", "version", ("codex",))
     cases.append(process_case(version, [str(sandbox), "--version"], root, env))
     serve = ServeCase(sandbox, ws("serve"), env, open_session=False)
-    cases.append(Case([Row("sandbox serve: spawn -> initialize reply", INITIALIZE),
-                       Row("sandbox serve: initialize request -> reply (warm)", "warm initialize")], serve.once))
+    cases.append(
+        Case(
+            [
+                Row("sandbox serve: spawn -> initialize reply", INITIALIZE),
+                Row("sandbox serve: initialize request -> reply (warm)", "warm initialize"),
+            ],
+            serve.once,
+        )
+    )
     opening = ServeCase(sandbox, ws("session"), env, open_session=True)
     cases.append(Case([Row("sandbox serve: spawn -> initialize, session.open reply", "session.open")], opening.once))
     return cases
@@ -488,8 +551,7 @@ def report(cases: list[Case], n: int) -> int:
             why = row.why_not or (row.failures[-1] if row.failures else "no run")
             say(f"{row.label:56}{'-':>10}{'-':>9}  not measured: {why}")
             continue
-        ratios = [f"{mine / theirs:.2f}x {key}" for key in row.refs
-                  if (theirs := median_ms(rows.get(key))) is not None]
+        ratios = [f"{mine / theirs:.2f}x {key}" for key in row.refs if (theirs := median_ms(rows.get(key))) is not None]
         say(f"{row.label:56}{mine:10.1f}{p90(row.samples) * 1000:9.1f}  {', '.join(ratios)}")
         if row.failures:
             say(f"{'':8}{len(row.failures)} runs failed and are left out; last: {row.failures[-1]}")
@@ -502,16 +564,20 @@ def targets(rows: dict[str, Row]) -> int:
     if mine is not None and theirs is not None:
         met = mine / theirs <= TARGET_VS_CODEX
         ok &= met
-        say(f"target: sandbox run within {TARGET_VS_CODEX}x of Codex's native binary: "
-            f"{mine / theirs:.2f}x -> {'met' if met else 'MISSED'}")
+        say(
+            f"target: sandbox run within {TARGET_VS_CODEX}x of Codex's native binary: "
+            f"{mine / theirs:.2f}x -> {'met' if met else 'MISSED'}"
+        )
     else:
         ok = False
         say("target: sandbox run against Codex's native binary: not measured (see above)")
     if first is not None:
         met = first <= TARGET_INITIALIZE_MS
         ok &= met
-        say(f"target: initialize <= {TARGET_INITIALIZE_MS:.0f} ms from spawn: {first:.0f} ms -> "
-            f"{'met' if met else 'MISSED'}")
+        say(
+            f"target: initialize <= {TARGET_INITIALIZE_MS:.0f} ms from spawn: {first:.0f} ms -> "
+            f"{'met' if met else 'MISSED'}"
+        )
     else:
         ok = False
         say("target: initialize from spawn: not measured (see above)")

@@ -52,8 +52,11 @@ class Shown:
 
 
 def _daemons() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "while :; do sleep 1; done" in " ".join(p.info["cmdline"] or [])]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "while :; do sleep 1; done" in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 async def main() -> int:
@@ -72,12 +75,18 @@ async def main() -> int:
     prof = profiles.load("untrusted")
     backend = base.choose("auto", prof)
     print(f"profile: untrusted ({prof.description})")
-    print(f"backend: {backend.name} (auto)  mount: {prof.mount.strategy}  network: {prof.network.mode}  "
-          f"memory: {prof.limits.memory} B  pids: {prof.limits.pids}")
+    print(
+        f"backend: {backend.name} (auto)  mount: {prof.mount.strategy}  network: {prof.network.mode}  "
+        f"memory: {prof.limits.memory} B  pids: {prof.limits.pids}"
+    )
     print(f"workspace: {project}\n\n-- the task runs, unattended --")
     async with await backend.open_jail(project, prof) as jail:
         result = await executor.run(
-            jail, ["bash", "agent_task.sh"], timeout=60, on_stdout=Shown("out"), on_stderr=Shown("err"),
+            jail,
+            ["bash", "agent_task.sh"],
+            timeout=60,
+            on_stdout=Shown("out"),
+            on_stderr=Shown("err"),
             env={"SANDBOX_DEMO_OUTSIDE": str(outside), "PYTHONDONTWRITEBYTECODE": "1"},
         )
         changes = await jail.changes()
@@ -86,16 +95,22 @@ async def main() -> int:
         verdicts = [
             ("file outside the workspace survived", (outside / "important.txt").exists()),
             ("host ~/.bashrc untouched", _digest(bashrc) == bashrc_before),
-            ("no network connection or DNS answer", "CONNECTED" not in result.stdout
-             and "RESOLVED" not in result.stdout),
+            (
+                "no network connection or DNS answer",
+                "CONNECTED" not in result.stdout and "RESOLVED" not in result.stdout,
+            ),
             ("caller's GITHUB_TOKEN never reached the task", "ghp_demo" not in result.stdout + result.stderr),
             ("/etc/shadow unreadable", "root:" not in result.stdout),
             ("daemon killed when the task ended", not daemons_after),
-            (f"output flood bounded ({result.stdout_bytes:,} B produced, {len(result.stdout):,} B kept)",
-             result.stdout_truncated),
+            (
+                f"output flood bounded ({result.stdout_bytes:,} B produced, {len(result.stdout):,} B kept)",
+                result.stdout_truncated,
+            ),
             ("system directories read-only", Path("/usr/share/doc").exists()),
-            ("host workspace unchanged before review",
-             {p: _digest(p) for p in project.rglob("*") if p.is_file()} == before),
+            (
+                "host workspace unchanged before review",
+                {p: _digest(p) for p in project.rglob("*") if p.is_file()} == before,
+            ),
         ]
         print(f"\n-- exit code {result.exit_code} after {result.duration_ms:.0f} ms --\n\nwhat was stopped:")
         for text, ok in verdicts:

@@ -31,27 +31,46 @@ SCHEMA_VERSION = 1
 PREVIEW_CHARS = 400
 REDACTED = "[REDACTED]"
 
-_SECRET_NAME = (r"[A-Za-z0-9_.-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
-                r"|private[_-]?key|credential|auth|session[_-]?id|cookie|signature|salt|dsn)[A-Za-z0-9_.-]*")
+_SECRET_NAME = (
+    r"[A-Za-z0-9_.-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
+    r"|private[_-]?key|credential|auth|session[_-]?id|cookie|signature|salt|dsn)[A-Za-z0-9_.-]*"
+)
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY"
-                r"( BLOCK)?-----|\Z)", re.S), "[REDACTED PRIVATE KEY]"),
-    (re.compile(r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(?:(bearer|basic|token|digest)\s+)?"
-                r"[^\s'\",;]+"), rf"\1\2\3 {REDACTED}"),
+    (
+        re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY"
+            r"( BLOCK)?-----|\Z)",
+            re.S,
+        ),
+        "[REDACTED PRIVATE KEY]",
+    ),
+    (
+        re.compile(
+            r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(?:(bearer|basic|token|digest)\s+)?"
+            r"[^\s'\",;]+"
+        ),
+        rf"\1\2\3 {REDACTED}",
+    ),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {REDACTED}"),
     (re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@'\"]+):[^@\s'\"]+@"), rf"\1:{REDACTED}@"),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
-                r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
-                r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|npm_[A-Za-z0-9]{30,}"
-                r"|hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}"
-                r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), REDACTED),
+    (
+        re.compile(
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+            r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
+            r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|npm_[A-Za-z0-9]{30,}"
+            r"|hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}"
+            r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+        ),
+        REDACTED,
+    ),
     # "password": "x" and password: x (JSON, YAML, headers)
-    (re.compile(rf"(?im)((?:^\s*{_SECRET_NAME}|\"{_SECRET_NAME}\")\s*:\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}}]+)"),
-     rf'\1"{REDACTED}"'),
+    (
+        re.compile(rf"(?im)((?:^\s*{_SECRET_NAME}|\"{_SECRET_NAME}\")\s*:\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}}]+)"),
+        rf'\1"{REDACTED}"',
+    ),
     # NAME=value, export NAME=value, --password=value, --token value
     (re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|]+)"), rf"\1{REDACTED}"),
-    (re.compile(rf"(?i)(--?{_SECRET_NAME}\s+)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|-][^\s;&|]*)"),
-     rf"\1{REDACTED}"),
+    (re.compile(rf"(?i)(--?{_SECRET_NAME}\s+)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|-][^\s;&|]*)"), rf"\1{REDACTED}"),
     # Long high-entropy runs (mixed letters and digits) are treated as keys even without a name.
     (re.compile(r"\b(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{40,}={0,2}"), REDACTED),
 )
@@ -116,19 +135,47 @@ class AuditRecord:
     ts: float = field(default_factory=time.time)
 
     @classmethod
-    def build(cls, call: ToolCall, auth: Authorization, *, args: Mapping[str, Any] | None = None,
-              duration_ms: float = 0.0, overhead_ms: float = 0.0, total_ms: float = 0.0,
-              ok: bool = False, error_code: str | None = None, policy_version: str = "") -> AuditRecord:
+    def build(
+        cls,
+        call: ToolCall,
+        auth: Authorization,
+        *,
+        args: Mapping[str, Any] | None = None,
+        duration_ms: float = 0.0,
+        overhead_ms: float = 0.0,
+        total_ms: float = 0.0,
+        ok: bool = False,
+        error_code: str | None = None,
+        policy_version: str = "",
+    ) -> AuditRecord:
         """From a call and its authorization; ``args`` defaults to the validated params."""
         data = dict(args) if args is not None else _dump(call.params)
         decision = auth.decision
         final = (auth.answer or "allow") if auth.allowed else "deny"
         external = decision.escape or ("command" if decision.external else "none")
         return cls(
-            call.session_id, call.turn_id, call.tool_call_id, call.name, args_digest(data), args_preview(data),
-            redact(decision.resource), decision.root or "", external, decision.level, final, auth.decided_by,
-            decision.rule_id, decision.mode, auth.prompted, auth.wait_ms, duration_ms, overhead_ms, total_ms,
-            ok, error_code, policy_version,
+            call.session_id,
+            call.turn_id,
+            call.tool_call_id,
+            call.name,
+            args_digest(data),
+            args_preview(data),
+            redact(decision.resource),
+            decision.root or "",
+            external,
+            decision.level,
+            final,
+            auth.decided_by,
+            decision.rule_id,
+            decision.mode,
+            auth.prompted,
+            auth.wait_ms,
+            duration_ms,
+            overhead_ms,
+            total_ms,
+            ok,
+            error_code,
+            policy_version,
         )
 
 
@@ -197,18 +244,31 @@ class AuditLog:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             total = self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
-            by = {col: dict(self._db.execute(f"SELECT {col}, COUNT(*) FROM calls GROUP BY {col} "
-                                             "ORDER BY COUNT(*) DESC").fetchall())
-                  for col in ("decision", "decided_by", "tool", "level")}
+            by = {
+                col: dict(
+                    self._db.execute(
+                        f"SELECT {col}, COUNT(*) FROM calls GROUP BY {col} ORDER BY COUNT(*) DESC"
+                    ).fetchall()
+                )
+                for col in ("decision", "decided_by", "tool", "level")
+            }
             denied = self._db.execute(
                 "SELECT rule_id, COUNT(*) FROM calls WHERE decision = 'deny' GROUP BY rule_id "
-                "ORDER BY COUNT(*) DESC LIMIT 10").fetchall()
+                "ORDER BY COUNT(*) DESC LIMIT 10"
+            ).fetchall()
             prompted, wait = self._db.execute(
-                "SELECT COALESCE(SUM(prompted), 0), COALESCE(AVG(permission_wait_ms), 0) FROM calls "
-                "WHERE prompted = 1").fetchone()
-        return {"total": total, "by_decision": by["decision"], "by_decided_by": by["decided_by"],
-                "by_tool": by["tool"], "by_level": by["level"], "top_denying_rules": dict(denied),
-                "prompted": prompted, "mean_permission_wait_ms": round(wait, 3)}
+                "SELECT COALESCE(SUM(prompted), 0), COALESCE(AVG(permission_wait_ms), 0) FROM calls WHERE prompted = 1"
+            ).fetchone()
+        return {
+            "total": total,
+            "by_decision": by["decision"],
+            "by_decided_by": by["decided_by"],
+            "by_tool": by["tool"],
+            "by_level": by["level"],
+            "top_denying_rules": dict(denied),
+            "prompted": prompted,
+            "mean_permission_wait_ms": round(wait, 3),
+        }
 
     def export_jsonl(self, fp: IO[str]) -> int:
         rows = self.rows()

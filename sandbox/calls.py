@@ -109,13 +109,32 @@ def check_timeout(timeout: float | None, profile: Profile) -> float:
         raise InvalidArgument(
             f"timeout must be between {MIN_TIMEOUT_S:g} and {ceiling:g} seconds, got {timeout!r} "
             f"(the ceiling is profile {profile.name!r}'s timeouts.max_s)",
-            timeout=timeout, max_s=ceiling, profile=profile.name,
+            timeout=timeout,
+            max_s=ceiling,
+            profile=profile.name,
         )
     return float(timeout)
 
 
-FORBIDDEN_WORKSPACES = {Path(p) for p in ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64",
-                                          "/proc", "/sys", "/dev", "/boot", "/var", "/tmp", "/run")}
+FORBIDDEN_WORKSPACES = {
+    Path(p)
+    for p in (
+        "/",
+        "/usr",
+        "/etc",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib64",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/boot",
+        "/var",
+        "/tmp",
+        "/run",
+    )
+}
 
 
 def check_workspace(workspace: Path) -> Path:
@@ -127,8 +146,9 @@ def check_workspace(workspace: Path) -> Path:
     if not ws.is_dir():
         raise InvalidArgument(f"workspace {ws} is not a directory", workspace=str(ws))
     if ws in FORBIDDEN_WORKSPACES or ws == Path.home().resolve() and os.geteuid() != 0:
-        raise InvalidArgument(f"workspace {ws} is a system or home directory; choose a project directory",
-                              workspace=str(ws))
+        raise InvalidArgument(
+            f"workspace {ws} is a system or home directory; choose a project directory", workspace=str(ws)
+        )
     data = datadir.data_dir().resolve()
     if data == ws or data.is_relative_to(ws) or ws.is_relative_to(data):
         raise InvalidArgument(f"workspace {ws} overlaps the sandbox data directory {data}", workspace=str(ws))

@@ -54,8 +54,11 @@ def _add_run(sub: Subparsers) -> None:
     run.add_argument("--backend", help="auto, bwrap, docker or host (default: the profile's, auto)")
     run.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
     run.add_argument("--mount", help="ro, rw, copy or overlay (default: the profile's)")
-    run.add_argument("--timeout", type=float,
-                     help="seconds, from 1 to the profile's timeouts.max_s (default: its timeouts.default_s)")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds, from 1 to the profile's timeouts.max_s (default: its timeouts.default_s)",
+    )
     run.add_argument("--memory", help="memory limit, binary units as Docker reads them: 512m, 2g = 2GiB")
     run.add_argument("--pids", type=int, help="process limit (at least 8)")
     run.add_argument("--network", help="none or host (default: the profile's, none)")
@@ -66,8 +69,13 @@ def _add_run(sub: Subparsers) -> None:
 
 
 # Which flag sets which profile key: errors in a flag's value name the flag, not the file.
-_FLAGS = {"mount.strategy": "--mount", "limits.memory": "--memory", "limits.pids": "--pids",
-          "network.mode": "--network", "backend": "--backend"}
+_FLAGS = {
+    "mount.strategy": "--mount",
+    "limits.memory": "--memory",
+    "limits.pids": "--pids",
+    "network.mode": "--network",
+    "backend": "--backend",
+}
 
 
 def _load_profile(args: argparse.Namespace) -> profiles.Profile:
@@ -77,8 +85,13 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
     if args.backend not in (None, "auto"):
         base.get(args.backend)
     prof = profiles.load(args.profile)
-    values = {"mount.strategy": args.mount, "limits.memory": args.memory, "limits.pids": args.pids,
-              "network.mode": args.network, "backend": args.backend}
+    values = {
+        "mount.strategy": args.mount,
+        "limits.memory": args.memory,
+        "limits.pids": args.pids,
+        "network.mode": args.network,
+        "backend": args.backend,
+    }
     return prof.override(values, _FLAGS)
 
 
@@ -147,9 +160,13 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
             tg.start_soon(_watch_signals, abort, received)
             async with await backend.open_jail(workspace, prof) as jail:
                 result = await executor.run(
-                    jail, calls.checked_argv(jail, argv), timeout=args.timeout, abort=abort,
+                    jail,
+                    calls.checked_argv(jail, argv),
+                    timeout=args.timeout,
+                    abort=abort,
                     stdin=cli_stdio.stdin_source(),
-                    on_stdout=None if args.json else out.write, on_stderr=None if args.json else err.write,
+                    on_stdout=None if args.json else out.write,
+                    on_stderr=None if args.json else err.write,
                 )
                 changes = await jail.changes()
                 applied = await jail.apply(changes) if changes is not None and args.apply else None
@@ -179,21 +196,30 @@ def _exit_status(result: executor.ExecResult | launch.Outcome, received: list[in
     return result.exit_code
 
 
-def _report(args: argparse.Namespace, prof: profiles.Profile, result: executor.ExecResult,
-            changes: Any, applied: Any, received: list[int], enforced: dict[str, Any]) -> int:
+def _report(
+    args: argparse.Namespace,
+    prof: profiles.Profile,
+    result: executor.ExecResult,
+    changes: Any,
+    applied: Any,
+    received: list[int],
+    enforced: dict[str, Any],
+) -> int:
     code = _exit_status(result, received)
     if args.json:
-        emitted = _emit({
-            **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
-            "profile": prof.name,
-            "network": prof.network.mode,
-            "limits": prof.limits.in_force(),
-            "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
-            "timeout_s": args.timeout_s,
-            "changes": changes.to_list() if changes is not None else None,
-            "applied": applied.to_dict() if applied is not None else None,
-            "exit_status": code,
-        })
+        emitted = _emit(
+            {
+                **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
+                "profile": prof.name,
+                "network": prof.network.mode,
+                "limits": prof.limits.in_force(),
+                "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
+                "timeout_s": args.timeout_s,
+                "changes": changes.to_list() if changes is not None else None,
+                "applied": applied.to_dict() if applied is not None else None,
+                "exit_status": code,
+            }
+        )
         return code if emitted else EXIT_SIGPIPE
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
         _review(result, changes, applied, args.apply)
@@ -245,17 +271,27 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name in profiles.available():
         prof = profiles.load(name)
-        rows.append({"name": name, "description": prof.description, "backend": prof.backend,
-                     "mount": prof.mount.strategy, "network": prof.network.mode,
-                     "requires": list(prof.requires), "limits": prof.limits.in_force(),
-                     "timeouts": {"default_s": prof.timeouts.default_s, "max_s": prof.timeouts.max_s}})
+        rows.append(
+            {
+                "name": name,
+                "description": prof.description,
+                "backend": prof.backend,
+                "mount": prof.mount.strategy,
+                "network": prof.network.mode,
+                "requires": list(prof.requires),
+                "limits": prof.limits.in_force(),
+                "timeouts": {"default_s": prof.timeouts.default_s, "max_s": prof.timeouts.max_s},
+            }
+        )
     if args.json:
         _emit({"profiles": rows})
         return 0
     for row in rows:
         print(f"{row['name']}: {row['description']}")
-        print(f"  mount={row['mount']} network={row['network']} backend={row['backend']} "
-              f"timeout={row['timeouts']['default_s']:g}s (max {row['timeouts']['max_s']:g}s)")
+        print(
+            f"  mount={row['mount']} network={row['network']} backend={row['backend']} "
+            f"timeout={row['timeouts']['default_s']:g}s (max {row['timeouts']['max_s']:g}s)"
+        )
         print(f"  guarantees: {', '.join(row['requires'])}")
     return 0
 
@@ -280,8 +316,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
         _say(f"docker: {exc.message}")
     for name in removed:
         print(name)
-    _say(f"removed {len(swept.cgroups)} cgroup(s), {len(swept.copies)} private copies, "
-         f"{len(swept.scratch)} scratch dir(s), {len(removed)} container(s)")
+    _say(
+        f"removed {len(swept.cgroups)} cgroup(s), {len(swept.copies)} private copies, "
+        f"{len(swept.scratch)} scratch dir(s), {len(removed)} container(s)"
+    )
     return 1 if swept.kept else 0
 
 
@@ -324,9 +362,13 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true")
     prof.set_defaults(func=cmd_profiles)
     gc = sub.add_parser(
-        "gc", help="remove what crashed executors left: cgroups, private copies, scratch dirs, containers")
-    gc.add_argument("--all", action="store_true",
-                    help="also containers of live executors, and call cgroups of the old unowned naming")
+        "gc", help="remove what crashed executors left: cgroups, private copies, scratch dirs, containers"
+    )
+    gc.add_argument(
+        "--all",
+        action="store_true",
+        help="also containers of live executors, and call cgroups of the old unowned naming",
+    )
     gc.set_defaults(func=cmd_gc)
     for module in (cli_policy, cli_tools, cli_compare, cli_image):
         module.register(sub)
@@ -340,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(raw)
     except InvalidArgument as exc:
         _say(exc.message)
-        if raw[:2] == ["policy", "test"] and "--json" in raw[:raw.index("--") if "--" in raw else None]:
+        if raw[:2] == ["policy", "test"] and "--json" in raw[: raw.index("--") if "--" in raw else None]:
             from sandbox.cli_policy import print_refusal
 
             print_refusal(None, exc)

@@ -25,19 +25,29 @@ DEFAULT_REPORT = Path("sandbox-compare")
 
 def register(sub: Subparsers) -> None:
     cmd = sub.add_parser(
-        "compare", help="run one command under each backend x mount strategy and compare cost and protection",
+        "compare",
+        help="run one command under each backend x mount strategy and compare cost and protection",
         description="Run ARGV on fresh copies of the workspace under each backend and mount strategy; "
-                    "print a table and write report.json, report.md, chart.svg and table.txt.")
+        "print a table and write report.json, report.md, chart.svg and table.txt.",
+    )
     cmd.add_argument("--backends", help="comma-separated, e.g. bwrap,docker (default: every available one)")
     cmd.add_argument("--mounts", help=f"comma-separated (default: {','.join(MOUNT_STRATEGIES)})")
     cmd.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
-    cmd.add_argument("--repeat", default=str(DEFAULT_COMPARE_REPEAT),
-                     help=f"runs per cell, each on a fresh copy in a fresh jail (default: {DEFAULT_COMPARE_REPEAT})")
-    cmd.add_argument("--report", type=Path, default=DEFAULT_REPORT,
-                     help=f"directory for report.json, report.md, chart.svg, table.txt (default: ./{DEFAULT_REPORT})")
+    cmd.add_argument(
+        "--repeat",
+        default=str(DEFAULT_COMPARE_REPEAT),
+        help=f"runs per cell, each on a fresh copy in a fresh jail (default: {DEFAULT_COMPARE_REPEAT})",
+    )
+    cmd.add_argument(
+        "--report",
+        type=Path,
+        default=DEFAULT_REPORT,
+        help=f"directory for report.json, report.md, chart.svg, table.txt (default: ./{DEFAULT_REPORT})",
+    )
     cmd.add_argument("--profile", help="a shipped profile name or a TOML file (default: default)")
-    cmd.add_argument("--timeout",
-                     help="seconds per run, 1 to the profile's timeouts.max_s (default: its timeouts.default_s)")
+    cmd.add_argument(
+        "--timeout", help="seconds per run, 1 to the profile's timeouts.max_s (default: its timeouts.default_s)"
+    )
     cmd.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command and its arguments")
     cmd.set_defaults(func=cmd_compare)
 
@@ -53,8 +63,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     try:
-        plan = compare.make_plan(argv, args.workspace, backends=args.backends, mounts=args.mounts,
-                                 repeat=args.repeat, profile=args.profile, timeout=args.timeout)
+        plan = compare.make_plan(
+            argv,
+            args.workspace,
+            backends=args.backends,
+            mounts=args.mounts,
+            repeat=args.repeat,
+            profile=args.profile,
+            timeout=args.timeout,
+        )
     except InvalidArgument as exc:
         _say(str(exc))
         return EXIT_SANDBOX

@@ -24,12 +24,17 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("image", help="build the Docker image of the docker backend")
     sub = parser.add_subparsers(dest="image_command", required=True)
     build = sub.add_parser(
-        "build", help="build sandbox-runtime:<version> (or a variant); returns at once when current",
+        "build",
+        help="build sandbox-runtime:<version> (or a variant); returns at once when current",
         description="Build the Docker backend's image: online from debian:bookworm-slim when it can be "
-                    "pulled, else offline from a debootstrap rootfs. As root, installs what it lacks.",
+        "pulled, else offline from a debootstrap rootfs. As root, installs what it lacks.",
     )
-    build.add_argument("--variant", choices=VARIANTS, default="base",
-                       help="base, or node (adds Node.js and npm; profiles name it sandbox-runtime:node)")
+    build.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default="base",
+        help="base, or node (adds Node.js and npm; profiles name it sandbox-runtime:node)",
+    )
     build.add_argument("--force", action="store_true", help="rebuild even if the image is current")
     build.add_argument("--mode", choices=MODES, help="the base image's build path (default: auto)")
     build.add_argument("--print-tag", action="store_true", help="print the variant's tag and exit")

@@ -32,6 +32,7 @@ def _guard(handler: Handler) -> Handler:
         except SandboxError as exc:
             print(f"sandbox: {exc.message}", file=sys.stderr)
             return 2
+
     return run
 
 
@@ -119,11 +120,24 @@ def _test_outcome(args: argparse.Namespace) -> int:
     return 2
 
 
-def print_refusal(decision: str | None, error: SandboxError, rule_id: str | None = None,
-                  tool: str | None = None) -> None:
+def print_refusal(
+    decision: str | None, error: SandboxError, rule_id: str | None = None, tool: str | None = None
+) -> None:
     """The one JSON object of ``policy test --json`` for an outcome that is not a policy decision."""
-    print(json.dumps({"decision": decision, "error_code": error.code, "reason": error.message,
-                      "rule_id": rule_id, "tool": tool, "details": error.data}, indent=2, default=str))
+    print(
+        json.dumps(
+            {
+                "decision": decision,
+                "error_code": error.code,
+                "reason": error.message,
+                "rule_id": rule_id,
+                "tool": tool,
+                "details": error.data,
+            },
+            indent=2,
+            default=str,
+        )
+    )
 
 
 def _arguments(args: argparse.Namespace, tool: str, command: str) -> dict[str, Any]:
@@ -181,14 +195,28 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
 
 def _print_decision(decision: Decision, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({
-            "decision": decision.level, "error_code": None, "reason": decision.reason, "rule_id": decision.rule_id,
-            "resource": decision.resource, "root": decision.root, "external": decision.external,
-            "mode": decision.mode, "tool": decision.tool, "decided_by": decision.decided_by,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "decision": decision.level,
+                    "error_code": None,
+                    "reason": decision.reason,
+                    "rule_id": decision.rule_id,
+                    "resource": decision.resource,
+                    "root": decision.root,
+                    "external": decision.external,
+                    "mode": decision.mode,
+                    "tool": decision.tool,
+                    "decided_by": decision.decided_by,
+                },
+                indent=2,
+            )
+        )
         return
-    print(f"{decision.level}: {decision.reason}\n  rule: {decision.rule_id}  mode: {decision.mode}"
-          f"  resource: {decision.resource}")
+    print(
+        f"{decision.level}: {decision.reason}\n  rule: {decision.rule_id}  mode: {decision.mode}"
+        f"  resource: {decision.resource}"
+    )
 
 
 def _add_rule(args: argparse.Namespace) -> int:
@@ -228,8 +256,10 @@ def _list_rules(args: argparse.Namespace) -> int:
     from sandbox.policy.rules import BUILTIN_RULES, RuleStore
 
     rules = RuleStore().ruleset()
-    builtin = [{"id": r.id, "layer": r.layer, "enabled": rules.enabled(r.id), "description": r.description}
-               for r in BUILTIN_RULES]
+    builtin = [
+        {"id": r.id, "layer": r.layer, "enabled": rules.enabled(r.id), "description": r.description}
+        for r in BUILTIN_RULES
+    ]
     user = [r.model_dump(exclude_defaults=True) | {"id": r.id} for r in rules.user]
     if args.json:
         print(json.dumps({"builtin": builtin, "user": user}, indent=2))
@@ -249,8 +279,7 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
-    print(f"{stats['total']} calls, {stats['prompted']} prompted "
-          f"(mean wait {stats['mean_permission_wait_ms']} ms)")
+    print(f"{stats['total']} calls, {stats['prompted']} prompted (mean wait {stats['mean_permission_wait_ms']} ms)")
     for title in ("by_decision", "by_decided_by", "by_tool", "top_denying_rules"):
         pairs = ", ".join(f"{k}={v}" for k, v in stats[title].items()) or "-"
         print(f"  {title.replace('_', ' ')}: {pairs}")

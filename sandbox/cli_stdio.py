@@ -100,7 +100,7 @@ class Sink:
         view = memoryview(data)
         while view and not self.closed:
             try:
-                view = view[await self._write_some(view):]
+                view = view[await self._write_some(view) :]
             except OSError:  # EPIPE, ECONNRESET, EIO (the terminal hung up): nobody takes it
                 self._gone()
 
@@ -112,7 +112,7 @@ class Sink:
                 if self._poll:
                     # Writable means a free pipe slot, and a slot takes PIPE_BUF bytes at once.
                     await anyio.wait_writable(self.fd)
-                    return os.write(self.fd, view[:select.PIPE_BUF])
+                    return os.write(self.fd, view[: select.PIPE_BUF])
                 return os.write(self._own if self._own is not None else self.fd, view)
             except BlockingIOError:
                 if self._sock is not None:

@@ -20,8 +20,11 @@ EXIT_SANDBOX = 125
 
 
 def register(sub: Subparsers) -> None:
-    tool = sub.add_parser("tool", help="run one tool call (Bash, Read, Write, Edit, Glob, Grep, LS) through the "
-                                       "capability, parameter, policy and approval boundaries into a jail")
+    tool = sub.add_parser(
+        "tool",
+        help="run one tool call (Bash, Read, Write, Edit, Glob, Grep, LS) through the "
+        "capability, parameter, policy and approval boundaries into a jail",
+    )
     tool.add_argument("name")
     tool.add_argument("--args", default="{}", help="the tool's arguments as a JSON object")
     tool.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
@@ -77,9 +80,14 @@ async def _tool(args: argparse.Namespace, parsed: dict[str, Any]) -> ToolResult:
     stream = not args.json and args.name == "Bash"
     out = _echo(sys.stdout.buffer) if stream else None
     err = _echo(sys.stderr.buffer) if stream else None
-    async with Sandbox.open(args.workspace or Path.cwd(), profile=args.profile, backend=args.backend,
-                            mode=args.mode, operating_mode="plan" if args.plan else None,
-                            approver=_approver()) as session:
+    async with Sandbox.open(
+        args.workspace or Path.cwd(),
+        profile=args.profile,
+        backend=args.backend,
+        mode=args.mode,
+        operating_mode="plan" if args.plan else None,
+        approver=_approver(),
+    ) as session:
         return await session.call(args.name, parsed, on_stdout=out, on_stderr=err)
 
 

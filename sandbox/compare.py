@@ -60,8 +60,10 @@ MOUNTS: tuple[str, ...] = MOUNT_STRATEGIES
 DEFAULT_BACKENDS: tuple[str, ...] = ("bwrap", "docker")
 DEFAULT_REPEAT = DEFAULT_COMPARE_REPEAT
 MAX_REPEAT = 100
-PROBE_SCRIPT = ("rm -rf ./* ./.[!.]* 2>/dev/null; "
-                "mkdir -p .git/hooks && echo 'echo evil' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit")
+PROBE_SCRIPT = (
+    "rm -rf ./* ./.[!.]* 2>/dev/null; "
+    "mkdir -p .git/hooks && echo 'echo evil' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit"
+)
 OUTPUT_TAIL = 2000
 REPORT_FILES = ("report.json", "report.md", "chart.svg", "table.txt")
 
@@ -84,8 +86,9 @@ class Plan:
     explicit_backends: bool
 
 
-def _names(value: str | Sequence[str] | None, default: tuple[str, ...], known: Iterable[str],
-           what: str) -> tuple[tuple[str, ...], bool]:
+def _names(
+    value: str | Sequence[str] | None, default: tuple[str, ...], known: Iterable[str], what: str
+) -> tuple[tuple[str, ...], bool]:
     if value is None:
         return default, False
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -93,8 +96,10 @@ def _names(value: str | Sequence[str] | None, default: tuple[str, ...], known: I
     allowed = tuple(known)
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
-        raise InvalidArgument(f"unknown {what} {', '.join(map(repr, unknown)) or '(none given)'}; "
-                              f"choose from {', '.join(allowed)}", **{what: list(names)})
+        raise InvalidArgument(
+            f"unknown {what} {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(allowed)}",
+            **{what: list(names)},
+        )
     return names, True
 
 
@@ -108,10 +113,16 @@ def _repeat(value: int | str) -> int:
     return repeat
 
 
-def make_plan(argv: Sequence[str], workspace: Path | None = None, *,
-              backends: str | Sequence[str] | None = None, mounts: str | Sequence[str] | None = None,
-              repeat: int | str = DEFAULT_REPEAT, profile: str | None = None,
-              timeout: float | str | None = None) -> Plan:
+def make_plan(
+    argv: Sequence[str],
+    workspace: Path | None = None,
+    *,
+    backends: str | Sequence[str] | None = None,
+    mounts: str | Sequence[str] | None = None,
+    repeat: int | str = DEFAULT_REPEAT,
+    profile: str | None = None,
+    timeout: float | str | None = None,
+) -> Plan:
     """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs."""
     if not argv:
         raise InvalidArgument("no command given: sandbox compare [options] -- ARGV...")
@@ -201,8 +212,10 @@ class Cell:
         return {
             "exit_codes": self.exit_codes,
             "timed_out": any(r.timed_out for r in self.runs),
-            **{k: self.median(k) for k in ("wall_ms", "setup_ms", "teardown_ms", "changeset_ms",
-                                                 "spawn_ms", "peak_memory_bytes")},
+            **{
+                k: self.median(k)
+                for k in ("wall_ms", "setup_ms", "teardown_ms", "changeset_ms", "spawn_ms", "peak_memory_bytes")
+            },
             "bytes_copied": last.bytes_copied if last else None,
             "files_changed": last.files_changed if last else None,
             "host_changed": self.host_changed,
@@ -210,10 +223,15 @@ class Cell:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "mount": self.mount, "status": self.status, "reason": self.reason,
-                **(self.summary() if self.status == "ran" else {}),
-                "runs": [asdict(r) for r in self.runs],
-                "safety": asdict(self.safety) if self.safety else None}
+        return {
+            "backend": self.backend,
+            "mount": self.mount,
+            "status": self.status,
+            "reason": self.reason,
+            **(self.summary() if self.status == "ran" else {}),
+            "runs": [asdict(r) for r in self.runs],
+            "safety": asdict(self.safety) if self.safety else None,
+        }
 
 
 @dataclass
@@ -231,12 +249,21 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "version": 1, "sandbox": __version__, "started": self.started, "finished": self.finished,
-            "command": list(self.plan.argv), "workspace": str(self.plan.workspace),
-            "workspace_stats": self.workspace_stats, "repeat": self.plan.repeat,
-            "profile": self.plan.profile.name, "timeout_s": self.plan.timeout,
-            "mounts": list(self.plan.mounts), "host": _host(), "backends": self.backends,
-            "safety_probe": PROBE_SCRIPT, "cells": [c.to_dict() for c in self.cells],
+            "version": 1,
+            "sandbox": __version__,
+            "started": self.started,
+            "finished": self.finished,
+            "command": list(self.plan.argv),
+            "workspace": str(self.plan.workspace),
+            "workspace_stats": self.workspace_stats,
+            "repeat": self.plan.repeat,
+            "profile": self.plan.profile.name,
+            "timeout_s": self.plan.timeout,
+            "mounts": list(self.plan.mounts),
+            "host": _host(),
+            "backends": self.backends,
+            "safety_probe": PROBE_SCRIPT,
+            "cells": [c.to_dict() for c in self.cells],
         }
 
 
@@ -249,8 +276,13 @@ def exit_status(report: Report) -> int:
 
 
 def _host() -> dict[str, Any]:
-    return {"hostname": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "euid": os.geteuid()}
+    return {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "euid": os.geteuid(),
+    }
 
 
 # ------------------------------------------------------------------------------ workspace copies
@@ -276,8 +308,11 @@ def _digest(path: Path) -> str:
 
 
 def _diff(before: Manifest, after: Manifest) -> dict[str, int]:
-    return {"added": len(after.keys() - before.keys()), "deleted": len(before.keys() - after.keys()),
-            "modified": sum(1 for k in before.keys() & after.keys() if before[k] != after[k])}
+    return {
+        "added": len(after.keys() - before.keys()),
+        "deleted": len(before.keys() - after.keys()),
+        "modified": sum(1 for k in before.keys() & after.keys() if before[k] != after[k]),
+    }
 
 
 def _fresh_copy(source: Path, parent: Path, index: int) -> Path:
@@ -285,8 +320,9 @@ def _fresh_copy(source: Path, parent: Path, index: int) -> Path:
     target = parent / str(index) / source.name
     with map_errors(f"cannot copy the workspace {source}"):
         target.parent.mkdir(mode=0o755)
-        done = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(source), str(target)],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["cp", "-a", "--reflink=auto", "--", str(source), str(target)], capture_output=True, text=True, check=False
+        )
     if done.returncode != 0:
         raise ToolFailed(f"copying the workspace failed: {done.stderr.strip()}", workspace=str(source))
     return target
@@ -345,8 +381,9 @@ class _Outcome:
     bytes_copied: int | None
 
 
-async def _jailed(backend: base.Backend, ws: Path, prof: profiles.Profile, argv: Sequence[str],
-                  timeout: float | None) -> _Outcome:
+async def _jailed(
+    backend: base.Backend, ws: Path, prof: profiles.Profile, argv: Sequence[str], timeout: float | None
+) -> _Outcome:
     started = time.perf_counter()
     jail = await backend.open_jail(ws, prof)
     setup_ms = _ms(started)
@@ -398,9 +435,21 @@ class _Engine:
         changes = out.changes.summary() if out.changes is not None else {**host, "flagged": 0}
         files_changed = len(out.changes.changes) if out.changes is not None else sum(host.values())
         res = out.result
-        return Run(res.exit_code, res.timed_out, res.duration_ms, res.spawn_ms, out.setup_ms, out.teardown_ms,
-                   out.changeset_ms, out.bytes_copied, files_changed, before != after, res.peak_memory_bytes,
-                   changes, *_tails(res))
+        return Run(
+            res.exit_code,
+            res.timed_out,
+            res.duration_ms,
+            res.spawn_ms,
+            out.setup_ms,
+            out.teardown_ms,
+            out.changeset_ms,
+            out.bytes_copied,
+            files_changed,
+            before != after,
+            res.peak_memory_bytes,
+            changes,
+            *_tails(res),
+        )
 
     async def safety(self, backend: base.Backend, prof: profiles.Profile) -> Safety:
         ws = await self._copy(seed=True)
@@ -476,9 +525,11 @@ def progress_line(cell: Cell, repeat: int) -> str:
         return f"{cell.label}: {cell.status}: {cell.reason}"
     survived = {"yes": "survived", "NO": "host DAMAGED"}.get(_survived(cell), _survived(cell))
     why = f" ({cell.failure})" if cell.failure else ""
-    return (f"{cell.label}: exit {_exits(cell)}{why}, wall {_num(cell.median('wall_ms'))} ms "
-            f"(median of {repeat}), setup {_num(cell.median('setup_ms'))} ms, "
-            f"teardown {_num(cell.median('teardown_ms'))} ms; destructive probe: {survived}")
+    return (
+        f"{cell.label}: exit {_exits(cell)}{why}, wall {_num(cell.median('wall_ms'))} ms "
+        f"(median of {repeat}), setup {_num(cell.median('setup_ms'))} ms, "
+        f"teardown {_num(cell.median('teardown_ms'))} ms; destructive probe: {survived}"
+    )
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -526,8 +577,21 @@ def _survived(cell: Cell) -> str:
     return "yes" if cell.safety.survived else "NO"
 
 
-HEADERS = ("backend", "mount", "exit", "wall ms", "setup ms", "teardown ms", "changeset ms", "copied",
-           "files changed", "host changed", "peak mem", "changes", "survives probe")
+HEADERS = (
+    "backend",
+    "mount",
+    "exit",
+    "wall ms",
+    "setup ms",
+    "teardown ms",
+    "changeset ms",
+    "copied",
+    "files changed",
+    "host changed",
+    "peak mem",
+    "changes",
+    "survives probe",
+)
 
 
 def rows(report: Report) -> list[list[str]]:
@@ -537,10 +601,23 @@ def rows(report: Report) -> list[list[str]]:
             out.append([cell.backend, cell.mount, cell.status, *["-"] * (len(HEADERS) - 3)])
             continue
         s = cell.summary()
-        out.append([cell.backend, cell.mount, _exits(cell), _num(s["wall_ms"]), _num(s["setup_ms"]),
-                    _num(s["teardown_ms"]), _num(s["changeset_ms"]), _size(s["bytes_copied"]),
-                    str(s["files_changed"]), _yes_no(s["host_changed"]), _size(s["peak_memory_bytes"]),
-                    _changes(s["changes"]), _survived(cell)])
+        out.append(
+            [
+                cell.backend,
+                cell.mount,
+                _exits(cell),
+                _num(s["wall_ms"]),
+                _num(s["setup_ms"]),
+                _num(s["teardown_ms"]),
+                _num(s["changeset_ms"]),
+                _size(s["bytes_copied"]),
+                str(s["files_changed"]),
+                _yes_no(s["host_changed"]),
+                _size(s["peak_memory_bytes"]),
+                _changes(s["changes"]),
+                _survived(cell),
+            ]
+        )
     return out
 
 
@@ -578,8 +655,12 @@ def markdown(report: Report, chart: str | None = "chart.svg") -> str:
         lines += ["Not run:", "", *(f"- `{c.label}` {c.status}: {_md_cell(c.reason)}" for c in skipped), ""]
     failed = [c for c in report.ran if c.failure]
     if failed:
-        lines += ["Command failures (the last line it printed):", "",
-                  *(f"- `{c.label}` exit {_exits(c)}: `{_md_cell(c.failure)}`" for c in failed), ""]
+        lines += [
+            "Command failures (the last line it printed):",
+            "",
+            *(f"- `{c.label}` exit {_exits(c)}: `{_md_cell(c.failure)}`" for c in failed),
+            "",
+        ]
     if chart:
         lines += [f"![time per backend and mount strategy]({chart})", ""]
     lines += _md_safety(report) + _md_legend()
@@ -587,24 +668,32 @@ def markdown(report: Report, chart: str | None = "chart.svg") -> str:
 
 
 def _md_safety(report: Report) -> list[str]:
-    lines = ["## What each strategy protects", "",
-             f"Destructive probe, on its own fresh copy with a seeded `.git/hooks`: `{_md_cell(PROBE_SCRIPT)}`", "",
-             "| backend | mount | probe exit | host workspace survived | host changes | hook planted on host "
-             "| changeset (what `--apply` would bring back) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## What each strategy protects",
+        "",
+        f"Destructive probe, on its own fresh copy with a seeded `.git/hooks`: `{_md_cell(PROBE_SCRIPT)}`",
+        "",
+        "| backend | mount | probe exit | host workspace survived | host changes | hook planted on host "
+        "| changeset (what `--apply` would bring back) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cell in report.ran:
         s = cell.safety
         if s is None:
             continue
         exit_text = "n/a" if s.exit_code is None else str(s.exit_code)
-        lines.append(f"| {cell.backend} | {cell.mount} | {exit_text} | {_survived(cell)} | "
-                     f"{_changes(s.host_changes) if not s.error else _md_cell(s.error)} | {_yes_no(s.hook_planted)} | "
-                     f"{_changes(s.changes)} |")
+        lines.append(
+            f"| {cell.backend} | {cell.mount} | {exit_text} | {_survived(cell)} | "
+            f"{_changes(s.host_changes) if not s.error else _md_cell(s.error)} | {_yes_no(s.hook_planted)} | "
+            f"{_changes(s.changes)} |"
+        )
     return [*lines, ""]
 
 
 def _md_legend() -> list[str]:
     return [
-        "## Columns", "",
+        "## Columns",
+        "",
         "- **setup**: opening the jail (the copy-in for `copy`, the mount for `overlay`); **teardown**: closing it;",
         "  **changeset**: computing what a `copy`/`overlay` jail changed; **wall**: the command itself.",
         "- **copied**: bytes copied into a private tree; **files changed**: entries the command added, modified or",
@@ -618,8 +707,11 @@ def _md_legend() -> list[str]:
 # ------------------------------------------------------------------------------ the chart
 
 
-SERIES = (("setup_ms", "setup", "#4e79a7"), ("wall_ms", "command (wall)", "#f28e2b"),
-          ("teardown_ms", "teardown", "#59a14f"))
+SERIES = (
+    ("setup_ms", "setup", "#4e79a7"),
+    ("wall_ms", "command (wall)", "#f28e2b"),
+    ("teardown_ms", "teardown", "#59a14f"),
+)
 _BAR_W, _GAP, _LEFT, _TOP, _PLOT_H = 22, 26, 64, 76, 240
 
 
@@ -642,13 +734,16 @@ def svg(report: Report) -> str:
     top = step * ticks
     command = html.escape(shlex.join(report.plan.argv))
     files = report.workspace_stats.get("files", 0)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{_LEFT}" y="20" font-size="14" font-weight="bold">sandbox compare: median ms per '
-             f'backend and mount strategy ({report.plan.repeat} run(s) each)</text>',
-             f'<text x="{_LEFT}" y="37" fill="#555">{command} on {files} files</text>',
-             *_axis(step, ticks, width), *_legend()]
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{_LEFT}" y="20" font-size="14" font-weight="bold">sandbox compare: median ms per '
+        f"backend and mount strategy ({report.plan.repeat} run(s) each)</text>",
+        f'<text x="{_LEFT}" y="37" fill="#555">{command} on {files} files</text>',
+        *_axis(step, ticks, width),
+        *_legend(),
+    ]
     for index, cell in enumerate(report.cells):
         parts += _group(cell, _LEFT + 14 + index * group_w, top)
     parts.append("</svg>")
@@ -661,12 +756,16 @@ def _y(value: float, top: float) -> float:
 
 def _axis(step: float, ticks: int, width: int) -> list[str]:
     mid = _TOP + _PLOT_H / 2
-    out = [f'<line x1="{_LEFT}" y1="{_TOP + _PLOT_H}" x2="{width - 20}" y2="{_TOP + _PLOT_H}" stroke="#333"/>',
-           f'<text x="14" y="{mid}" transform="rotate(-90 14 {mid})" text-anchor="middle">milliseconds</text>']
+    out = [
+        f'<line x1="{_LEFT}" y1="{_TOP + _PLOT_H}" x2="{width - 20}" y2="{_TOP + _PLOT_H}" stroke="#333"/>',
+        f'<text x="14" y="{mid}" transform="rotate(-90 14 {mid})" text-anchor="middle">milliseconds</text>',
+    ]
     for tick in range(ticks + 1):
         y = _y(step * tick, step * ticks)
-        out += [f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#e4e4e4"/>',
-                f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{step * tick:g}</text>']
+        out += [
+            f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#e4e4e4"/>',
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{step * tick:g}</text>',
+        ]
     return out
 
 
@@ -674,30 +773,39 @@ def _legend() -> list[str]:
     out = []
     for i, (_key, name, color) in enumerate(SERIES):
         x = _LEFT + i * 120
-        out += [f'<rect class="legend" x="{x}" y="47" width="10" height="10" fill="{color}"/>',
-                f'<text x="{x + 14}" y="56">{name}</text>']
+        out += [
+            f'<rect class="legend" x="{x}" y="47" width="10" height="10" fill="{color}"/>',
+            f'<text x="{x + 14}" y="56">{name}</text>',
+        ]
     return out
 
 
 def _group(cell: Cell, x: float, top: float) -> list[str]:
     base_y = _TOP + _PLOT_H
     mid = x + len(SERIES) * _BAR_W / 2
-    label = [f'<text x="{mid}" y="{base_y + 16}" text-anchor="middle">{cell.backend}</text>',
-             f'<text x="{mid}" y="{base_y + 30}" text-anchor="middle" font-weight="bold">{cell.mount}</text>']
+    label = [
+        f'<text x="{mid}" y="{base_y + 16}" text-anchor="middle">{cell.backend}</text>',
+        f'<text x="{mid}" y="{base_y + 30}" text-anchor="middle" font-weight="bold">{cell.mount}</text>',
+    ]
     if cell.status != "ran":
         reason = html.escape(cell.reason)
-        return [*label, f'<text class="skipped" x="{mid}" y="{base_y - 8}" text-anchor="middle" fill="#999">'
-                        f'<title>{reason}</title>{cell.status}</text>']
+        return [
+            *label,
+            f'<text class="skipped" x="{mid}" y="{base_y - 8}" text-anchor="middle" fill="#999">'
+            f"<title>{reason}</title>{cell.status}</text>",
+        ]
     bars = []
     for i, (key, name, color) in enumerate(SERIES):
         value = cell.median(key) or 0.0
         y = _y(value, top)
         bx = x + i * _BAR_W
-        bars += [f'<rect class="bar" data-cell="{cell.label}" data-series="{key}" data-value="{value}" '
-                 f'x="{bx}" y="{y:.1f}" width="{_BAR_W - 2}" height="{base_y - y:.1f}" fill="{color}">'
-                 f'<title>{cell.label} {name}: {value} ms</title></rect>',
-                 f'<text x="{bx + (_BAR_W - 2) / 2}" y="{y - 3:.1f}" text-anchor="middle" font-size="9">'
-                 f'{_num(value)}</text>']
+        bars += [
+            f'<rect class="bar" data-cell="{cell.label}" data-series="{key}" data-value="{value}" '
+            f'x="{bx}" y="{y:.1f}" width="{_BAR_W - 2}" height="{base_y - y:.1f}" fill="{color}">'
+            f"<title>{cell.label} {name}: {value} ms</title></rect>",
+            f'<text x="{bx + (_BAR_W - 2) / 2}" y="{y - 3:.1f}" text-anchor="middle" font-size="9">'
+            f"{_num(value)}</text>",
+        ]
     return label + bars
 
 

@@ -66,7 +66,7 @@ class Capture:
         tail = b"".join(self.tail)
         if not self.truncated:
             return (bytes(self.head) + tail).decode("utf-8", errors="replace")
-        tail = tail[-self.tail_limit:]
+        tail = tail[-self.tail_limit :]
         omitted = self.total - len(self.head) - len(tail)
         marker = f"\n[... {omitted} bytes omitted; {self.total} bytes in all ...]\n"
         return self.head.decode("utf-8", errors="replace") + marker + tail.decode("utf-8", errors="replace")
@@ -90,8 +90,6 @@ class ExecResult(BaseModel):
     mount: str
     oom_killed: bool = False
     peak_memory_bytes: int | None = None
-
-
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
@@ -193,11 +191,21 @@ async def run(
         proc.release()
     exit_code, sig = calls.exit_status(returncode)
     return ExecResult(
-        exit_code=exit_code, signal=sig, timed_out=outcome.timed_out, aborted=outcome.aborted,
-        stdout=out.text(), stderr=err.text(), stdout_bytes=out.total, stderr_bytes=err.total,
-        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        exit_code=exit_code,
+        signal=sig,
+        timed_out=outcome.timed_out,
+        aborted=outcome.aborted,
+        stdout=out.text(),
+        stderr=err.text(),
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
         duration_ms=round((time.monotonic() - started) * 1000, 3),
         spawn_ms=round((spawned - started) * 1000, 3),
         kill_ms=None if outcome.kill_ms is None else round(outcome.kill_ms, 3),
-        backend=jail.backend, mount=jail.mount, oom_killed=oom, peak_memory_bytes=peak,
+        backend=jail.backend,
+        mount=jail.mount,
+        oom_killed=oom,
+        peak_memory_bytes=peak,
     )

@@ -100,13 +100,19 @@ class Report:
 
     def refused_limits(self, profile: Profile) -> dict[str, str]:
         """``limits.<name>`` -> why not, for each limit the profile asks for that cannot be enforced here."""
-        return {f"limits.{name}": how.why_not for name, how in self.limits.items()
-                if how.how is None and asked_for(profile, name)}
+        return {
+            f"limits.{name}": how.why_not
+            for name, how in self.limits.items()
+            if how.how is None and asked_for(profile, name)
+        }
 
     def limits_in_force(self, profile: Profile) -> dict[str, dict[str, Any]]:
         """Every limit the profile sets, with how it is enforced here (for ``--json``)."""
-        return {name: {"value": getattr(profile.limits, name), **how.to_dict()}
-                for name, how in self.limits.items() if getattr(profile.limits, name) is not None}
+        return {
+            name: {"value": getattr(profile.limits, name), **how.to_dict()}
+            for name, how in self.limits.items()
+            if getattr(profile.limits, name) is not None
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {

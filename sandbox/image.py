@@ -61,14 +61,21 @@ REPOSITORY = "sandbox-runtime"
 ROOTFS_REPOSITORY = "sandbox-rootfs"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Keep in sync with the apt-get line of images/Dockerfile.
-PACKAGES = ("bash", "coreutils", "findutils", "grep", "git", "python3", "ripgrep", "tini", "procps",
-            "ca-certificates")
+PACKAGES = ("bash", "coreutils", "findutils", "grep", "git", "python3", "ripgrep", "tini", "procps", "ca-certificates")
 # What each variant adds on top of the base image (images/Dockerfile.variant installs them).
 VARIANTS: dict[str, tuple[str, ...]] = {"base": (), "node": ("nodejs", "npm")}
 MODES = ("auto", "online", "offline")
 # What Debian's slim images leave out too; the rest of the rootfs is what debootstrap installed.
-PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
-         "usr/share/info", "usr/share/locale", "var/log", "var/cache/debconf/templates.dat-old")
+PRUNE = (
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "var/log",
+    "var/cache/debconf/templates.dat-old",
+)
 COMMON_TAIL = "# --- common tail"
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 BUILD_TAIL = 30  # lines of build output a failure shows
@@ -120,8 +127,9 @@ def _recipe_file(name: str) -> bytes:
     try:
         return (importlib.resources.files("sandbox") / "images" / name).read_bytes()
     except OSError as exc:
-        raise BuildError(f"the image recipe sandbox/images/{name} cannot be read ({exc.strerror}): "
-                         "reinstall the package") from exc
+        raise BuildError(
+            f"the image recipe sandbox/images/{name} cannot be read ({exc.strerror}): reinstall the package"
+        ) from exc
 
 
 def _tail(name: str) -> bytes:
@@ -129,7 +137,7 @@ def _tail(name: str) -> bytes:
     marker = COMMON_TAIL.encode()
     if marker not in text:
         raise BuildError(f"images/{name} lost its '{COMMON_TAIL}' marker")
-    return text[text.index(marker):]
+    return text[text.index(marker) :]
 
 
 def recipe(variant: str = "base") -> str:
@@ -137,8 +145,12 @@ def recipe(variant: str = "base") -> str:
     if _tail("Dockerfile") != _tail("Dockerfile.offline"):
         raise BuildError("the common tails of images/Dockerfile and images/Dockerfile.offline differ")
     digest = hashlib.sha256()
-    for part in (_recipe_file("Dockerfile"), _recipe_file("Dockerfile.offline"), " ".join(PACKAGES).encode(),
-                 SUITE.encode()):
+    for part in (
+        _recipe_file("Dockerfile"),
+        _recipe_file("Dockerfile.offline"),
+        " ".join(PACKAGES).encode(),
+        SUITE.encode(),
+    ):
         digest.update(part)
     if variant != "base":
         digest.update(_recipe_file("Dockerfile.variant") + " ".join(VARIANTS[variant]).encode())
@@ -174,8 +186,9 @@ def ensure_command(command: str, package: str, why: str) -> str:
 def apt_install(package: str) -> None:
     """``apt-get install``; the package lists are fetched only if the first attempt cannot find it."""
     if shutil.which("apt-get") is None:
-        raise BuildError(f"{package} is needed and this host has no apt-get: install {package} yourself",
-                         package=package)
+        raise BuildError(
+            f"{package} is needed and this host has no apt-get: install {package} yourself", package=package
+        )
     install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
     if _apt(install) != 0 and (_apt(["apt-get", "update", "-qq"]) != 0 or _apt(install) != 0):
         raise BuildError(f"apt-get could not install {package}; see the output above", package=package)
@@ -353,8 +366,10 @@ def rootfs_tarball() -> Path:
         log(f"using cached rootfs {tarball}")
         return tarball
     if not is_root():
-        raise BuildError("the offline build runs debootstrap, which needs root (or make debian:bookworm-slim "
-                         "pullable for the online build)")
+        raise BuildError(
+            "the offline build runs debootstrap, which needs root (or make debian:bookworm-slim "
+            "pullable for the online build)"
+        )
     ensure_command("debootstrap", "debootstrap", "the offline image build needs it")
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="rootfs-") as tmp:
         target = Path(tmp) / "rootfs"
@@ -371,8 +386,11 @@ def _debootstrap(target: Path) -> None:
     mirror = apt_mirror()
     log(f"debootstrap {SUITE} from {mirror} (packages: {', '.join(PACKAGES)})")
     started = time.monotonic()
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(target), mirror],
-         env={**os.environ, **apt_proxy()}, quiet=True)
+    _run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(target), mirror],
+        env={**os.environ, **apt_proxy()},
+        quiet=True,
+    )
     log(f"debootstrap took {time.monotonic() - started:.1f}s")
 
 
@@ -427,13 +445,22 @@ def _context(dockerfile: str) -> io.BytesIO:
     return buffer
 
 
-def docker_build(client: docker.DockerClient, dockerfile: str, ref: str, args: dict[str, str],
-                 network: str | None) -> None:
+def docker_build(
+    client: docker.DockerClient, dockerfile: str, ref: str, args: dict[str, str], network: str | None
+) -> None:
     recent: collections.deque[str] = collections.deque(maxlen=BUILD_TAIL)
     with _docker_errors(f"docker build of {ref} failed"):
         stream: Iterator[dict[str, Any]] = client.api.build(
-            fileobj=_context(dockerfile), custom_context=True, dockerfile="Dockerfile", tag=ref, buildargs=args,
-            rm=True, forcerm=True, pull=False, decode=True, network_mode=network,
+            fileobj=_context(dockerfile),
+            custom_context=True,
+            dockerfile="Dockerfile",
+            tag=ref,
+            buildargs=args,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            network_mode=network,
         )
         for chunk in stream:
             if "error" in chunk:
@@ -474,8 +501,13 @@ def _build_variant(client: docker.DockerClient, variant: str, base: str, force: 
     ref, want = tag(variant), recipe(variant)
     if force or not current(client, ref, want):
         # The host's network, so an apt proxy on its loopback serves the build as it served debootstrap.
-        args = {"BASE": base, "SANDBOX_RECIPE": want, "SANDBOX_VARIANT": variant,
-                "SANDBOX_PACKAGES": " ".join(VARIANTS[variant]), **apt_proxy()}
+        args = {
+            "BASE": base,
+            "SANDBOX_RECIPE": want,
+            "SANDBOX_VARIANT": variant,
+            "SANDBOX_PACKAGES": " ".join(VARIANTS[variant]),
+            **apt_proxy(),
+        }
         log(f"adding {', '.join(VARIANTS[variant])} to {base} as {ref}")
         docker_build(client, "Dockerfile.variant", ref, args, network="host")
     else:

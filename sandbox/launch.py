@@ -91,8 +91,20 @@ def _key(args: argparse.Namespace) -> str | None:
         return None
     how = {name: [e.how, e.scope] for name, e in confine.enforcement("bwrap").items()}
     flags = [args.mount, args.memory, args.pids, args.network, args.backend]
-    return json.dumps([__version__, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns,
-                       st.st_ctime_ns, flags, os.geteuid(), os.getegid(), how])
+    return json.dumps(
+        [
+            __version__,
+            os.path.realpath(path),
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            flags,
+            os.geteuid(),
+            os.getegid(),
+            how,
+        ]
+    )
 
 
 def _cache_file(key: str) -> Path:
@@ -175,8 +187,9 @@ class _Bwrap:
             for fd in pass_fds:
                 os.set_inheritable(fd, True)
             # Python ignores SIGPIPE and SIGXFSZ: the command must not inherit that (as subprocess restores them).
-            self.pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions,
-                                      setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *SIGNALS))
+            self.pid = os.posix_spawn(
+                argv[0], argv, os.environ, file_actions=actions, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *SIGNALS)
+            )
         finally:
             os.close(null)
         self.returncode: int | None = None
@@ -251,8 +264,9 @@ class _Call:
                     for pause in confine.removal_steps(group):
                         time.sleep(pause)
 
-    def _start(self, prefix: list[str], argv: list[str], streams: list[int],
-               group: cgroups.CallCgroup | None) -> tuple[_Bwrap, confine.Tree]:
+    def _start(
+        self, prefix: list[str], argv: list[str], streams: list[int], group: cgroups.CallCgroup | None
+    ) -> tuple[_Bwrap, confine.Tree]:
         """bwrap started with its init held until it is confined (see ``BwrapJail._release_held``)."""
         with confine.starting("cannot start bwrap"):
             info_r, info_w = os.pipe()
@@ -331,7 +345,8 @@ def _read_init_pid(fd: int, proc: _Bwrap) -> int:
     if pid is None:
         code = proc.wait()
         raise BackendUnavailable(
-            "bwrap failed to start the jail (its own message is on stderr above)", backend="bwrap", exit_code=code)
+            "bwrap failed to start the jail (its own message is on stderr above)", backend="bwrap", exit_code=code
+        )
     return pid
 
 

@@ -71,8 +71,17 @@ class Stamp:
         st = st or os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         kind = _kind(st.st_mode)
         target = os.readlink(path, dir_fd=dir_fd) if kind == "symlink" else None
-        return cls(kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns,
-                   st.st_ctime_ns, st.st_nlink, target)
+        return cls(
+            kind,
+            stat.S_IMODE(st.st_mode),
+            st.st_size,
+            st.st_dev,
+            st.st_ino,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            st.st_nlink,
+            target,
+        )
 
     def same_version(self, other: Stamp) -> bool:
         return (self.kind, self.dev, self.ino, self.ctime_ns) == (other.kind, other.dev, other.ino, other.ctime_ns)
@@ -92,8 +101,16 @@ def walk(root: Path) -> Iterator[tuple[str, Stamp]]:
                     stack.append(path)
 
 
-RISKY_FLAGS = ("git-hook", "git-config", "dotfile", "new-executable", "setuid", "symlink-outside",
-               "special-file", "hardlink")
+RISKY_FLAGS = (
+    "git-hook",
+    "git-config",
+    "dotfile",
+    "new-executable",
+    "setuid",
+    "symlink-outside",
+    "special-file",
+    "hardlink",
+)
 
 
 @dataclass
@@ -146,8 +163,9 @@ class ApplyReport:
         return asdict(self)
 
 
-def _flags(rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None,
-           workspace: Path) -> list[str]:
+def _flags(
+    rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path
+) -> list[str]:
     parts = PurePosixPath(rel).parts
     flags: list[str] = []
     if parts[:2] == (".git", "hooks") and len(parts) > 2:
@@ -269,15 +287,18 @@ class CopyTree:
             return None
         if after.kind == "symlink" and after.target == before.target:
             return None
-        if (after.kind == "file" and after.mode == before.mode and after.size == before.size
-                and _same_content(self.root / rel, self.workspace / rel)):
+        if (
+            after.kind == "file"
+            and after.mode == before.mode
+            and after.size == before.size
+            and _same_content(self.root / rel, self.workspace / rel)
+        ):
             return None
         return self._change(rel, "modified", after.kind, before, after)
 
     def _change(self, rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None) -> Change:
         flags = _flags(rel, status, kind, before, after, self.workspace)
-        change = Change(rel, status, kind, flags, before.mode if before else None,
-                        after.mode if after else None)
+        change = Change(rel, status, kind, flags, before.mode if before else None, after.mode if after else None)
         if after is not None:
             change.size = after.size
             change.target = after.target

@@ -148,7 +148,9 @@ class Env(_Model):
     set: dict[str, str] = Field(default_factory=dict)
     files: tuple[Annotated[str, AfterValidator(environment.home_file)], ...] = ()
     workspace_path: tuple[Annotated[str, AfterValidator(environment.workspace_dir)], ...] = (
-        ".venv/bin", "node_modules/.bin")
+        ".venv/bin",
+        "node_modules/.bin",
+    )
 
 
 class Docker(_Model):
@@ -254,8 +256,9 @@ def _refuse_contradiction(profile: Profile, source: str, labels: Mapping[str, st
         message = f"{labels[key]} {value} contradicts {why}; choose a profile that does not require it"
     else:
         message = f"invalid profile {source}: {key} = {value!r} contradicts {why}"
-    raise InvalidArgument(message, guarantee=guarantee, key=key, flag=labels.get(key), profile=profile.name,
-                          file=source)
+    raise InvalidArgument(
+        message, guarantee=guarantee, key=key, flag=labels.get(key), profile=profile.name, file=source
+    )
 
 
 def _problem(err: Any) -> str:
@@ -304,8 +307,11 @@ def load_file(path: Path) -> Profile:
 def available() -> dict[str, Path]:
     """The shipped profiles: package data (``sandbox/profiles``, a link to ``profiles/`` in a checkout)."""
     shipped = importlib.resources.files("sandbox") / "profiles"
-    return {Path(p.name).stem: Path(str(p)) for p in sorted(shipped.iterdir(), key=lambda e: e.name)
-            if p.name.endswith(".toml")}
+    return {
+        Path(p.name).stem: Path(str(p))
+        for p in sorted(shipped.iterdir(), key=lambda e: e.name)
+        if p.name.endswith(".toml")
+    }
 
 
 def load(name_or_path: str | None = None) -> Profile:
@@ -317,6 +323,4 @@ def load(name_or_path: str | None = None) -> Profile:
     path = Path(ref)
     if path.suffix == ".toml" or path.exists():
         return load_file(path)
-    raise InvalidArgument(
-        f"unknown profile {ref!r}; shipped profiles: {', '.join(shipped) or 'none'}", profile=ref
-    )
+    raise InvalidArgument(f"unknown profile {ref!r}; shipped profiles: {', '.join(shipped) or 'none'}", profile=ref)

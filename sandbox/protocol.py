@@ -69,7 +69,7 @@ def write_all(fd: int, data: bytes) -> bool:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError:
         return False
     return True

@@ -62,8 +62,7 @@ class SnapshotStore:
         try:
             snap = Snapshot(**json.loads((where / "meta.json").read_text()))
         except (OSError, ValueError, TypeError) as exc:
-            raise InvalidArgument(f"unknown snapshot {snapshot_id!r} in this session",
-                                  snapshot_id=snapshot_id) from exc
+            raise InvalidArgument(f"unknown snapshot {snapshot_id!r} in this session", snapshot_id=snapshot_id) from exc
         before = (where / "before").read_bytes() if (where / "before").exists() else None
         return snap, before
 
@@ -76,18 +75,35 @@ class SnapshotStore:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def record(store: SnapshotStore, tool_call_id: str, operation: str, path: str,
-           details: dict[str, Any]) -> dict[str, Any]:
+def record(
+    store: SnapshotStore, tool_call_id: str, operation: str, path: str, details: dict[str, Any]
+) -> dict[str, Any]:
     """Keep the previous bytes the runner returned and build the result's review record."""
     existed = bool(details.get("existed"))
     before_b64 = details.get("before")
     before = base64.b64decode(before_b64) if before_b64 is not None else None
     reversible = not existed or before is not None
-    snap = Snapshot(uuid.uuid4().hex[:16], store.session_id, tool_call_id, path, operation,
-                    "modified" if existed else "added", existed, reversible, details["after_sha256"])
+    snap = Snapshot(
+        uuid.uuid4().hex[:16],
+        store.session_id,
+        tool_call_id,
+        path,
+        operation,
+        "modified" if existed else "added",
+        existed,
+        reversible,
+        details["after_sha256"],
+    )
     store.save(snap, before)
-    review = {"snapshot_id": snap.snapshot_id, "tool_call_id": tool_call_id, "path": path,
-              "operation": operation, "status": snap.status, "reversible": reversible, "state": snap.state}
+    review = {
+        "snapshot_id": snap.snapshot_id,
+        "tool_call_id": tool_call_id,
+        "path": path,
+        "operation": operation,
+        "status": snap.status,
+        "reversible": reversible,
+        "state": snap.state,
+    }
     review.update(_diff(before, details.get("after"), existed))
     return review
 
@@ -112,8 +128,7 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
             truncated = True
         else:
             hunks.append(text)
-    return {"additions": additions, "deletions": deletions, "hunks": hunks, "binary": False,
-            "truncated": truncated}
+    return {"additions": additions, "deletions": deletions, "hunks": hunks, "binary": False, "truncated": truncated}
 
 
 def _hunk(old: list[str], new: list[str], group: list[tuple[str, int, int, int, int]]) -> list[str]:

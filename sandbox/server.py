@@ -90,9 +90,14 @@ class ToolOutput(_Params):
 
 
 METHOD_PARAMS: dict[str, type[BaseModel]] = {
-    "initialize": InitializeParams, "session.open": SessionOpenParams, "session.close": SessionParams,
-    "tool.call": ToolCallParams, "tool.cancel": ToolCancelParams, "snapshot.rollback": RollbackParams,
-    "audit.query": AuditQueryParams, "shutdown": _Params,
+    "initialize": InitializeParams,
+    "session.open": SessionOpenParams,
+    "session.close": SessionParams,
+    "tool.call": ToolCallParams,
+    "tool.cancel": ToolCancelParams,
+    "snapshot.rollback": RollbackParams,
+    "audit.query": AuditQueryParams,
+    "shutdown": _Params,
 }
 
 
@@ -103,8 +108,9 @@ def schema() -> dict[str, Any]:
         "requests": {name: model.model_json_schema() for name, model in METHOD_PARAMS.items()},
         "results": {"tool.call": ToolResult.model_json_schema()},
         "notifications": {"tool.output": ToolOutput.model_json_schema()},
-        "server_requests": {"approval.request": {"params": _approval_schema(),
-                                                 "result": ApprovalAnswer.model_json_schema()}},
+        "server_requests": {
+            "approval.request": {"params": _approval_schema(), "result": ApprovalAnswer.model_json_schema()}
+        },
         "tools": {name: spec.params.model_json_schema() for name, spec in REGISTRY.items()},
     }
 
@@ -135,7 +141,7 @@ class Writer:
         async with self._lock:
             while data and not self.closed:
                 try:
-                    data = data[os.write(self.fd, data):]
+                    data = data[os.write(self.fd, data) :]
                 except BlockingIOError:
                     await anyio.wait_writable(self.fd)
                 except (BrokenPipeError, OSError):
@@ -163,9 +169,14 @@ class Server:
         self.pending: dict[str, Any] = {}
         self.stop = anyio.Event()
         self.handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
-            "initialize": self.initialize, "session.open": self.session_open, "session.close": self.session_close,
-            "tool.call": self.tool_call, "tool.cancel": self.tool_cancel, "snapshot.rollback": self.rollback,
-            "audit.query": self.audit_query, "shutdown": self.shutdown,
+            "initialize": self.initialize,
+            "session.open": self.session_open,
+            "session.close": self.session_close,
+            "tool.call": self.tool_call,
+            "tool.cancel": self.tool_cancel,
+            "snapshot.rollback": self.rollback,
+            "audit.query": self.audit_query,
+            "shutdown": self.shutdown,
         }
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -248,8 +259,11 @@ class Server:
             return  # a notification gets no answer
         body: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
         if error is not None:
-            body["error"] = {"code": error.code, "message": error.message,
-                             **({"data": error.data} if error.data is not None else {})}
+            body["error"] = {
+                "code": error.code,
+                "message": error.message,
+                **({"data": error.data} if error.data is not None else {}),
+            }
         else:
             body["result"] = result
         await self.writer.send(body)
@@ -258,8 +272,11 @@ class Server:
         try:
             return self.sessions[session_id]
         except KeyError:
-            raise RpcError(INVALID_PARAMS, f"unknown session {session_id!r}",
-                           {"code": "INVALID_ARGUMENT", "session_id": session_id}) from None
+            raise RpcError(
+                INVALID_PARAMS,
+                f"unknown session {session_id!r}",
+                {"code": "INVALID_ARGUMENT", "session_id": session_id},
+            ) from None
 
     # -- methods ----------------------------------------------------------------------------------
 
@@ -267,13 +284,26 @@ class Server:
         return initialize_result()
 
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
-        sandbox = await Sandbox.create(p.workspace, profile=p.profile or "default", backend=p.backend,
-                                       mount=p.mount, mode=p.mode, operating_mode=p.operating_mode,
-                                       approver=RpcApprover(self), trust_project=p.trust_project)
+        sandbox = await Sandbox.create(
+            p.workspace,
+            profile=p.profile or "default",
+            backend=p.backend,
+            mount=p.mount,
+            mode=p.mode,
+            operating_mode=p.operating_mode,
+            approver=RpcApprover(self),
+            trust_project=p.trust_project,
+        )
         self.sessions[sandbox.session_id] = sandbox
-        return {"session_id": sandbox.session_id, "workspace": str(sandbox.workspace),
-                "scratch_dir": str(sandbox.scratch), "backend": sandbox.jail.backend, "mount": sandbox.jail.mount,
-                "profile": sandbox.profile.name, "mode": sandbox.gate.mode_for(sandbox.state)}
+        return {
+            "session_id": sandbox.session_id,
+            "workspace": str(sandbox.workspace),
+            "scratch_dir": str(sandbox.scratch),
+            "backend": sandbox.jail.backend,
+            "mount": sandbox.jail.mount,
+            "profile": sandbox.profile.name,
+            "mode": sandbox.gate.mode_for(sandbox.state),
+        }
 
     async def session_close(self, p: SessionParams) -> dict[str, Any]:
         sandbox = self._session(p.session_id)
@@ -286,17 +316,32 @@ class Server:
         call_id = p.tool_call_id or ""
         abort = self.aborts.setdefault(call_id, anyio.Event())
         try:
-            result = await sandbox.call(p.tool, p.args, tool_call_id=call_id, turn_id=p.turn_id, abort=abort,
-                                        on_stdout=self._output(call_id, "stdout"),
-                                        on_stderr=self._output(call_id, "stderr"))
+            result = await sandbox.call(
+                p.tool,
+                p.args,
+                tool_call_id=call_id,
+                turn_id=p.turn_id,
+                abort=abort,
+                on_stdout=self._output(call_id, "stdout"),
+                on_stderr=self._output(call_id, "stderr"),
+            )
         finally:
             self.aborts.pop(call_id, None)
         return result.model_dump()
 
     def _output(self, call_id: str, stream: str) -> Callable[[bytes], Awaitable[None]]:
         async def send(chunk: bytes) -> None:
-            await self.writer.send({"jsonrpc": "2.0", "method": "tool.output", "params": {
-                "tool_call_id": call_id, "stream": stream, "data": chunk.decode("utf-8", errors="replace")}})
+            await self.writer.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "tool.output",
+                    "params": {
+                        "tool_call_id": call_id,
+                        "stream": stream,
+                        "data": chunk.decode("utf-8", errors="replace"),
+                    },
+                }
+            )
 
         return send
 
@@ -316,7 +361,7 @@ class Server:
             rows = [r for r in log.rows() if p.session_id is None or r["session_id"] == p.session_id]
         finally:
             log.close()
-        return {"records": rows[-p.limit:]}
+        return {"records": rows[-p.limit :]}
 
     async def shutdown(self, p: _Params) -> dict[str, Any]:
         await self.close_all()
@@ -335,8 +380,9 @@ def _validate(method: str, params: Any) -> BaseModel:
         return METHOD_PARAMS[method].model_validate(params)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
-        raise RpcError(INVALID_PARAMS, f"invalid params for {method}: {problems}",
-                       InvalidArgument(problems).to_dict()) from exc
+        raise RpcError(
+            INVALID_PARAMS, f"invalid params for {method}: {problems}", InvalidArgument(problems).to_dict()
+        ) from exc
 
 
 async def serve(stdin_fd: int = 0, stdout_fd: int = 1, pending: bytes = b"") -> int:

@@ -61,8 +61,18 @@ def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S)
 class Sandbox:
     """Use ``Sandbox.open(...)``; the constructor only binds what ``open`` prepared."""
 
-    def __init__(self, *, session_id: str, workspace: Path, scratch: Path, profile: profiles.Profile,
-                 jail: base.Jail, gate: Gate, approver: Approver, mode: Mode | None) -> None:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        workspace: Path,
+        scratch: Path,
+        profile: profiles.Profile,
+        jail: base.Jail,
+        gate: Gate,
+        approver: Approver,
+        mode: Mode | None,
+    ) -> None:
         self.session_id = session_id
         self.workspace = workspace  # bound at open; never re-read from anything mutable
         self.scratch = scratch
@@ -79,13 +89,29 @@ class Sandbox:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, workspace: str | Path, *, profile: str | profiles.Profile = "default", backend: str | None = None,
-        mount: str | None = None, mode: Mode | None = None, operating_mode: str | None = None,
-        approver: Approver | None = None, session_id: str | None = None, trust_project: bool | None = None,
+        cls,
+        workspace: str | Path,
+        *,
+        profile: str | profiles.Profile = "default",
+        backend: str | None = None,
+        mount: str | None = None,
+        mode: Mode | None = None,
+        operating_mode: str | None = None,
+        approver: Approver | None = None,
+        session_id: str | None = None,
+        trust_project: bool | None = None,
     ) -> AsyncIterator[Sandbox]:
-        sandbox = await cls.create(workspace, profile=profile, backend=backend, mount=mount, mode=mode,
-                                   operating_mode=operating_mode, approver=approver, session_id=session_id,
-                                   trust_project=trust_project)
+        sandbox = await cls.create(
+            workspace,
+            profile=profile,
+            backend=backend,
+            mount=mount,
+            mode=mode,
+            operating_mode=operating_mode,
+            approver=approver,
+            session_id=session_id,
+            trust_project=trust_project,
+        )
         try:
             yield sandbox
         finally:
@@ -94,14 +120,23 @@ class Sandbox:
 
     @classmethod
     async def create(
-        cls, workspace: str | Path, *, profile: str | profiles.Profile = "default", backend: str | None = None,
-        mount: str | None = None, mode: Mode | None = None, operating_mode: str | None = None,
-        approver: Approver | None = None, session_id: str | None = None, trust_project: bool | None = None,
+        cls,
+        workspace: str | Path,
+        *,
+        profile: str | profiles.Profile = "default",
+        backend: str | None = None,
+        mount: str | None = None,
+        mode: Mode | None = None,
+        operating_mode: str | None = None,
+        approver: Approver | None = None,
+        session_id: str | None = None,
+        trust_project: bool | None = None,
     ) -> Sandbox:
         """Open a session (the caller must ``aclose`` it); ``open`` is the context-managed form."""
         prof = profile if isinstance(profile, profiles.Profile) else profiles.load(profile)
-        prof = prof.with_overrides(**{"backend": backend, "mount.strategy": mount,
-                                      "policy.operating_mode": operating_mode})
+        prof = prof.with_overrides(
+            **{"backend": backend, "mount.strategy": mount, "policy.operating_mode": operating_mode}
+        )
         ws = check_workspace(Path(workspace))
         sid = session_id or uuid.uuid4().hex[:16]
         if not sid.replace("-", "").isalnum():
@@ -121,8 +156,16 @@ class Sandbox:
             leftovers.release(scratch)
             raise
         try:
-            return cls(session_id=sid, workspace=ws, scratch=scratch, profile=prof, jail=jail, gate=gate,
-                       approver=approver or UnattendedApprover.from_settings(prof.policy), mode=mode)
+            return cls(
+                session_id=sid,
+                workspace=ws,
+                scratch=scratch,
+                profile=prof,
+                jail=jail,
+                gate=gate,
+                approver=approver or UnattendedApprover.from_settings(prof.policy),
+                mode=mode,
+            )
         except BaseException:  # e.g. the audit log cannot be opened (full disk): leave nothing running
             with anyio.CancelScope(shield=True):
                 await jail.aclose()
@@ -133,8 +176,14 @@ class Sandbox:
     # -- the five boundaries ----------------------------------------------------------------------
 
     async def call(
-        self, name: str, args: dict[str, Any], *, on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None, tool_call_id: str | None = None, turn_id: str = "turn-0",
+        self,
+        name: str,
+        args: dict[str, Any],
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        tool_call_id: str | None = None,
+        turn_id: str = "turn-0",
         abort: anyio.Event | None = None,
     ) -> ToolResult:
         started = time.monotonic()
@@ -167,19 +216,35 @@ class Sandbox:
             result.details["audit_error"] = exc.to_dict()
         return result
 
-    async def _execute(self, call: ToolCall, auth: Authorization, on_stdout: OutputCallback | None,
-                       on_stderr: OutputCallback | None, abort: anyio.Event | None) -> ToolResult:
+    async def _execute(
+        self,
+        call: ToolCall,
+        auth: Authorization,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        abort: anyio.Event | None,
+    ) -> ToolResult:
         params = call.params
         if isinstance(params, tool_params.BashParams):
-            return await run_bash(self.jail, params, env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
-                                  on_stdout=on_stdout, on_stderr=on_stderr, abort=abort)
+            return await run_bash(
+                self.jail,
+                params,
+                env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                abort=abort,
+            )
         target = self._runner_target(params, auth)
         if call.name in ("Write", "Edit") and auth.decision.root == "external":
             # Outside the workspace and scratch, the jail's filesystem is read-only or private
             # to one call (/tmp): a write there would be lost, so do not pretend it succeeded.
-            return ToolResult(ok=False, error_code="TOOL_FAILED", root="external",
-                              content=f"{target} is outside the workspace and the scratch directory; in this sandbox "
-                                      f"such a write cannot persist. Write inside {self.workspace} or {self.scratch}.")
+            return ToolResult(
+                ok=False,
+                error_code="TOOL_FAILED",
+                root="external",
+                content=f"{target} is outside the workspace and the scratch directory; in this sandbox "
+                f"such a write cannot persist. Write inside {self.workspace} or {self.scratch}.",
+            )
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
         return self._file_result(call, auth, reply, target)
 
@@ -202,50 +267,99 @@ class Sandbox:
             record = review.record(self.snapshots, call.tool_call_id, call.name.lower(), target, details)
         for key in ("before", "after"):
             details.pop(key, None)
-        return ToolResult(ok=bool(reply.get("ok")), content=content, error_code=reply.get("error_code"),
-                          details=details, root=result_root, review=record)
+        return ToolResult(
+            ok=bool(reply.get("ok")),
+            content=content,
+            error_code=reply.get("error_code"),
+            details=details,
+            root=result_root,
+            review=record,
+        )
 
     # -- rollback, audit, close -------------------------------------------------------------------
 
     async def rollback(self, snapshot_id: str) -> ToolResult:
         snap, before = self.snapshots.load(snapshot_id)
         if snap.state == "rolledBack":
-            return ToolResult(ok=True, content=f"{snap.path} was already rolled back", root="workspace",
-                              details={"snapshot_id": snapshot_id, "path": snap.path})
+            return ToolResult(
+                ok=True,
+                content=f"{snap.path} was already rolled back",
+                root="workspace",
+                details={"snapshot_id": snapshot_id, "path": snap.path},
+            )
         if not snap.reversible:
-            raise Conflict(f"{snap.path}: the previous content was too large to keep; rollback is unavailable",
-                           snapshot_id=snapshot_id)
-        request = {"op": "restore", "path": snap.path, "expect_sha256": snap.after_sha256,
-                   "before": base64.b64encode(before).decode() if snap.existed and before is not None else None}
+            raise Conflict(
+                f"{snap.path}: the previous content was too large to keep; rollback is unavailable",
+                snapshot_id=snapshot_id,
+            )
+        request = {
+            "op": "restore",
+            "path": snap.path,
+            "expect_sha256": snap.after_sha256,
+            "before": base64.b64encode(before).decode() if snap.existed and before is not None else None,
+        }
         async with self._write_lock:
             reply = await run_in_jail(self.jail, request)
         if not reply.get("ok"):
             raise Conflict(str(reply.get("content")), snapshot_id=snapshot_id, path=snap.path)
         self.snapshots.mark(snap, "rolledBack")
-        return ToolResult(ok=True, content=str(reply["content"]), root="workspace",
-                          details={"snapshot_id": snapshot_id, "path": snap.path})
+        return ToolResult(
+            ok=True,
+            content=str(reply["content"]),
+            root="workspace",
+            details={"snapshot_id": snapshot_id, "path": snap.path},
+        )
 
-    def _audit(self, call: ToolCall, auth: Authorization, result: ToolResult, started: float,
-               ran_at: float) -> None:
+    def _audit(self, call: ToolCall, auth: Authorization, result: ToolResult, started: float, ran_at: float) -> None:
         now = time.monotonic()
         duration = (now - ran_at) * 1000
         total = (now - started) * 1000
         overhead = max(0.0, total - duration - auth.wait_ms)
-        self.audit.record(AuditRecord.build(
-            call, auth, duration_ms=round(duration, 3), overhead_ms=round(overhead, 3), total_ms=round(total, 3),
-            ok=result.ok, error_code=result.error_code, policy_version=self.gate.policy_version,
-        ))
+        self.audit.record(
+            AuditRecord.build(
+                call,
+                auth,
+                duration_ms=round(duration, 3),
+                overhead_ms=round(overhead, 3),
+                total_ms=round(total, 3),
+                ok=result.ok,
+                error_code=result.error_code,
+                policy_version=self.gate.policy_version,
+            )
+        )
 
-    def _audit_rejected(self, name: str, args: Any, call_id: str, turn_id: str, exc: SandboxError,
-                        started: float) -> None:
+    def _audit_rejected(
+        self, name: str, args: Any, call_id: str, turn_id: str, exc: SandboxError, started: float
+    ) -> None:
         data = args if isinstance(args, dict) else {"args": repr(args)}
         total = round((time.monotonic() - started) * 1000, 3)
         rule = "capability.unknown-tool" if isinstance(exc, ToolDenied) else "capability.params"
-        self.audit.record(AuditRecord(
-            self.session_id, turn_id, call_id, name, args_digest(data), args_preview(data), "", "", "none",
-            "deny", "deny", "rule", rule, self.gate.mode_for(self.state), False, 0.0, 0.0, total, total,
-            False, exc.code, self.gate.policy_version,
-        ))
+        self.audit.record(
+            AuditRecord(
+                self.session_id,
+                turn_id,
+                call_id,
+                name,
+                args_digest(data),
+                args_preview(data),
+                "",
+                "",
+                "none",
+                "deny",
+                "deny",
+                "rule",
+                rule,
+                self.gate.mode_for(self.state),
+                False,
+                0.0,
+                0.0,
+                total,
+                total,
+                False,
+                exc.code,
+                self.gate.policy_version,
+            )
+        )
 
     def end_turn(self, turn_id: str) -> None:
         self.state.end_turn(turn_id)
@@ -264,8 +378,13 @@ class Sandbox:
 
 
 def _error(exc: SandboxError, root: str | None = None) -> ToolResult:
-    return ToolResult(ok=False, error_code=exc.code, content=exc.message, details=exc.data,
-                      root=root if root in ("workspace", "scratch", "external") else None)
+    return ToolResult(
+        ok=False,
+        error_code=exc.code,
+        content=exc.message,
+        details=exc.data,
+        root=root if root in ("workspace", "scratch", "external") else None,
+    )
 
 
 def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -42,8 +42,9 @@ def main() -> int:
     readme, work = Path(sys.argv[1]), Path(sys.argv[2])
     project = make_project(work)
     code = example(readme).replace(PLACEHOLDER, str(project))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work,
-                          timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=work, timeout=300, check=False
+    )
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
     problems = []

@@ -185,8 +185,10 @@ class Backend(ABC):
         if refused:  # a limit asked for is enforced or refused, never dropped
             raise GuaranteeUnavailable(
                 f"backend {self.name} cannot enforce on this host: "
-                + "; ".join(f"{key} = {getattr(profile.limits, key.removeprefix('limits.'))} ({why})"
-                            for key, why in refused.items()),
+                + "; ".join(
+                    f"{key} = {getattr(profile.limits, key.removeprefix('limits.'))} ({why})"
+                    for key, why in refused.items()
+                ),
                 backend=self.name,
                 profile=profile.name,
                 missing=refused,
@@ -199,9 +201,7 @@ _loaded: dict[str, Backend] = {}
 def get(name: str) -> Backend:
     """The backend called ``name`` (``bwrap``, ``docker``, ``host``), imported on first use."""
     if name not in BACKENDS:
-        raise InvalidArgument(
-            f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}", backend=name
-        )
+        raise InvalidArgument(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}", backend=name)
     if name not in _loaded:
         try:
             module = importlib.import_module(f"sandbox.backends.{name}")

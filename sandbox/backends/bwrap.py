@@ -29,13 +29,14 @@ from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 
 if TYPE_CHECKING:
-
     from collections.abc import Mapping, Sequence
 
     from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
 START_TIMEOUT_S = 30.0
+
+
 class BwrapJail(local.LocalJail):
     backend = "bwrap"
 
@@ -43,13 +44,18 @@ class BwrapJail(local.LocalJail):
     def host_paths_shown(self) -> tuple[str, ...]:
         return bwrap_argv.host_paths_shown(self.workspace)
 
-    def __init__(self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None,
-                 scratch: Path | None = None) -> None:
+    def __init__(
+        self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None, scratch: Path | None = None
+    ) -> None:
         super().__init__(workspace, profile, tree)
         self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch)]
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
         stdin: Stdin = None,
     ) -> local.LocalProcess:
         self._check_spawn(argv)
@@ -65,16 +71,32 @@ class BwrapJail(local.LocalJail):
         return proc
 
     async def _start(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-        group: cgroups.CallCgroup | None, stdin: bool,
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        group: cgroups.CallCgroup | None,
+        stdin: bool,
     ) -> local.LocalProcess:
         with confine.starting("cannot start bwrap"):
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
-        env_args = [a for k, v in base_env(self.profile, env, workspace=self.workspace).items()
-                    for a in ("--setenv", k, v)]
-        cmd = [*self._prefix, "--chdir", cwd or str(self.workspace), "--clearenv", *env_args,
-               "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
+        env_args = [
+            a for k, v in base_env(self.profile, env, workspace=self.workspace).items() for a in ("--setenv", k, v)
+        ]
+        cmd = [
+            *self._prefix,
+            "--chdir",
+            cwd or str(self.workspace),
+            "--clearenv",
+            *env_args,
+            "--info-fd",
+            str(info_w),
+            "--block-fd",
+            str(block_r),
+            "--",
+            *argv,
+        ]
         try:
             with confine.starting("cannot start bwrap"):
                 proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
@@ -91,8 +113,9 @@ class BwrapJail(local.LocalJail):
             os.close(info_r)
             os.close(block_w)
 
-    async def _release_held(self, proc: Child, info_r: int, block_w: int,
-                            group: cgroups.CallCgroup | None) -> local.LocalProcess:
+    async def _release_held(
+        self, proc: Child, info_r: int, block_w: int, group: cgroups.CallCgroup | None
+    ) -> local.LocalProcess:
         """Confine bwrap's init while it waits on the block fd, then let it run the command.
 
         Closing the block fd unconfined would let the command run too, outside the call's
@@ -116,8 +139,9 @@ class BwrapJail(local.LocalJail):
                 await proc.wait()
                 await proc.aclose()
             if isinstance(exc, TimeoutError):
-                raise BackendUnavailable(f"bwrap did not start the jail within {START_TIMEOUT_S:g} s",
-                                         backend="bwrap") from exc
+                raise BackendUnavailable(
+                    f"bwrap did not start the jail within {START_TIMEOUT_S:g} s", backend="bwrap"
+                ) from exc
             raise
         return child
 
@@ -137,7 +161,8 @@ async def _read_init_pid(fd: int, proc: Child) -> int:
             err += await proc.stderr.receive()
     raise BackendUnavailable(
         f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
-        backend="bwrap", exit_code=proc.returncode,
+        backend="bwrap",
+        exit_code=proc.returncode,
     )
 
 
@@ -162,9 +187,21 @@ class BwrapBackend(Backend):
         return BwrapJail(ws, profile, source, tree, scratch)
 
 
-_ALWAYS = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "tree-kill",
-           "no-new-privs", "non-root", "no-caps", "env-scrubbed", "new-session", "cpu-limit",
-           "fsize-limit", "tmp-size-limit")
+_ALWAYS = (
+    "fs-readonly-root",
+    "fs-write-confined",
+    "fs-hidden-home",
+    "net-none",
+    "tree-kill",
+    "no-new-privs",
+    "non-root",
+    "no-caps",
+    "env-scrubbed",
+    "new-session",
+    "cpu-limit",
+    "fsize-limit",
+    "tmp-size-limit",
+)
 
 
 def _smoke() -> str | None:
@@ -172,8 +209,15 @@ def _smoke() -> str | None:
     from sandbox.profile import Profile
 
     empty = Path(bwrap_argv.empty_dir())
-    cmd = [require_bwrap(), *jail_args(Profile(), empty, empty), "--clearenv", "--",
-           "/bin/sh", "-c", "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status"]
+    cmd = [
+        require_bwrap(),
+        *jail_args(Profile(), empty, empty),
+        "--clearenv",
+        "--",
+        "/bin/sh",
+        "-c",
+        "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status",
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -95,22 +95,35 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
     args = [
         "--unshare-all",
         *(["--share-net"] if profile.network.mode == "host" else []),
-        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
-        "--cap-drop", "ALL",
-        "--hostname", "sandbox",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
         *_system_mounts(),
-        "--proc", "/proc",
-        "--dev", "/dev",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
         *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
-        "--tmpfs", "/tmp",
-        "--dir", SANDBOX_HOME,
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        SANDBOX_HOME,
         *bwrap_args(profile),  # env.files: host files, read-only, in the jail's home
-        "--ro-bind" if profile.mount.strategy == "ro" else "--bind", str(source), ws,
+        "--ro-bind" if profile.mount.strategy == "ro" else "--bind",
+        str(source),
+        ws,
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
-        "--remount-ro", "/",
+        "--remount-ro",
+        "/",
     ]
     return args
 
@@ -147,17 +160,27 @@ def require_bwrap() -> str:
     return path
 
 
-_SMOKE_SYSCTLS = ("/proc/sys/kernel/random/boot_id", "/proc/sys/user/max_user_namespaces",
-                  "/proc/sys/kernel/unprivileged_userns_clone",
-                  "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+_SMOKE_SYSCTLS = (
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/sys/user/max_user_namespaces",
+    "/proc/sys/kernel/unprivileged_userns_clone",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+)
 
 
 def smoke_key(path: str) -> str:
     from sandbox import __version__
 
     st = os.stat(path)
-    parts = [__version__, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, os.uname().release,
-             os.geteuid()]
+    parts = [
+        __version__,
+        os.path.realpath(path),
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+        os.uname().release,
+        os.geteuid(),
+    ]
     for name in _SMOKE_SYSCTLS:
         try:
             with open(name, encoding="utf-8") as fh:

@@ -90,8 +90,10 @@ def _v1(mount: Path, ctrl: str, view: HostView) -> Hierarchy | str:
     base = mount / view.own.get(ctrl, "/").lstrip("/")
     if _ours(base, view.euid):
         return Hierarchy(ctrl, 1, base, delegated=view.euid != 0)
-    return (f"cgroup v1 {ctrl} hierarchy at {base} is not writable by uid {view.euid} "
-            "(run as root, or give this user a delegated cgroup)")
+    return (
+        f"cgroup v1 {ctrl} hierarchy at {base} is not writable by uid {view.euid} "
+        "(run as root, or give this user a delegated cgroup)"
+    )
 
 
 def _v2_root_base(mount: Path, wanted: list[str]) -> tuple[Path, list[str]] | None:
@@ -111,8 +113,10 @@ def _v2_delegated_base(own: Path, view: HostView) -> tuple[Path, list[str]] | st
     """Our own (delegated) cgroup, emptied into a leaf, with its controllers handed to children."""
     top = own.parent if own.name == LEAF else own
     if not _ours(top, view.euid) or not _ours_file(top / "cgroup.subtree_control", view.euid):
-        return (f"cgroup v2: our cgroup {top} is not delegated to uid {view.euid}; for per-call cgroups "
-                f"run under a delegated systemd scope: {DELEGATE_HINT}")
+        return (
+            f"cgroup v2: our cgroup {top} is not delegated to uid {view.euid}; for per-call cgroups "
+            f"run under a delegated systemd scope: {DELEGATE_HINT}"
+        )
     try:
         available = (top / "cgroup.controllers").read_text().split()
         if own.name != LEAF:
@@ -156,14 +160,19 @@ def _v2(mount: Path, view: HostView) -> dict[str, Hierarchy | str]:
     if isinstance(where, str):
         return dict.fromkeys(wanted, where)
     base, enabled = where
-    return {ctrl: Hierarchy(ctrl, 2, base, delegated=view.euid != 0) if ctrl in enabled
-            else f"cgroup v2: cannot enable the {ctrl} controller in {base}" for ctrl in wanted}
+    return {
+        ctrl: Hierarchy(ctrl, 2, base, delegated=view.euid != 0)
+        if ctrl in enabled
+        else f"cgroup v2: cannot enable the {ctrl} controller in {base}"
+        for ctrl in wanted
+    }
 
 
 def detect(view: HostView) -> dict[str, Hierarchy | str]:
     """Controller -> where to create per-call cgroups for it, or the reason it cannot be used."""
     found: dict[str, Hierarchy | str] = {
-        ctrl: f"no cgroup hierarchy on this host has the {ctrl} controller" for ctrl in CONTROLLERS}
+        ctrl: f"no cgroup hierarchy on this host has the {ctrl} controller" for ctrl in CONTROLLERS
+    }
     for where, fstype, opts in view.mounts:
         if fstype == "cgroup2":
             candidates = _v2(Path(where), view)

@@ -58,7 +58,7 @@ async def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except BlockingIOError:
             await anyio.wait_writable(fd)
 
@@ -66,13 +66,24 @@ async def _write_all(fd: int, data: bytes) -> None:
 class Child:
     """``subprocess.Popen`` with stdin closed, stdout/stderr as streams and an awaitable exit."""
 
-    def __init__(self, argv: Sequence[str], *, pass_fds: Sequence[int] = (), cwd: str | None = None,
-                 env: Mapping[str, str] | None = None, new_session: bool = False,
-                 stdin: bool = False) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        pass_fds: Sequence[int] = (),
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        new_session: bool = False,
+        stdin: bool = False,
+    ) -> None:
         self.popen = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=tuple(pass_fds), cwd=cwd, env=dict(env) if env is not None else None,
+            list(argv),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=tuple(pass_fds),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
             start_new_session=new_session,
         )
         assert self.popen.stdout is not None and self.popen.stderr is not None

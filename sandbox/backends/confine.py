@@ -34,7 +34,8 @@ def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
     lim = profile.limits
     wanted = {"memory": (lim.memory, "memory"), "pids": (lim.pids, "pids"), "cpus": (lim.cpus, "cpu")}
     usable = {
-        key: value for key, (value, controller) in wanted.items()
+        key: value
+        for key, (value, controller) in wanted.items()
         if value is not None and isinstance(cgroups.hierarchies()[controller], cgroups.Hierarchy)
     }
     # Tree tracking wants a cgroup even when no limit is set; pids.max "max" costs nothing.
@@ -42,8 +43,7 @@ def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
         usable = {"pids": 2**22}
     if not usable:
         return None
-    limits = cgroups.Limits(memory=_int(usable.get("memory")), pids=_int(usable.get("pids")),
-                            cpus=usable.get("cpus"))
+    limits = cgroups.Limits(memory=_int(usable.get("memory")), pids=_int(usable.get("pids")), cpus=usable.get("cpus"))
     with map_errors("cannot create the call's cgroup", BackendUnavailable):
         return cgroups.CallCgroup.create(limits, leftovers.owner_tag())
 
@@ -60,10 +60,16 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
     found = {name: Enforcement(how, "process") for name, how in _PER_PROCESS.items()}
     where = cgroups.hierarchies()
     memory, pids, cpu = where["memory"], where["pids"], where["cpu"]
-    found["memory"] = (Enforcement(memory.mechanism, "call") if isinstance(memory, cgroups.Hierarchy)
-                       else Enforcement("rlimit DATA", "process"))
-    found["cpus"] = (Enforcement(cpu.mechanism, "call") if isinstance(cpu, cgroups.Hierarchy)
-                     else Enforcement(None, why_not=f"needs a cpu cgroup: {cpu}"))
+    found["memory"] = (
+        Enforcement(memory.mechanism, "call")
+        if isinstance(memory, cgroups.Hierarchy)
+        else Enforcement("rlimit DATA", "process")
+    )
+    found["cpus"] = (
+        Enforcement(cpu.mechanism, "call")
+        if isinstance(cpu, cgroups.Hierarchy)
+        else Enforcement(None, why_not=f"needs a cpu cgroup: {cpu}")
+    )
     if isinstance(pids, cgroups.Hierarchy):
         found["pids"] = Enforcement(pids.mechanism, "call")
     elif kind == "bwrap" and os.geteuid() != 0:
@@ -71,10 +77,16 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
     elif kind == "bwrap":
         found["pids"] = Enforcement(None, why_not=f"the kernel does not enforce RLIMIT_NPROC for root and {pids}")
     else:
-        found["pids"] = Enforcement(None, why_not="RLIMIT_NPROC would count every process of this user "
-                                    f"on the host, not the call's; needs a pids cgroup: {pids}")
-    found["tmp_size"] = (Enforcement("tmpfs size", "call") if kind == "bwrap"
-                         else Enforcement(None, why_not="the host backend has no private /tmp"))
+        found["pids"] = Enforcement(
+            None,
+            why_not="RLIMIT_NPROC would count every process of this user "
+            f"on the host, not the call's; needs a pids cgroup: {pids}",
+        )
+    found["tmp_size"] = (
+        Enforcement("tmpfs size", "call")
+        if kind == "bwrap"
+        else Enforcement(None, why_not="the host backend has no private /tmp")
+    )
     return {name: found[name] for name in LIMITS}
 
 
@@ -83,8 +95,10 @@ def rlimits(profile: Profile, kind: Kind) -> list[tuple[int, int]]:
     lim = profile.limits
     how = enforcement(kind)
     pairs: list[tuple[int, int | float | None]] = [
-        (resource.RLIMIT_CPU, lim.cpu_time_s), (resource.RLIMIT_FSIZE, lim.file_size),
-        (resource.RLIMIT_NOFILE, lim.nofile)]
+        (resource.RLIMIT_CPU, lim.cpu_time_s),
+        (resource.RLIMIT_FSIZE, lim.file_size),
+        (resource.RLIMIT_NOFILE, lim.nofile),
+    ]
     if how["memory"].how == "rlimit DATA":
         pairs.append((resource.RLIMIT_DATA, lim.memory))
     if (how["pids"].how or "").startswith("rlimit NPROC"):
@@ -113,7 +127,9 @@ def starting(what: str) -> Iterator[None]:
         except BlockingIOError as exc:
             raise BackendUnavailable(
                 f"{what}: the kernel refused a new process (EAGAIN): this user or the host has reached its "
-                "process limit; a fork bomb may be running", errno="EAGAIN") from exc
+                "process limit; a fork bomb may be running",
+                errno="EAGAIN",
+            ) from exc
 
 
 def open_pidfd(pid: int) -> int | None:

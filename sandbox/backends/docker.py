@@ -98,8 +98,7 @@ DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 
 # Kills whatever an earlier call might have left, runs the command, then kills whatever it left
 # behind (kill is a shell builtin: no fork, and kill -1 spares the shell itself).
-WRAPPER = ('kill -KILL -1 2>/dev/null; mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; '
-           'kill -KILL -1 2>/dev/null; exit $rc')
+WRAPPER = 'kill -KILL -1 2>/dev/null; mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; kill -KILL -1 2>/dev/null; exit $rc'
 # Execute-only copy of dash in the image: non-dumpable, so the call cannot ptrace its wrapper.
 WRAPPER_SHELL = "/usr/local/bin/sandbox-sh"
 
@@ -123,7 +122,7 @@ cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev
 exit 0
 """
 # PID 1 is the agent of a warm container (the command uid too) or tini: never the call's.
-LIST = 'ps -u "$1" -o pid=,stat= | awk \'$1 != 1 && $2 !~ /^Z/ {print $1}\''
+LIST = "ps -u \"$1\" -o pid=,stat= | awk '$1 != 1 && $2 !~ /^Z/ {print $1}'"
 
 
 # ------------------------------------------------------------------------------ errors, client
@@ -137,11 +136,9 @@ def _translated(what: str) -> Iterator[None]:
     except SandboxError:
         raise
     except docker.errors.APIError as exc:
-        raise BackendUnavailable(f"{what}: {exc.explanation or exc}", backend="docker",
-                                 status=exc.status_code) from exc
+        raise BackendUnavailable(f"{what}: {exc.explanation or exc}", backend="docker", status=exc.status_code) from exc
     except (docker.errors.DockerException, OSError) as exc:  # requests' errors are OSErrors
-        raise BackendUnavailable(f"{what}: the Docker daemon is unreachable ({_short(exc)})",
-                                 backend="docker") from exc
+        raise BackendUnavailable(f"{what}: the Docker daemon is unreachable ({_short(exc)})", backend="docker") from exc
 
 
 def _short(exc: BaseException) -> str:
@@ -165,7 +162,9 @@ def _check_unix_socket() -> None:
         except OSError as exc:
             raise BackendUnavailable(
                 f"cannot reach the Docker daemon: the Docker daemon is unreachable at {path} "
-                f"({exc.strerror or exc}); start dockerd or set DOCKER_HOST", backend="docker", host=host,
+                f"({exc.strerror or exc}); start dockerd or set DOCKER_HOST",
+                backend="docker",
+                host=host,
             ) from None
 
 
@@ -205,14 +204,18 @@ def check_image(client: docker.DockerClient, ref: str) -> None:
         raise BackendUnavailable(
             f"the sandbox image {ref} is not on this Docker host: run `{build_command(ref)}` "
             "(`make image` in a checkout)",
-            backend="docker", image=ref,
+            backend="docker",
+            image=ref,
         ) from None
     found = labels.get(IMAGE_VERSION_LABEL)
     # Our image must match this version; a custom image is refused only if it says it is ours.
     if found != __version__ and (found is not None or ref == DEFAULT_IMAGE):
         raise BackendUnavailable(
             f"image {ref} was built for sandbox {found or 'unknown'}, this is {__version__}: "
-            f"run `{build_command(ref)}` to rebuild it", backend="docker", image=ref, found=found,
+            f"run `{build_command(ref)}` to rebuild it",
+            backend="docker",
+            image=ref,
+            found=found,
             expected=__version__,
         )
 
@@ -263,8 +266,14 @@ def _tmpfs(profile: Profile, home_owner: str | None = None) -> dict[str, str]:
     return tmpfs
 
 
-def container_config(profile: Profile, jail_id: str, workspace: Path, source: Path,
-                     scratch: Path | None = None, agent_user: str | None = None) -> dict[str, Any]:
+def container_config(
+    profile: Profile,
+    jail_id: str,
+    workspace: Path,
+    source: Path,
+    scratch: Path | None = None,
+    agent_user: str | None = None,
+) -> dict[str, Any]:
     """The create() arguments of a jail's container: every confinement knob in one place.
 
     The Docker socket is never mounted; the binds are the workspace (or its private copy), at
@@ -302,8 +311,13 @@ def container_config(profile: Profile, jail_id: str, workspace: Path, source: Pa
         cpu = profile.limits.cpu_time_s
         # detach=False with stdin_open: stdin is attachable and closed when we detach (StdinOnce),
         # so the agent ends the container if the executor dies.
-        config.update(entrypoint=["python3"], user=agent_user, stdin_open=True, detach=False,
-                      command=["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)])
+        config.update(
+            entrypoint=["python3"],
+            user=agent_user,
+            stdin_open=True,
+            detach=False,
+            command=["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)],
+        )
     return config
 
 
@@ -411,7 +425,7 @@ class _Pump:
                 view = memoryview(chunk)
                 while view:
                     try:
-                        view = view[raw.send(view, socket.MSG_DONTWAIT):]
+                        view = view[raw.send(view, socket.MSG_DONTWAIT) :]
                     except BlockingIOError:
                         await anyio.wait_writable(raw)
         except (BrokenPipeError, ConnectionResetError):
@@ -469,14 +483,14 @@ class Runtime:
         return cls(client, container, user)
 
     @classmethod
-    def create_attached(cls, client: docker.DockerClient, config: dict[str, Any],
-                        user: str) -> tuple[Runtime, Any]:
+    def create_attached(cls, client: docker.DockerClient, config: dict[str, Any], user: str) -> tuple[Runtime, Any]:
         """Create, attach (before start: nothing the agent says is missed), start."""
         container = client.containers.create(**config)
         sock: Any = None
         try:
-            sock = client.api.attach_socket(str(container.id), params={"stdin": 1, "stdout": 1, "stderr": 1,
-                                                                  "stream": 1})
+            sock = client.api.attach_socket(
+                str(container.id), params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
             container.start()
         except BaseException:
             with contextlib.suppress(docker.errors.DockerException, OSError):
@@ -487,11 +501,19 @@ class Runtime:
         return cls(client, container, user), sock
 
     def exec_start(self, argv: list[str], env: dict[str, str], cwd: str, stdin: bool) -> tuple[str, Any]:
-        created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin,
-                                              tty=False, environment=env, workdir=cwd, user=self.user)
+        created = self.client.api.exec_create(
+            self.id,
+            argv,
+            stdout=True,
+            stderr=True,
+            stdin=stdin,
+            tty=False,
+            environment=env,
+            workdir=cwd,
+            user=self.user,
+        )
         exec_id = str(created["Id"])
-        return exec_id, self.client.api.exec_start(exec_id, detach=False, tty=False, stream=False,
-                                                   socket=True)
+        return exec_id, self.client.api.exec_start(exec_id, detach=False, tty=False, stream=False, socket=True)
 
     def exec_output(self, argv: list[str], user: str) -> tuple[int | None, str]:
         created = self.client.api.exec_create(self.id, argv, stdout=True, stderr=True, user=user)
@@ -533,8 +555,9 @@ class Runtime:
         """Which of these container events the daemon logged since the container started."""
         # A fractional `until` ends the query now; an int would block to the next second.
         until: Any = f"{time.time():.6f}"
-        stream = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
-                                        filters={"container": self.id, "event": list(names)})
+        stream = self.client.api.events(
+            since=int(self.started) - 1, until=until, decode=True, filters={"container": self.id, "event": list(names)}
+        )
         with contextlib.closing(stream):  # else its socket is left for the garbage collector
             return {str(event.get("status") or event.get("Action")) for event in stream}
 
@@ -549,9 +572,12 @@ class Runtime:
                 return None
             time.sleep(0.02)
         until: Any = f"{time.time():.6f}"
-        stream = self.client.api.events(since=int(self.started) - 1, until=until, decode=True,
-                                        filters={"container": self.id,
-                                                 "event": ["kill", "die", "stop", "destroy", "oom"]})
+        stream = self.client.api.events(
+            since=int(self.started) - 1,
+            until=until,
+            decode=True,
+            filters={"container": self.id, "event": ["kill", "die", "stop", "destroy", "oom"]},
+        )
         seen: set[str] = set()
         code: int | None = None
         with contextlib.closing(stream):
@@ -591,8 +617,7 @@ class Runtime:
 class DockerProcess(Process):
     """One call of a per-call container: an exec there; killed by sweeping its uid out, then removing it."""
 
-    def __init__(self, runtime: Runtime, exec_id: str, pump: _Pump,
-                 on_done: Callable[[DockerProcess], None]) -> None:
+    def __init__(self, runtime: Runtime, exec_id: str, pump: _Pump, on_done: Callable[[DockerProcess], None]) -> None:
         self.runtime = runtime
         self.exec_id = exec_id
         self._pump = pump
@@ -622,8 +647,9 @@ class DockerProcess(Process):
             return self.returncode
         code = await _run_sync("cannot read the call's exit status", self.runtime.exit_code, self.exec_id)
         if code is None:
-            raise BackendUnavailable("the Docker daemon stopped answering during the call",
-                                     backend="docker", container=self.runtime.id)
+            raise BackendUnavailable(
+                "the Docker daemon stopped answering during the call", backend="docker", container=self.runtime.id
+            )
         if code == 137 and not self._killing:
             await self._check_container(code)
         self.returncode = code
@@ -640,7 +666,10 @@ class DockerProcess(Process):
         raise BackendUnavailable(
             f"the container {self.runtime.id[:12]} was killed from outside "
             f"({'out of memory' if oom else 'docker kill or stop'}); the call's exit status was {code}",
-            backend="docker", container=self.runtime.id, exit_code=code, oom_killed=oom,
+            backend="docker",
+            container=self.runtime.id,
+            exit_code=code,
+            oom_killed=oom,
         )
 
     async def kill_tree(self, grace: float) -> None:
@@ -721,8 +750,7 @@ class _AgentLink:
         self.sock = sock
         raw = _unwrap_socket(sock)
         if raw is None:
-            raise BackendUnavailable("this Docker connection cannot carry the agent's requests",
-                                     backend="docker")
+            raise BackendUnavailable("this Docker connection cannot carry the agent's requests", backend="docker")
         raw.settimeout(None)  # an idle session is not a dead daemon; close() unblocks the reader
         self._raw = raw
         self.calls: dict[int, AgentProcess] = {}
@@ -767,8 +795,8 @@ class _AgentLink:
             kind, cid, length = AGENT_HEADER.unpack_from(buffer)
             if len(buffer) < size + length:
                 return
-            payload = bytes(buffer[size:size + length])
-            del buffer[:size + length]
+            payload = bytes(buffer[size : size + length])
+            del buffer[: size + length]
             proc = self.calls.get(cid)
             if proc is not None:
                 proc.frame(kind, payload)
@@ -871,7 +899,7 @@ class AgentProcess(Process):
                     await self._credit.wait()
                 if self.finished:
                     return
-                piece = data[start:start + STDIN_CHUNK]
+                piece = data[start : start + STDIN_CHUNK]
                 self._unacked += len(piece)
                 await self._request({"op": "stdin", "id": self.id, "data": base64.b64encode(piece).decode()})
         await self._request({"op": "eof", "id": self.id})
@@ -886,13 +914,15 @@ class AgentProcess(Process):
         if self._result is not None:
             code = self._result.get("code")
             if not isinstance(code, int):
-                raise BackendUnavailable("the container's agent reported no exit status",
-                                         backend="docker", container=self.runtime.id)
+                raise BackendUnavailable(
+                    "the container's agent reported no exit status", backend="docker", container=self.runtime.id
+                )
             self.returncode = code
             return code
         if self._refused is not None:
-            raise BackendUnavailable(f"the container's agent refused the call: {self._refused}",
-                                     backend="docker", container=self.runtime.id)
+            raise BackendUnavailable(
+                f"the container's agent refused the call: {self._refused}", backend="docker", container=self.runtime.id
+            )
         await self._jail.agent_lost(self)
         raise AssertionError("unreachable")  # agent_lost always raises
 
@@ -906,8 +936,11 @@ class AgentProcess(Process):
             if self._lost or self._link.dead:
                 await self._jail.discard(self.runtime)
                 return
-            await _run_sync("cannot ask the container's agent to kill the call", self._link.send,
-                            {"op": "kill", "id": self.id, "grace": grace})
+            await _run_sync(
+                "cannot ask the container's agent to kill the call",
+                self._link.send,
+                {"op": "kill", "id": self.id, "grace": grace},
+            )
             with anyio.move_on_after(grace + KILL_WAIT_S):
                 await self._exited.wait()
             if not self.finished or self._lost:
@@ -946,16 +979,25 @@ class AgentProcess(Process):
 class DockerJail(Jail):
     backend = "docker"
 
-    def __init__(self, client: docker.DockerClient, workspace: Path, profile: Profile, source: Path,
-                 tree: CopyTree | None, user: str, scratch: Path | None = None) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        workspace: Path,
+        profile: Profile,
+        source: Path,
+        tree: CopyTree | None,
+        user: str,
+        scratch: Path | None = None,
+    ) -> None:
         self.client = client
         self.workspace = workspace
         self.profile = profile
         self.tree = tree
         self.user = user
         self.id = uuid.uuid4().hex[:12]
-        self._config = container_config(profile, self.id, workspace, source, scratch,
-                                        agent_user=user if self.warm else None)
+        self._config = container_config(
+            profile, self.id, workspace, source, scratch, agent_user=user if self.warm else None
+        )
         self._warm: Runtime | None = None
         self._link: _AgentLink | None = None
         self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
@@ -977,12 +1019,14 @@ class DockerJail(Jail):
             await self._new_agent()
 
     async def _new_runtime(self) -> Runtime:
-        return await _run_sync("cannot start the jail's container", Runtime.create, self.client,
-                               self._config, self.user)
+        return await _run_sync(
+            "cannot start the jail's container", Runtime.create, self.client, self._config, self.user
+        )
 
     async def _new_agent(self) -> Runtime:
-        runtime, sock = await _run_sync("cannot start the jail's container", Runtime.create_attached,
-                                        self.client, self._config, self.user)
+        runtime, sock = await _run_sync(
+            "cannot start the jail's container", Runtime.create_attached, self.client, self._config, self.user
+        )
         try:
             self._link = _AgentLink(sock)
         except BaseException:
@@ -993,7 +1037,11 @@ class DockerJail(Jail):
         return runtime
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
         stdin: Stdin = None,
     ) -> Process:
         if self._closed:
@@ -1017,13 +1065,19 @@ class DockerJail(Jail):
         self._held = proc
         return proc
 
-    async def _run_in_agent(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-                            stdin: Stdin) -> AgentProcess:
+    async def _run_in_agent(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> AgentProcess:
         runtime, link = await self._ready_agent()
         proc = AgentProcess(self, runtime, link, stdin)
-        request = {"op": "run", "id": proc.id, "argv": list(argv),
-                   "env": base_env(self.profile, env, workspace=self.workspace),
-                   "cwd": cwd or str(self.workspace), "stdin": stdin is not None}
+        request = {
+            "op": "run",
+            "id": proc.id,
+            "argv": list(argv),
+            "env": base_env(self.profile, env, workspace=self.workspace),
+            "cwd": cwd or str(self.workspace),
+            "stdin": stdin is not None,
+        }
         try:
             await _run_sync("cannot start the command in the container", link.send, request)
         except BaseException:
@@ -1066,8 +1120,9 @@ class DockerJail(Jail):
         death = await _run_sync("the Docker daemon stopped answering during the call", runtime.death)
         if death is None:  # the stream broke but the container runs: we cannot drive it any more
             await self.discard(runtime)
-            raise BackendUnavailable("lost the connection to the container's agent during the call",
-                                     backend="docker", container=runtime.id)
+            raise BackendUnavailable(
+                "lost the connection to the container's agent during the call", backend="docker", container=runtime.id
+            )
         runtime.removed = True  # auto-remove takes it away; the next call gets a new one
         await self.discard(runtime)
         seen, code = death
@@ -1079,8 +1134,13 @@ class DockerJail(Jail):
             message = f"the container {runtime.id[:12]}'s agent died (exit status {code})"
             if diagnostics:
                 message += f": {diagnostics.splitlines()[-1][:200]}"
-        raise BackendUnavailable(f"{message}; the call's exit status is unknown", backend="docker",
-                                 container=runtime.id, exit_code=code, oom_killed=oom)
+        raise BackendUnavailable(
+            f"{message}; the call's exit status is unknown",
+            backend="docker",
+            container=runtime.id,
+            exit_code=code,
+            oom_killed=oom,
+        )
 
     def call_done(self, proc: AgentProcess) -> None:
         if not proc.finished:
@@ -1091,12 +1151,18 @@ class DockerJail(Jail):
             self._held = None
             self._slot.release()
 
-    async def _exec(self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None,
-                    cwd: str | None, stdin: Stdin) -> DockerProcess:
+    async def _exec(
+        self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> DockerProcess:
         cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
-        exec_id, sock = await _run_sync("cannot start the command in the container", runtime.exec_start,
-                                        cmd, base_env(self.profile, env, workspace=self.workspace),
-                                        cwd or str(self.workspace), stdin is not None)
+        exec_id, sock = await _run_sync(
+            "cannot start the command in the container",
+            runtime.exec_start,
+            cmd,
+            base_env(self.profile, env, workspace=self.workspace),
+            cwd or str(self.workspace),
+            stdin is not None,
+        )
         proc = DockerProcess(runtime, exec_id, _Pump(sock), self._done)
         proc.stdin_data = stdin
         self._live.add(proc)
@@ -1196,9 +1262,20 @@ class DockerBackend(Backend):
 # ------------------------------------------------------------------------------ probe
 
 
-_PROVIDED = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "tree-kill",
-             "no-new-privs", "non-root", "no-caps", "env-scrubbed", "new-session", "fsize-limit",
-             "tmp-size-limit")
+_PROVIDED = (
+    "fs-readonly-root",
+    "fs-write-confined",
+    "fs-hidden-home",
+    "net-none",
+    "tree-kill",
+    "no-new-privs",
+    "non-root",
+    "no-caps",
+    "env-scrubbed",
+    "new-session",
+    "fsize-limit",
+    "tmp-size-limit",
+)
 
 
 def _security_options(info: dict[str, Any]) -> dict[str, str]:
@@ -1222,8 +1299,12 @@ def _grant_limits(report: Report, info: dict[str, Any]) -> None:
 def _probe_report(client: docker.DockerClient) -> Report:
     info: dict[str, Any] = client.info()
     report = Report("docker", True)
-    report.details.update(server=info.get("ServerVersion"), host=client.api.base_url,
-                          image=DEFAULT_IMAGE, kernel=info.get("KernelVersion"))
+    report.details.update(
+        server=info.get("ServerVersion"),
+        host=client.api.base_url,
+        image=DEFAULT_IMAGE,
+        kernel=info.get("KernelVersion"),
+    )
     try:
         check_image(client, DEFAULT_IMAGE)
     except BackendUnavailable as exc:
@@ -1237,8 +1318,9 @@ def _probe_report(client: docker.DockerClient) -> Report:
         report.grant(name, True)
     _grant_limits(report, info)
     seccomp = security.get("seccomp")
-    report.grant("seccomp", seccomp is not None and seccomp != "unconfined",
-                 "the daemon runs containers without seccomp")
+    report.grant(
+        "seccomp", seccomp is not None and seccomp != "unconfined", "the daemon runs containers without seccomp"
+    )
     report.details["seccomp-profile"] = seccomp
     report.grant("overlay", False, "the docker backend offers ro, rw and copy mounts, not overlay")
     return report

@@ -179,9 +179,15 @@ class Agent:
             os.makedirs(env.get("HOME", "/tmp/home"), exist_ok=True)
         try:
             proc = subprocess.Popen(
-                [str(a) for a in msg["argv"]], env=env, cwd=msg["cwd"], start_new_session=True,
+                [str(a) for a in msg["argv"]],
+                env=env,
+                cwd=msg["cwd"],
+                start_new_session=True,
                 stdin=subprocess.PIPE if msg.get("stdin") else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=self.limit)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=self.limit,
+            )
         except OSError as exc:
             text = f"sandbox: cannot run {msg['argv'][0]}: {exc.strerror or exc}\n".encode()
             self.emit(b"e", cid, text)

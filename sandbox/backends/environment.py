@@ -39,17 +39,41 @@ PASSTHROUGH = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", 
 # The jail sets these itself; the caller's values would point at the host (its home, its PATH).
 FIXED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "SANDBOX")
 # Under the caller's home: credentials, keys and tokens, refused with everything below them.
-SECRET_DIRS = (".ssh", ".aws", ".azure", ".gnupg", ".kube", ".docker", ".password-store", ".terraform.d",
-               ".config/gcloud", ".config/gh", ".config/hub", ".local/share/keyrings", ".local/share/sandbox",
-               ".cargo/credentials", ".gem/credentials")
-SECRET_FILES = (".netrc", ".git-credentials", ".npmrc", ".pypirc", ".vault-token", ".cargo/credentials.toml",
-                ".config/git/credentials", ".pgpass", ".my.cnf")
+SECRET_DIRS = (
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".gnupg",
+    ".kube",
+    ".docker",
+    ".password-store",
+    ".terraform.d",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/hub",
+    ".local/share/keyrings",
+    ".local/share/sandbox",
+    ".cargo/credentials",
+    ".gem/credentials",
+)
+SECRET_FILES = (
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".vault-token",
+    ".cargo/credentials.toml",
+    ".config/git/credentials",
+    ".pgpass",
+    ".my.cnf",
+)
 KEY_NAMES = ("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12", "*.pfx", "*.kdbx")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def base_env(profile: Profile, extra: Mapping[str, str] | None = None, *,
-             workspace: Path | None = None) -> dict[str, str]:
+def base_env(
+    profile: Profile, extra: Mapping[str, str] | None = None, *, workspace: Path | None = None
+) -> dict[str, str]:
     """Fixed values, allowlisted names copied from our environment, then the profile's and caller's."""
     env = {
         "PATH": workspace_path(profile, workspace),

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 
-
 # The shell reads one line from stdin (byte by byte: it never reads past the newline), so the
 # command starts only once we have put it in its cgroup; what follows is the command's stdin.
 _HOLD = 'read -r _; exec "$@"'
@@ -37,16 +36,24 @@ class HostJail(local.LocalJail):
     host_paths_shown = ("/",)
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
         stdin: Stdin = None,
     ) -> local.LocalProcess:
         self._check_spawn(argv)
         group = self._pool.take()
         try:
             with confine.starting("cannot start the command"):
-                proc = Child(["/bin/sh", "-c", _HOLD, "sandbox-host", *argv], stdin=True, new_session=True,
-                             cwd=cwd or str(self.workspace),
-                             env=base_env(self.profile, env) | {"HOME": str(self.workspace)})
+                proc = Child(
+                    ["/bin/sh", "-c", _HOLD, "sandbox-host", *argv],
+                    stdin=True,
+                    new_session=True,
+                    cwd=cwd or str(self.workspace),
+                    env=base_env(self.profile, env) | {"HOME": str(self.workspace)},
+                )
             try:
                 child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
                 confine.confine(proc.pid, self.profile, group, "host")
@@ -78,7 +85,9 @@ class HostBackend(Backend):
             # tools given workspace paths would write the real workspace: refuse, do not pretend.
             raise GuaranteeUnavailable(
                 f"the host backend cannot provide mount {profile.mount.strategy!r}, only rw; use a real "
-                "backend (bwrap, docker) for ro, copy or overlay", backend="host")
+                "backend (bwrap, docker) for ro, copy or overlay",
+                backend="host",
+            )
         return HostJail(check_workspace(workspace), profile, None)
 
 
@@ -87,15 +96,29 @@ def probe() -> Report:
     report = Report("host", True)
     report.details["warning"] = "no isolation: the command sees and can change everything the caller can"
     none = "the host backend does not isolate"
-    for name in ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "no-new-privs",
-                 "non-root", "no-caps", "new-session", "seccomp", "overlay", "tmp-size-limit"):
+    for name in (
+        "fs-readonly-root",
+        "fs-write-confined",
+        "fs-hidden-home",
+        "net-none",
+        "no-new-privs",
+        "non-root",
+        "no-caps",
+        "new-session",
+        "seccomp",
+        "overlay",
+        "tmp-size-limit",
+    ):
         report.grant(name, False, none)
     report.grant("env-scrubbed", True)
     report.grant("cpu-limit", True)
     report.grant("fsize-limit", True)
     pids = cgroups.hierarchies()["pids"]
-    report.grant("tree-kill", isinstance(pids, cgroups.Hierarchy),
-                 "without a pids cgroup, double-forked processes can escape the kill" if isinstance(pids, str) else "")
+    report.grant(
+        "tree-kill",
+        isinstance(pids, cgroups.Hierarchy),
+        "without a pids cgroup, double-forked processes can escape the kill" if isinstance(pids, str) else "",
+    )
     local.report_limits(report, "host", None)
     return report
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 
-
 class CgroupPool:
     """A jail's idle call cgroups, reused so a call pays for an attach, not a creation."""
 
@@ -77,8 +76,15 @@ async def dispose(group: cgroups.CallCgroup, wait: float = KILL_WAIT_S) -> bool:
 class LocalProcess(Tree, Process):
     """A call started by us on this host, under bwrap (``kernel_reaps``: pid namespace) or not."""
 
-    def __init__(self, proc: Child, root_pid: int, cgroup: cgroups.CallCgroup | None,
-                 on_release: Callable[[LocalProcess], None], *, kernel_reaps: bool) -> None:
+    def __init__(
+        self,
+        proc: Child,
+        root_pid: int,
+        cgroup: cgroups.CallCgroup | None,
+        on_release: Callable[[LocalProcess], None],
+        *,
+        kernel_reaps: bool,
+    ) -> None:
         """``root_pid`` must not have been reaped yet (it is held, or our unreaped child).
 
         ``on_release`` hands the cgroup back to the jail's pool and forgets the process.
@@ -159,11 +165,16 @@ def report_limits(report: Report, kind: Kind, problem: str | None) -> None:
             only = f"only {how[name].how}, per {how[name].scope}; " if how[name].how else ""
             report.grant(guarantee, False, f"{only}no {ctrl} cgroup: {where[ctrl]}")
     for ctrl, value in where.items():
-        report.details[f"cgroup-{ctrl}"] = (f"{value.mechanism} {value.base}" if isinstance(value, cgroups.Hierarchy)
-                                            else value)
+        report.details[f"cgroup-{ctrl}"] = (
+            f"{value.mechanism} {value.base}" if isinstance(value, cgroups.Hierarchy) else value
+        )
     if os.geteuid() != 0 and not all(isinstance(v, cgroups.Hierarchy) for v in where.values()):
-        report.advice.append(f"per-call cgroups for an ordinary user: run under a delegated systemd scope, "
-                             f"{cgroups.DELEGATE_HINT} (cgroup v2)")
+        report.advice.append(
+            f"per-call cgroups for an ordinary user: run under a delegated systemd scope, "
+            f"{cgroups.DELEGATE_HINT} (cgroup v2)"
+        )
         if not any(isinstance(v, cgroups.Hierarchy) and v.version == 2 for v in where.values()):
-            report.advice.append("this host mounts its controllers as cgroup v1, which systemd delegates to no user: "
-                                 "run as root, or boot with systemd.unified_cgroup_hierarchy=1 for cgroup v2")
+            report.advice.append(
+                "this host mounts its controllers as cgroup v1, which systemd delegates to no user: "
+                "run as root, or boot with systemd.unified_cgroup_hierarchy=1 for cgroup v2"
+            )

@@ -17,8 +17,14 @@ if TYPE_CHECKING:
     import os
 
 
-def load_ruleset(settings: Any, workspace: str | os.PathLike[str], *, store: RuleStore | None = None,
-                 trust: TrustStore | None = None, trust_override: bool | None = None) -> RuleSet:
+def load_ruleset(
+    settings: Any,
+    workspace: str | os.PathLike[str],
+    *,
+    store: RuleStore | None = None,
+    trust: TrustStore | None = None,
+    trust_override: bool | None = None,
+) -> RuleSet:
     """Profile settings + the user's rules store + the workspace's file when the project is trusted."""
     rules = RuleSet.from_settings(settings).merged((store or RuleStore()).ruleset())
     return rules.merged(project_rules(workspace, trust, trust_override))

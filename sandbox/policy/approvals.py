@@ -142,8 +142,7 @@ async def decide(approver: Approver, request: ApprovalRequest, timeout: float) -
             raise
         return _denied("cancelled", "the approval was cancelled; the call was denied", start)
     except (ApprovalUnavailable, EOFError, ConnectionError) as exc:
-        return _denied("disconnected", f"no one could approve the call ({exc or type(exc).__name__}); denied",
-                       start)
+        return _denied("disconnected", f"no one could approve the call ({exc or type(exc).__name__}); denied", start)
     except Exception as exc:  # fail closed: an approver bug must not become a permission
         return _denied("error", f"the approval failed ({type(exc).__name__}); the call was denied", start)
     return _outcome(approver, answer, start)
@@ -153,8 +152,11 @@ def _outcome(approver: Approver, answer: object, start: float) -> ApprovalOutcom
     if not isinstance(answer, str) or answer not in ANSWERS:
         return _denied("invalid", f"the approver gave an invalid answer ({answer!r}); denied", start)
     if answer == "deny":
-        reason = USER_DENIED if approver.who == "user" else \
-            "no one is attending this session, so calls that need approval are denied"
+        reason = (
+            USER_DENIED
+            if approver.who == "user"
+            else "no one is attending this session, so calls that need approval are denied"
+        )
         return ApprovalOutcome("deny", approver.who, reason, _ms(start))
     granted: Answer = "allow-session" if answer == "allow-session" else "allow-once"
     return ApprovalOutcome(granted, approver.who, f"approved by the {approver.who} ({granted})", _ms(start))

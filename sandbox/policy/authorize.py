@@ -24,21 +24,34 @@ class Authorization:
 
     def raise_if_denied(self) -> None:
         if not self.allowed:
-            raise ToolDenied(self.reason, rule_id=self.decision.rule_id, decided_by=self.decided_by,
-                             resource=self.decision.resource, tool=self.decision.tool)
+            raise ToolDenied(
+                self.reason,
+                rule_id=self.decision.rule_id,
+                decided_by=self.decided_by,
+                resource=self.decision.resource,
+                tool=self.decision.tool,
+            )
 
 
 def request_for(call: ToolCall, decision: Decision) -> ApprovalRequest:
     return ApprovalRequest(
-        session_id=call.session_id, turn_id=call.turn_id, tool_call_id=call.tool_call_id,
-        tool=call.name, operation=decision.operation, resource=decision.resource,
-        reason=decision.reason, rule_id=decision.rule_id, root=decision.root,
-        external=decision.external, allow_session=decision.grantable,
+        session_id=call.session_id,
+        turn_id=call.turn_id,
+        tool_call_id=call.tool_call_id,
+        tool=call.name,
+        operation=decision.operation,
+        resource=decision.resource,
+        reason=decision.reason,
+        rule_id=decision.rule_id,
+        root=decision.root,
+        external=decision.external,
+        allow_session=decision.grantable,
     )
 
 
-async def authorize(gate: Gate, state: SessionState, call: ToolCall, approver: Approver,
-                    timeout: float | None = None) -> Authorization:
+async def authorize(
+    gate: Gate, state: SessionState, call: ToolCall, approver: Approver, timeout: float | None = None
+) -> Authorization:
     decision = gate.evaluate(call, state)
     if decision.level != "confirm":
         return Authorization(decision, decision.level == "allow", decision.decided_by, decision.reason)
@@ -48,5 +61,6 @@ async def authorize(gate: Gate, state: SessionState, call: ToolCall, approver: A
         state.grant_session(call.name)
     elif outcome.answer == "deny":
         state.note_denied(call.turn_id, call.name, decision.resource)
-    return Authorization(decision, outcome.allowed, outcome.decided_by, outcome.reason,
-                         outcome.answer, True, outcome.wait_ms)
+    return Authorization(
+        decision, outcome.allowed, outcome.decided_by, outcome.reason, outcome.answer, True, outcome.wait_ms
+    )

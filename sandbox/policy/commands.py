@@ -41,24 +41,114 @@ SENSITIVE_VAR = re.compile(
     r"|BASH_FUNC_\w*|HISTFILE)$"
 )
 SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "rbash"})
-INTERPRETERS = frozenset({"python", "python2", "python3", "perl", "ruby", "node", "nodejs", "php", "lua",
-                          "deno", "bun", "tclsh", "osascript", "pwsh", "powershell"})
+INTERPRETERS = frozenset(
+    {
+        "python",
+        "python2",
+        "python3",
+        "perl",
+        "ruby",
+        "node",
+        "nodejs",
+        "php",
+        "lua",
+        "deno",
+        "bun",
+        "tclsh",
+        "osascript",
+        "pwsh",
+        "powershell",
+    }
+)
 ESCALATION = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
 # Wrappers that run their operand as a command: name -> positionals to skip before it.
 WRAPPERS: dict[str, int] = {
-    "env": 0, "nice": 0, "ionice": 0, "timeout": 1, "nohup": 0, "stdbuf": 0, "time": 0, "setsid": 0,
-    "command": 0, "builtin": 0, "exec": 0, "xargs": 0, "chrt": 1, "taskset": 1, "flock": 1,
-    "busybox": 0, "sudo": 0, "doas": 0, "pkexec": 0, "run0": 0, "unbuffer": 0, "watch": 0, "strace": 0,
-    "ltrace": 0, "chroot": 1, "firejail": 0, "caffeinate": 0, "script": 0, "torsocks": 0, "proxychains": 0,
+    "env": 0,
+    "nice": 0,
+    "ionice": 0,
+    "timeout": 1,
+    "nohup": 0,
+    "stdbuf": 0,
+    "time": 0,
+    "setsid": 0,
+    "command": 0,
+    "builtin": 0,
+    "exec": 0,
+    "xargs": 0,
+    "chrt": 1,
+    "taskset": 1,
+    "flock": 1,
+    "busybox": 0,
+    "sudo": 0,
+    "doas": 0,
+    "pkexec": 0,
+    "run0": 0,
+    "unbuffer": 0,
+    "watch": 0,
+    "strace": 0,
+    "ltrace": 0,
+    "chroot": 1,
+    "firejail": 0,
+    "caffeinate": 0,
+    "script": 0,
+    "torsocks": 0,
+    "proxychains": 0,
 }
-FORMATTERS = frozenset({"mke2fs", "mkswap", "wipefs", "fdisk", "sfdisk", "cfdisk", "gdisk", "sgdisk",
-                        "parted", "mkntfs", "mkdosfs", "newfs", "format", "blkdiscard", "mklabel"})
+FORMATTERS = frozenset(
+    {
+        "mke2fs",
+        "mkswap",
+        "wipefs",
+        "fdisk",
+        "sfdisk",
+        "cfdisk",
+        "gdisk",
+        "sgdisk",
+        "parted",
+        "mkntfs",
+        "mkdosfs",
+        "newfs",
+        "format",
+        "blkdiscard",
+        "mklabel",
+    }
+)
 DELETERS = frozenset({"rm", "rmdir", "unlink", "shred", "srm", "wipe", "trash", "trash-put"})
-SYSTEM_DIRS = frozenset({
-    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
-    "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/snap", "/nix",
-    "/System", "/Library", "/Applications", "/Users", "/Volumes", "/private", "/cores", "/lost+found",
-})
+SYSTEM_DIRS = frozenset(
+    {
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/media",
+        "/mnt",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+        "/snap",
+        "/nix",
+        "/System",
+        "/Library",
+        "/Applications",
+        "/Users",
+        "/Volumes",
+        "/private",
+        "/cores",
+        "/lost+found",
+    }
+)
 DRIVE_ROOT = re.compile(r"^(?:[A-Za-z]:[\\/]*|/mnt/[A-Za-z]/*|/cygdrive/[A-Za-z]/*|/[A-Za-z]/*)$")
 BLOCK_DEVICE = re.compile(
     r"^/dev/(?:sd[a-z]+\d*|hd[a-z]+\d*|vd[a-z]+\d*|xvd[a-z]+\d*|nvme\d+(?:n\d+)?(?:p\d+)?|mmcblk\d+(?:p\d+)?"
@@ -67,9 +157,20 @@ BLOCK_DEVICE = re.compile(
 HARMLESS_DEVICES = re.compile(r"^/dev/(?:null|zero|stdout|stderr|stdin|tty|fd/\d+|urandom|random|full)$")
 WILDCARD_COMPONENT = re.compile(r"^[.*?]*\*[.*?]*$")
 PUBLISHERS: dict[str, str] = {
-    "npm": "publish", "pnpm": "publish", "yarn": "publish", "bun": "publish", "twine": "upload",
-    "cargo": "publish", "gem": "push", "poetry": "publish", "flit": "publish", "hatch": "publish",
-    "uv": "publish", "dotnet": "nuget", "mvn": "deploy", "gradle": "publish",
+    "npm": "publish",
+    "pnpm": "publish",
+    "yarn": "publish",
+    "bun": "publish",
+    "twine": "upload",
+    "cargo": "publish",
+    "gem": "push",
+    "poetry": "publish",
+    "flit": "publish",
+    "hatch": "publish",
+    "uv": "publish",
+    "dotnet": "nuget",
+    "mvn": "deploy",
+    "gradle": "publish",
 }
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 
@@ -167,11 +268,13 @@ class _Judge:
             return
         words = [Word(t.strip("()`"), "$" in t) for t in tokens]
         for index, word in enumerate(words):
-            if os.path.basename(word.text) in (DELETERS | FORMATTERS | {"dd", "find", "mv"}) or \
-                    word.text.startswith("mkfs"):
-                end = next((j for j in range(index, len(tokens)) if tokens[j] in (";", "&&", "||", "|",
-                                                                                    ";;", "&", "\n")),
-                           len(tokens))
+            if os.path.basename(word.text) in (DELETERS | FORMATTERS | {"dd", "find", "mv"}) or word.text.startswith(
+                "mkfs"
+            ):
+                end = next(
+                    (j for j in range(index, len(tokens)) if tokens[j] in (";", "&&", "||", "|", ";;", "&", "\n")),
+                    len(tokens),
+                )
                 self._deny_layer(os.path.basename(word.text), words[index + 1 : end])
 
     def _pipe_to_shell(self, cmd: Simple) -> None:
@@ -285,9 +388,20 @@ class _Judge:
 
     def _wrapped(self, name: str, args: list[Word]) -> list[Word]:
         """The inner command of a wrapper: skip its options, assignments and fixed operands."""
-        takes = {"sudo": "ugUhpCrtD", "doas": "uC", "env": "uCS", "nice": "n", "ionice": "cnp",
-                 "timeout": "sk", "stdbuf": "ioe", "xargs": "IinPdLsaE", "flock": "wE", "exec": "a",
-                 "watch": "nd", "strace": "oepsu"}.get(name, "")
+        takes = {
+            "sudo": "ugUhpCrtD",
+            "doas": "uC",
+            "env": "uCS",
+            "nice": "n",
+            "ionice": "cnp",
+            "timeout": "sk",
+            "stdbuf": "ioe",
+            "xargs": "IinPdLsaE",
+            "flock": "wE",
+            "exec": "a",
+            "watch": "nd",
+            "strace": "oepsu",
+        }.get(name, "")
         index = 0
         while index < len(args):
             text = args[index].text
@@ -347,8 +461,9 @@ class _Judge:
             return
         self.add("mode", "shell.command", f"{name} is not a read-only command")
 
-    def _exempt(self, head: Word, name: str, cmd: Shape, texts: Sequence[str], unknown_args: bool,
-                paths_ok: bool) -> bool:
+    def _exempt(
+        self, head: Word, name: str, cmd: Shape, texts: Sequence[str], unknown_args: bool, paths_ok: bool
+    ) -> bool:
         predicate = READ_ONLY.get(name)
         if predicate is None or unknown_args or not paths_ok:
             return False
@@ -375,8 +490,11 @@ class _Judge:
         if name == "git":
             sub, rest = git_subcommand(texts)
             forced = {"-f", "--force", "--force-with-lease", "--force-if-includes", "--mirror", "--delete"}
-            if sub == "push" and (forced & set(rest) or any(a.startswith(("+", "--force")) for a in rest)
-                                  or any(a.startswith("-") and not a.startswith("--") and "f" in a for a in rest)):
+            if sub == "push" and (
+                forced & set(rest)
+                or any(a.startswith(("+", "--force")) for a in rest)
+                or any(a.startswith("-") and not a.startswith("--") and "f" in a for a in rest)
+            ):
                 self.add("ask", "ask.git-force-push", "force-pushes to a git remote")
         verb = PUBLISHERS.get(name)
         if verb is not None and verb in cmd.positionals:
@@ -473,8 +591,11 @@ class _Judge:
             return
         for word in targets:
             if self._catastrophic(word):
-                self.add("deny", "deny.delete-root",
-                         f"{name or 'this command'} would delete {word.text}: a root, home or system directory")
+                self.add(
+                    "deny",
+                    "deny.delete-root",
+                    f"{name or 'this command'} would delete {word.text}: a root, home or system directory",
+                )
                 return
         recursive = {"-r", "-R", "--recursive"} & shape(name, texts).flags or name == "find"
         if name and recursive and any(w.dynamic for w in targets):
@@ -482,8 +603,12 @@ class _Judge:
 
     @staticmethod
     def _find_runs_rm(texts: list[str]) -> bool:
-        return any(texts[i] in ("-exec", "-execdir", "-ok", "-okdir") and i + 1 < len(texts)
-                   and os.path.basename(texts[i + 1]) in DELETERS for i in range(len(texts)))
+        return any(
+            texts[i] in ("-exec", "-execdir", "-ok", "-okdir")
+            and i + 1 < len(texts)
+            and os.path.basename(texts[i + 1]) in DELETERS
+            for i in range(len(texts))
+        )
 
     def _catastrophic(self, word: Word) -> bool:
         text = word.text

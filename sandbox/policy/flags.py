@@ -27,11 +27,33 @@ _LONG: dict[str, dict[str, str]] = {
 _FOLD: dict[str, dict[str, str]] = {"rm": {"R": "r"}, "cp": {"R": "r"}}
 # Short options whose value is the next word (so the value is not a positional).
 _TAKES_VALUE: dict[str, str] = {
-    "grep": "efmABCd", "egrep": "efmABC", "fgrep": "efmABC", "rg": "efgmtTABCM",
-    "head": "nc", "tail": "nc", "cut": "dfcb", "sort": "ktSo", "du": "d", "tree": "LIPo",
-    "find": "", "ls": "IwT", "git": "Cc", "xargs": "IinPdLsaE", "timeout": "sk", "nice": "n",
-    "env": "uCS", "sudo": "ugUhpCrtD", "doas": "uC", "ionice": "cnp", "stdbuf": "ioe",
-    "jq": "f", "wc": "", "diff": "xXIF", "tee": "", "cat": "", "nl": "bdfhilnsvw",
+    "grep": "efmABCd",
+    "egrep": "efmABC",
+    "fgrep": "efmABC",
+    "rg": "efgmtTABCM",
+    "head": "nc",
+    "tail": "nc",
+    "cut": "dfcb",
+    "sort": "ktSo",
+    "du": "d",
+    "tree": "LIPo",
+    "find": "",
+    "ls": "IwT",
+    "git": "Cc",
+    "xargs": "IinPdLsaE",
+    "timeout": "sk",
+    "nice": "n",
+    "env": "uCS",
+    "sudo": "ugUhpCrtD",
+    "doas": "uC",
+    "ionice": "cnp",
+    "stdbuf": "ioe",
+    "jq": "f",
+    "wc": "",
+    "diff": "xXIF",
+    "tee": "",
+    "cat": "",
+    "nl": "bdfhilnsvw",
 }
 
 
@@ -73,8 +95,7 @@ def _long(name: str, arg: str, values: list[str]) -> str:
     return f"-{letter}" if letter else f"--{option}"
 
 
-def _short(name: str, arg: str, takes: str, args: Sequence[str], index: int,
-           flags: set[str], values: list[str]) -> int:
+def _short(name: str, arg: str, takes: str, args: Sequence[str], index: int, flags: set[str], values: list[str]) -> int:
     """Add the letters of one ``-abc`` cluster; returns how many following words it consumed."""
     fold = _FOLD.get(name, {})
     for position, letter in enumerate(arg[1:]):

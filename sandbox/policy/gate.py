@@ -97,8 +97,10 @@ class Gate:
         self.rules = rules if rules is not None else RuleSet.from_settings(settings)
         self.global_mode = global_mode
         self.paths = PathPolicy(
-            workspace, scratch,
-            deny_read=self.rules.deny_read, deny_write=self.rules.deny_write,
+            workspace,
+            scratch,
+            deny_read=self.rules.deny_read,
+            deny_write=self.rules.deny_write,
             confirm_write=self.rules.confirm_write,
             state_dir=data_dir if data_dir is not None else datadir.data_dir(),
         )
@@ -128,20 +130,31 @@ class Gate:
         if not isinstance(call.params, spec.params):
             return replace(base, reason=f"{call.name} arguments were not validated", rule_id="capability.params")
         if self.settings.operating_mode == "plan" and (spec.risk == "write" or spec.plugin):
-            return replace(base, reason=f"{call.name} is not available in plan mode", rule_id="mode.plan",
-                           operation=spec.risk)
+            return replace(
+                base, reason=f"{call.name} is not available in plan mode", rule_id="mode.plan", operation=spec.risk
+            )
         if spec.name == "Bash":
             return self._bash(call, mode)
         if spec.risk == "execute":
-            return self._by_mode(replace(base, resource=call.name), mode, "mode.execute",
-                                 f"{call.name} runs code")
+            return self._by_mode(replace(base, resource=call.name), mode, "mode.execute", f"{call.name} runs code")
         return self._file(spec, call, mode)
 
     def _file(self, spec: ToolSpec, call: ToolCall, mode: Mode) -> Decision:
         target = self.target(spec, call.params)
         operation: Literal["read", "write"] = "write" if spec.risk == "write" else "read"
-        base = Decision("allow", "", "", target.canonical, target.root, target.external, call.name,
-                        operation, mode, escape=target.escape, target=target)
+        base = Decision(
+            "allow",
+            "",
+            "",
+            target.canonical,
+            target.root,
+            target.external,
+            call.name,
+            operation,
+            mode,
+            escape=target.escape,
+            target=target,
+        )
         protected = self.paths.protection(target, operation)
         if protected is not None and protected.layer == "deny":
             return replace(base, level="deny", reason=protected.reason, rule_id=protected.rule_id)
@@ -149,24 +162,33 @@ class Gate:
         if ruled is not None:
             return ruled
         if protected is not None:
-            return replace(base, level="confirm", reason=protected.reason, rule_id=protected.rule_id,
-                           grantable=False)
+            return replace(base, level="confirm", reason=protected.reason, rule_id=protected.rule_id, grantable=False)
         if target.external:
             return self._external(base, mode)
         if operation == "read" or target.root == "scratch":
             reason = "reads inside the session roots" if operation == "read" else "writes the scratch directory"
             return replace(base, reason=reason, rule_id=f"risk.{operation}.{target.root}")
         if mode == "ask":
-            return replace(base, level="confirm", reason=f"{call.name} changes {target.canonical}",
-                           rule_id="mode.ask", decided_by="mode")
-        return replace(base, reason=f"{mode} mode allows edits in the workspace", rule_id=f"mode.{mode}",
-                       decided_by="mode")
+            return replace(
+                base,
+                level="confirm",
+                reason=f"{call.name} changes {target.canonical}",
+                rule_id="mode.ask",
+                decided_by="mode",
+            )
+        return replace(
+            base, reason=f"{mode} mode allows edits in the workspace", rule_id=f"mode.{mode}", decided_by="mode"
+        )
 
     def _external(self, base: Decision, mode: Mode) -> Decision:
         what = f"{base.resource} is outside the workspace and scratch roots ({base.escape} path)"
         if mode == "auto":
-            return replace(base, reason=f"auto mode allows an explicit external path: {what}",
-                           rule_id="path.external", decided_by="mode")
+            return replace(
+                base,
+                reason=f"auto mode allows an explicit external path: {what}",
+                rule_id="path.external",
+                decided_by="mode",
+            )
         return replace(base, level="confirm", reason=what, rule_id="path.external", decided_by="mode")
 
     def _file_rule(self, spec: ToolSpec, target: ResolvedPath, base: Decision) -> Decision | None:
@@ -180,8 +202,17 @@ class Gate:
     def _bash(self, call: ToolCall, mode: Mode) -> Decision:
         assert isinstance(call.params, BashParams)
         verdict = commands.judge(call.params.command, self.paths, self.rules)
-        base = Decision("allow", verdict.finding.reason, verdict.finding.rule_id, call.params.command,
-                        "workspace", verdict.external, call.name, "execute", mode)
+        base = Decision(
+            "allow",
+            verdict.finding.reason,
+            verdict.finding.rule_id,
+            call.params.command,
+            "workspace",
+            verdict.external,
+            call.name,
+            "execute",
+            mode,
+        )
         return self._from_finding(base, verdict.finding, mode)
 
     def _from_finding(self, base: Decision, finding: Finding, mode: Mode) -> Decision:
@@ -206,11 +237,21 @@ class Gate:
         if decision.level != "confirm":
             return decision
         if state.was_denied(call.turn_id, call.name, decision.resource):
-            return replace(decision, level="deny", decided_by="turn-denial", rule_id="turn.denied",
-                           reason="the user already denied this call in this turn; it is not asked again")
+            return replace(
+                decision,
+                level="deny",
+                decided_by="turn-denial",
+                rule_id="turn.denied",
+                reason="the user already denied this call in this turn; it is not asked again",
+            )
         if decision.grantable and state.has_grant(call.name):
-            return replace(decision, level="allow", decided_by="grant", rule_id="grant.allow-session",
-                           reason=f"allowed for this session ({call.name}): {decision.reason}")
+            return replace(
+                decision,
+                level="allow",
+                decided_by="grant",
+                rule_id="grant.allow-session",
+                reason=f"allowed for this session ({call.name}): {decision.reason}",
+            )
         return decision
 
     def target(self, spec: ToolSpec, params: BaseModel) -> ResolvedPath:
@@ -229,7 +270,9 @@ class Gate:
             raise ToolDenied(
                 f"{decision.tool}: the target changed after approval ({decision.target.canonical} -> "
                 f"{now.canonical}); nothing was done",
-                rule_id="path.changed", approved=decision.target.canonical, now=now.canonical,
+                rule_id="path.changed",
+                approved=decision.target.canonical,
+                now=now.canonical,
             )
 
 
@@ -249,6 +292,11 @@ def _glob_base(pattern: str, path: str | None) -> str:
 
 def _first_rule(rules: list[CompiledRule], tool: str, target: ResolvedPath) -> CompiledRule | None:
     order = {"block": 0, "ask": 1, "allow": 2}
-    matching = [r for r in rules if r.rule.tool in (tool, "*") and r.paths is not None
-                and (r.paths.matches(target.canonical) or r.paths.matches(target.lexical))]
+    matching = [
+        r
+        for r in rules
+        if r.rule.tool in (tool, "*")
+        and r.paths is not None
+        and (r.paths.matches(target.canonical) or r.paths.matches(target.lexical))
+    ]
     return min(matching, key=lambda r: order[r.rule.action]) if matching else None

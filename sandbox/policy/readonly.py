@@ -20,6 +20,7 @@ def _always(shape: Shape, args: Sequence[str]) -> bool:
 def _no_flags(*bad: str) -> Predicate:
     def check(shape: Shape, args: Sequence[str]) -> bool:
         return not any(flag in shape.flags for flag in bad)
+
     return check
 
 
@@ -36,19 +37,40 @@ def _hostname(shape: Shape, args: Sequence[str]) -> bool:
     return not shape.positionals and not {"-F", "--file", "-b", "--boot"} & shape.flags
 
 
-FIND_ACTIONS = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0",
-                          "-fprintf", "-fls"})
+FIND_ACTIONS = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"})
 
 
 def _find(shape: Shape, args: Sequence[str]) -> bool:
     return not FIND_ACTIONS.intersection(args)
 
 
-GIT_READ = frozenset({
-    "status", "log", "diff", "show", "branch", "rev-parse", "ls-files", "blame", "describe",
-    "shortlog", "remote", "tag", "grep", "ls-tree", "cat-file", "rev-list", "whatchanged", "config",
-    "show-ref", "ls-remote", "reflog", "help", "version",
-})
+GIT_READ = frozenset(
+    {
+        "status",
+        "log",
+        "diff",
+        "show",
+        "branch",
+        "rev-parse",
+        "ls-files",
+        "blame",
+        "describe",
+        "shortlog",
+        "remote",
+        "tag",
+        "grep",
+        "ls-tree",
+        "cat-file",
+        "rev-list",
+        "whatchanged",
+        "config",
+        "show-ref",
+        "ls-remote",
+        "reflog",
+        "help",
+        "version",
+    }
+)
 _GIT_WRITING = ("--output", "--ext-diff", "--no-index", "--textconv", "--exec")
 
 
@@ -86,32 +108,136 @@ def _git(shape: Shape, args: Sequence[str]) -> bool:
 
 READ_ONLY: dict[str, Predicate] = dict.fromkeys(
     (
-        "ls", "cat", "head", "tail", "wc", "grep", "egrep", "fgrep", "pwd", "echo", "printf", "true",
-        "false", "which", "type", "file", "stat", "du", "df", "diff", "cmp", "cut", "tr", "basename",
-        "dirname", "realpath", "readlink", "whoami", "id", "uname", "test", "[", "sha256sum", "sha1sum",
-        "sha512sum", "md5sum", "cksum", "b2sum", "jq", "column", "nl", "od", "hexdump", "seq", "sleep",
-        "expr", "comm", "paste", "fold", "fmt", "rev", "tac", "strings", "locale", "nproc", "uptime",
-        "cd", "pushd", "popd", "dirs", "read", ":", "wait", "arch", "tty", "groups", "getconf",
+        "ls",
+        "cat",
+        "head",
+        "tail",
+        "wc",
+        "grep",
+        "egrep",
+        "fgrep",
+        "pwd",
+        "echo",
+        "printf",
+        "true",
+        "false",
+        "which",
+        "type",
+        "file",
+        "stat",
+        "du",
+        "df",
+        "diff",
+        "cmp",
+        "cut",
+        "tr",
+        "basename",
+        "dirname",
+        "realpath",
+        "readlink",
+        "whoami",
+        "id",
+        "uname",
+        "test",
+        "[",
+        "sha256sum",
+        "sha1sum",
+        "sha512sum",
+        "md5sum",
+        "cksum",
+        "b2sum",
+        "jq",
+        "column",
+        "nl",
+        "od",
+        "hexdump",
+        "seq",
+        "sleep",
+        "expr",
+        "comm",
+        "paste",
+        "fold",
+        "fmt",
+        "rev",
+        "tac",
+        "strings",
+        "locale",
+        "nproc",
+        "uptime",
+        "cd",
+        "pushd",
+        "popd",
+        "dirs",
+        "read",
+        ":",
+        "wait",
+        "arch",
+        "tty",
+        "groups",
+        "getconf",
     ),
     _always,
 )
-READ_ONLY.update({
-    "sort": _no_flags("-o"),
-    "uniq": _uniq,
-    "date": _date,
-    "hostname": _hostname,
-    "find": _find,
-    "git": _git,
-    "tree": _no_flags("-o"),
-    "rg": _no_flags("--pre", "--pre-glob"),
-})
+READ_ONLY.update(
+    {
+        "sort": _no_flags("-o"),
+        "uniq": _uniq,
+        "date": _date,
+        "hostname": _hostname,
+        "find": _find,
+        "git": _git,
+        "tree": _no_flags("-o"),
+        "rg": _no_flags("--pre", "--pre-glob"),
+    }
+)
 
 # Arguments of these are never file paths the command opens.
-NO_PATH_ARGS = frozenset({
-    "echo", "printf", "true", "false", "which", "type", "tr", "basename", "dirname", "realpath",
-    "readlink", "whoami", "id", "uname", "test", "[", "seq", "sleep", "expr", "locale", "nproc",
-    "uptime", "date", "hostname", "cd", "pushd", "popd", "dirs", "read", ":", "wait", "arch", "tty",
-    "groups", "getconf", "git", "command", "kill", "export", "unset", "set", "shopt", "alias",
-})
+NO_PATH_ARGS = frozenset(
+    {
+        "echo",
+        "printf",
+        "true",
+        "false",
+        "which",
+        "type",
+        "tr",
+        "basename",
+        "dirname",
+        "realpath",
+        "readlink",
+        "whoami",
+        "id",
+        "uname",
+        "test",
+        "[",
+        "seq",
+        "sleep",
+        "expr",
+        "locale",
+        "nproc",
+        "uptime",
+        "date",
+        "hostname",
+        "cd",
+        "pushd",
+        "popd",
+        "dirs",
+        "read",
+        ":",
+        "wait",
+        "arch",
+        "tty",
+        "groups",
+        "getconf",
+        "git",
+        "command",
+        "kill",
+        "export",
+        "unset",
+        "set",
+        "shopt",
+        "alias",
+    }
+)
 # The first positional is a pattern, not a path (unless -e / -f supplied it).
 PATTERN_FIRST = frozenset({"grep", "egrep", "fgrep", "rg"})

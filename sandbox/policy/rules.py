@@ -43,14 +43,14 @@ class BuiltinRule:
 BUILTIN_RULES: tuple[BuiltinRule, ...] = (
     BuiltinRule("deny.format", "deny", "format or partition a disk (mkfs, wipefs, fdisk, …)"),
     BuiltinRule("deny.raw-device", "deny", "write to a raw block device (dd of=/dev/sda, > /dev/nvme0n1)"),
-    BuiltinRule("deny.delete-root", "deny",
-                "delete /, the home directory, a top-level system directory or a drive root"),
+    BuiltinRule(
+        "deny.delete-root", "deny", "delete /, the home directory, a top-level system directory or a drive root"
+    ),
     BuiltinRule("ask.sudo", "ask", "run a command with elevated privileges (sudo, doas, su)"),
     BuiltinRule("ask.git-force-push", "ask", "force-push to a git remote"),
     BuiltinRule("ask.publish", "ask", "publish a package (npm/yarn/pnpm publish, twine upload, …)"),
     BuiltinRule("ask.pipe-to-shell", "ask", "pipe data into a shell or interpreter as a program"),
-    BuiltinRule("exempt.read-only", "exempt",
-                "read-only commands (ls, cat, grep, git status, …) run without asking"),
+    BuiltinRule("exempt.read-only", "exempt", "read-only commands (ls, cat, grep, git status, …) run without asking"),
 )
 BUILTIN_IDS = frozenset(rule.id for rule in BUILTIN_RULES)
 
@@ -156,10 +156,16 @@ class RuleSet:
     @property
     def version(self) -> str:
         """Changes whenever anything that can change a decision changes (recorded in the audit)."""
-        blob = json.dumps([
-            [r.model_dump() for r in self.user], sorted(self.removed),
-            self.deny_read, self.deny_write, self.confirm_write,
-        ], sort_keys=True)
+        blob = json.dumps(
+            [
+                [r.model_dump() for r in self.user],
+                sorted(self.removed),
+                self.deny_read,
+                self.deny_write,
+                self.confirm_write,
+            ],
+            sort_keys=True,
+        )
         return f"{POLICY_VERSION}+{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
     def merged(self, other: RuleSet) -> RuleSet:
@@ -223,8 +229,11 @@ class RuleStore:
             raise InvalidArgument(f"cannot read the rules store {self.path}: {exc}", file=str(self.path)) from exc
         if not isinstance(data, dict):
             raise InvalidArgument(f"the rules store {self.path} is not a JSON object", file=str(self.path))
-        return {"rules": list(data.get("rules", [])), "removed": list(data.get("removed", [])),
-                **({"mode": data["mode"]} if data.get("mode") in MODES else {})}
+        return {
+            "rules": list(data.get("rules", [])),
+            "removed": list(data.get("removed", [])),
+            **({"mode": data["mode"]} if data.get("mode") in MODES else {}),
+        }
 
     def _save(self, data: dict[str, Any]) -> None:
         atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -244,8 +253,7 @@ class RuleStore:
     def ruleset(self) -> RuleSet:
         data = self._load()
         check_removable(data["removed"])
-        return RuleSet(user=tuple(parse_rules(data["rules"], str(self.path))),
-                       removed=frozenset(data["removed"]))
+        return RuleSet(user=tuple(parse_rules(data["rules"], str(self.path))), removed=frozenset(data["removed"]))
 
     def add(self, action: Action, text: str, tool: str = "Bash") -> UserRule:
         if not text.strip():

@@ -60,10 +60,32 @@ class Script:
 
 _FAST_UNSAFE = re.compile(r"[$`\\(){}<>\n#!]")
 _OPERATORS = frozenset({"&&", "||", ";", "|", "&"})
-_RESERVED = frozenset({
-    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
-    "function", "select", "time", "coproc", "[[", "]]", "{", "}", "!", "in",
-})
+_RESERVED = frozenset(
+    {
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "for",
+        "while",
+        "until",
+        "do",
+        "done",
+        "case",
+        "esac",
+        "function",
+        "select",
+        "time",
+        "coproc",
+        "[[",
+        "]]",
+        "{",
+        "}",
+        "!",
+        "in",
+    }
+)
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 _HOME_PARAM = re.compile(r"^\$(?:HOME\b|\{HOME\})")
 _NESTED = re.compile(r"\$\(|`|[<>]\(")
@@ -123,8 +145,15 @@ def _fast_parse(command: str) -> Script | None:
 def _bashlex_parse(command: str) -> Script:
     try:
         trees = bashlex.parse(command)
-    except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError,
-            TypeError, ValueError, AssertionError) as exc:
+    except (
+        bashlex.errors.ParsingError,
+        NotImplementedError,
+        AttributeError,
+        IndexError,
+        TypeError,
+        ValueError,
+        AssertionError,
+    ) as exc:
         raise Unparseable(f"the shell parser cannot read this command ({exc})") from exc
     walker = _Walker()
     for tree in trees:

@@ -72,16 +72,20 @@ class TrustStore:
             current = parent
 
 
-def project_rules(workspace: str | os.PathLike[str], store: TrustStore | None = None,
-                  override: bool | None = None) -> RuleSet:
+def project_rules(
+    workspace: str | os.PathLike[str], store: TrustStore | None = None, override: bool | None = None
+) -> RuleSet:
     """The workspace's policy file as a RuleSet, or an empty one with a notice saying why not."""
     path = Path(os.path.realpath(workspace)) / PROJECT_POLICY
     if not path.is_file():
         return RuleSet()
     decision = (store or TrustStore()).decision(workspace, override)
     if not decision.trusted:
-        return RuleSet(notices=(f"ignored {path}: the project is not trusted (run `sandbox trust "
-                                f"{decision.directory}` to load it)",))
+        return RuleSet(
+            notices=(
+                f"ignored {path}: the project is not trusted (run `sandbox trust {decision.directory}` to load it)",
+            )
+        )
     return _load_project(path)
 
 
@@ -91,11 +95,15 @@ def _load_project(path: Path) -> RuleSet:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InvalidArgument(f"invalid project policy {path}: {exc}", file=str(path)) from exc
     section = data.get("policy", data)
-    notices = [f"ignored key {key!r} in {path}: a project cannot set it"
-               for key in sorted(set(section) - _PROJECT_KEYS)]
+    notices = [
+        f"ignored key {key!r} in {path}: a project cannot set it" for key in sorted(set(section) - _PROJECT_KEYS)
+    ]
     removed = [rid for rid in section.get("remove_rules", ()) if rid in BUILTIN_IDS and not rid.startswith("deny.")]
-    notices += [f"ignored remove_rules entry {rid!r} in {path}: a project cannot remove it"
-                for rid in section.get("remove_rules", ()) if rid not in removed]
+    notices += [
+        f"ignored remove_rules entry {rid!r} in {path}: a project cannot remove it"
+        for rid in section.get("remove_rules", ())
+        if rid not in removed
+    ]
     return RuleSet(
         user=tuple(parse_rules(section.get("rules", ()), str(path))),
         removed=frozenset(removed),

@@ -138,8 +138,7 @@ def lookup(name: str) -> ToolSpec:
 
 def _problems(exc: ValidationError) -> list[dict[str, str]]:
     return [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(arguments)", "problem": err["msg"]}
-        for err in exc.errors()
+        {"field": ".".join(str(p) for p in err["loc"]) or "(arguments)", "problem": err["msg"]} for err in exc.errors()
     ]
 
 

@@ -49,26 +49,49 @@ class ToolResult(BaseModel):
 
 
 async def run_bash(
-    jail: Jail, params: BashParams, *, env: dict[str, str], on_stdout: OutputCallback | None = None,
-    on_stderr: OutputCallback | None = None, abort: anyio.Event | None = None,
+    jail: Jail,
+    params: BashParams,
+    *,
+    env: dict[str, str],
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+    abort: anyio.Event | None = None,
 ) -> ToolResult:
-    result = await executor.run(jail, ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command],
-                                timeout=params.timeout, env=env, on_stdout=on_stdout, on_stderr=on_stderr,
-                                abort=abort)
+    result = await executor.run(
+        jail,
+        ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command],
+        timeout=params.timeout,
+        env=env,
+        on_stdout=on_stdout,
+        on_stderr=on_stderr,
+        abort=abort,
+    )
     if result.exit_code == 127 and NO_BASH in result.stderr:
-        raise ShellNotFound("bash is not installed in the jail; the image or root filesystem needs it",
-                            backend=jail.backend)
+        raise ShellNotFound(
+            "bash is not installed in the jail; the image or root filesystem needs it", backend=jail.backend
+        )
     details = result.model_dump()
     if result.timed_out:
         status = f"timed out after {params.timeout:g} s; the process tree was killed"
-        return ToolResult(ok=False, error_code="TIMEOUT", root="workspace", details=details,
-                          content=_bash_text(result, status))
+        return ToolResult(
+            ok=False, error_code="TIMEOUT", root="workspace", details=details, content=_bash_text(result, status)
+        )
     if result.aborted:
-        return ToolResult(ok=False, error_code="ABORTED", root="workspace", details=details,
-                          content=_bash_text(result, "aborted; the process tree was killed"))
+        return ToolResult(
+            ok=False,
+            error_code="ABORTED",
+            root="workspace",
+            details=details,
+            content=_bash_text(result, "aborted; the process tree was killed"),
+        )
     ok = result.exit_code == 0
-    return ToolResult(ok=ok, error_code=None if ok else "TOOL_FAILED", root="workspace", details=details,
-                      content=_bash_text(result, None if ok else f"exit code {result.exit_code}"))
+    return ToolResult(
+        ok=ok,
+        error_code=None if ok else "TOOL_FAILED",
+        root="workspace",
+        details=details,
+        content=_bash_text(result, None if ok else f"exit code {result.exit_code}"),
+    )
 
 
 def _bash_text(result: executor.ExecResult, status: str | None) -> str:
@@ -91,8 +114,15 @@ def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
     if isinstance(params, GlobParams):
         return {"op": "glob", "path": target, "pattern": params.pattern}
     if isinstance(params, GrepParams):
-        return {"op": "grep", "path": target, "pattern": params.pattern, "include": params.include,
-                "context": params.context, "limit": params.limit, "ignore_case": params.ignore_case}
+        return {
+            "op": "grep",
+            "path": target,
+            "pattern": params.pattern,
+            "include": params.include,
+            "context": params.context,
+            "limit": params.limit,
+            "ignore_case": params.ignore_case,
+        }
     if isinstance(params, LSParams):
         return {"op": "ls", "path": target}
     raise TypeError(f"no runner operation for {type(params).__name__}")
@@ -101,8 +131,12 @@ def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
 async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> dict[str, Any]:
     """One runner.py round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
     result = await executor.run(
-        jail, ["python3", "-I", "-S", "-c", RUNNER_SOURCE], stdin=json.dumps(request).encode(),
-        timeout=RUNNER_TIMEOUT_S, capture_bytes=RUNNER_CAPTURE, abort=abort,
+        jail,
+        ["python3", "-I", "-S", "-c", RUNNER_SOURCE],
+        stdin=json.dumps(request).encode(),
+        timeout=RUNNER_TIMEOUT_S,
+        capture_bytes=RUNNER_CAPTURE,
+        abort=abort,
     )
     if result.aborted:
         return {"ok": False, "error_code": "ABORTED", "content": "aborted", "details": {}}
@@ -112,8 +146,13 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
         reply: dict[str, Any] = json.loads(result.stdout)
     except ValueError:
         if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
-            raise BackendUnavailable("python3 is missing in the jail; the file tools need it",
-                                     backend=jail.backend) from None
-        return {"ok": False, "error_code": "TOOL_FAILED", "details": {"exit_code": result.exit_code},
-                "content": f"the file tool failed in the jail: {result.stderr.strip()[-2000:] or result.exit_code}"}
+            raise BackendUnavailable(
+                "python3 is missing in the jail; the file tools need it", backend=jail.backend
+            ) from None
+        return {
+            "ok": False,
+            "error_code": "TOOL_FAILED",
+            "details": {"exit_code": result.exit_code},
+            "content": f"the file tool failed in the jail: {result.stderr.strip()[-2000:] or result.exit_code}",
+        }
     return reply

@@ -82,7 +82,7 @@ def _atomic_write(path: str, data: bytes, mode: int | None) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if mode is not None:
             os.fchmod(fd, mode)
         os.fsync(fd)
@@ -98,8 +98,13 @@ def _snapshot(before: bytes | None) -> dict[str, Any]:
     if before is None:
         return {"before": None, "existed": False}
     keep = len(before) <= SNAPSHOT_BYTES
-    return {"existed": True, "before_size": len(before), "before_sha256": _sha(before),
-            "before": base64.b64encode(before).decode() if keep else None, "before_kept": keep}
+    return {
+        "existed": True,
+        "before_size": len(before),
+        "before_sha256": _sha(before),
+        "before": base64.b64encode(before).decode() if keep else None,
+        "before_kept": keep,
+    }
 
 
 def op_read(req: dict[str, Any]) -> dict[str, Any]:
@@ -112,16 +117,19 @@ def op_read(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("raw"):
         if len(data) > RAW_BYTES:
             raise Failure("TOOL_FAILED", f"{path} is {len(data)} bytes; a raw read returns at most {RAW_BYTES}")
-        return {"content": f"read {len(data)} bytes from {path}",
-                "details": {"data_base64": base64.b64encode(data).decode(), "size": len(data),
-                            "binary": _is_binary(data)}}
+        return {
+            "content": f"read {len(data)} bytes from {path}",
+            "details": {"data_base64": base64.b64encode(data).decode(), "size": len(data), "binary": _is_binary(data)},
+        }
     if _is_binary(data):
-        return {"content": f"{path} is a binary file ({len(data)} bytes); not shown",
-                "details": {"binary": True, "size": len(data)}}
+        return {
+            "content": f"{path} is a binary file ({len(data)} bytes); not shown",
+            "details": {"binary": True, "size": len(data)},
+        }
     lines = data.decode("utf-8", errors="replace").splitlines()
     start = (req.get("offset") or 1) - 1
     limit = req.get("limit") or READ_LINES
-    window, size, out = lines[start:start + limit], 0, []
+    window, size, out = lines[start : start + limit], 0, []
     for number, line in enumerate(window, start + 1):
         text = line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " [line truncated]"
         size += len(text) + 8
@@ -132,10 +140,11 @@ def op_read(req: dict[str, Any]) -> dict[str, Any]:
     content = "\n".join(out)
     truncated = last < len(lines)
     if truncated:
-        content += (f"\n[showing lines {start + 1}-{last} of {len(lines)}; "
-                    f"call Read with offset={last + 1} to continue]")
-    return {"content": content, "details": {"lines": len(lines), "first": start + 1, "last": last,
-                                            "truncated": truncated, "size": len(data)}}
+        content += f"\n[showing lines {start + 1}-{last} of {len(lines)}; call Read with offset={last + 1} to continue]"
+    return {
+        "content": content,
+        "details": {"lines": len(lines), "first": start + 1, "last": last, "truncated": truncated, "size": len(data)},
+    }
 
 
 def op_write(req: dict[str, Any]) -> dict[str, Any]:
@@ -144,9 +153,15 @@ def op_write(req: dict[str, Any]) -> dict[str, Any]:
     mode = stat.S_IMODE(os.lstat(path).st_mode) if before is not None else None
     after = req["content"].encode()
     _atomic_write(path, after, mode)
-    return {"content": f"wrote {len(after)} bytes to {path}",
-            "details": {**_snapshot(before), "after_sha256": _sha(after), "after_size": len(after),
-                        "after": req["content"] if len(after) <= SNAPSHOT_BYTES else None}}
+    return {
+        "content": f"wrote {len(after)} bytes to {path}",
+        "details": {
+            **_snapshot(before),
+            "after_sha256": _sha(after),
+            "after_size": len(after),
+            "after": req["content"] if len(after) <= SNAPSHOT_BYTES else None,
+        },
+    }
 
 
 def op_edit(req: dict[str, Any]) -> dict[str, Any]:
@@ -161,15 +176,25 @@ def op_edit(req: dict[str, Any]) -> dict[str, Any]:
         count = text.count(edit["old_text"])
         if count != 1:
             found = "was not found" if count == 0 else f"matched {count} times"
-            raise Failure("TOOL_FAILED", f"edit {number}: old_text {found} in {path}; nothing was written. "
-                          "Read the file again and give an old_text that matches exactly once.",
-                          edit=number, matches=count)
+            raise Failure(
+                "TOOL_FAILED",
+                f"edit {number}: old_text {found} in {path}; nothing was written. "
+                "Read the file again and give an old_text that matches exactly once.",
+                edit=number,
+                matches=count,
+            )
         text = text.replace(edit["old_text"], edit["new_text"], 1)
     after = text.encode()
     _atomic_write(path, after, stat.S_IMODE(os.lstat(path).st_mode))
-    return {"content": f"applied {len(req['edits'])} edit(s) to {path}",
-            "details": {**_snapshot(before), "after_sha256": _sha(after), "after_size": len(after),
-                        "after": text if len(after) <= SNAPSHOT_BYTES else None}}
+    return {
+        "content": f"applied {len(req['edits'])} edit(s) to {path}",
+        "details": {
+            **_snapshot(before),
+            "after_sha256": _sha(after),
+            "after_size": len(after),
+            "after": text if len(after) <= SNAPSHOT_BYTES else None,
+        },
+    }
 
 
 def _walk(root: str) -> Iterator[str]:
@@ -212,14 +237,14 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
         elif c == "{":
             end = pattern.find("}", i)
             if end > i:
-                out.append("(?:" + "|".join(re.escape(p) for p in pattern[i + 1:end].split(",")) + ")")
+                out.append("(?:" + "|".join(re.escape(p) for p in pattern[i + 1 : end].split(",")) + ")")
                 i = end + 1
                 continue
             out.append(re.escape(c))
         elif c == "[":
             end = pattern.find("]", i + 1)
             if end > i:
-                out.append(pattern[i:end + 1].replace("[!", "[^"))
+                out.append(pattern[i : end + 1].replace("[!", "[^"))
                 i = end + 1
                 continue
             out.append(re.escape(c))
@@ -295,8 +320,10 @@ def op_ls(req: dict[str, Any]) -> dict[str, Any]:
     marks = {"dir": "/", "symlink-dir": "@", "symlink": "@"}
     lines = [e["name"] + marks.get(e["type"], "") for e in entries[:LIST_LIMIT]]
     content = "\n".join(lines) or "(empty directory)"
-    return {"content": content, "details": {"entries": entries[:LIST_LIMIT], "count": len(entries),
-                                            "truncated": truncated}}
+    return {
+        "content": content,
+        "details": {"entries": entries[:LIST_LIMIT], "count": len(entries), "truncated": truncated},
+    }
 
 
 def op_restore(req: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +343,12 @@ def op_restore(req: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "read": op_read, "write": op_write, "edit": op_edit, "glob": op_glob, "grep": op_grep, "ls": op_ls,
+    "read": op_read,
+    "write": op_write,
+    "edit": op_edit,
+    "glob": op_glob,
+    "grep": op_grep,
+    "ls": op_ls,
     "restore": op_restore,
 }
 
@@ -329,19 +361,30 @@ def main() -> None:
     try:
         if approved is not None and request["path"] != approved:
             # A symlink appeared (or moved) between the approval and now: do nothing.
-            raise Failure("TOOL_DENIED", f"the target changed after approval ({approved} now resolves to "
-                          f"{request['path']}); nothing was done", approved=approved, now=request["path"])
+            raise Failure(
+                "TOOL_DENIED",
+                f"the target changed after approval ({approved} now resolves to {request['path']}); nothing was done",
+                approved=approved,
+                now=request["path"],
+            )
         body = OPS[request["op"]](request)
         reply = {"ok": True, "error_code": None, **body}
     except Failure as exc:
         reply = {"ok": False, "error_code": exc.code, "content": exc.message, "details": exc.details}
     except PermissionError as exc:
-        reply = {"ok": False, "error_code": "TOOL_FAILED",
-                 "content": f"permission denied by the sandbox: {exc.filename or request.get('path')}",
-                 "details": {"errno": "EACCES"}}
+        reply = {
+            "ok": False,
+            "error_code": "TOOL_FAILED",
+            "content": f"permission denied by the sandbox: {exc.filename or request.get('path')}",
+            "details": {"errno": "EACCES"},
+        }
     except OSError as exc:
-        reply = {"ok": False, "error_code": "TOOL_FAILED", "content": f"{exc.strerror or exc}: {exc.filename}",
-                 "details": {"errno": exc.errno}}
+        reply = {
+            "ok": False,
+            "error_code": "TOOL_FAILED",
+            "content": f"{exc.strerror or exc}: {exc.filename}",
+            "details": {"errno": exc.errno},
+        }
     reply["resolved"] = request.get("path")
     sys.stdout.write(json.dumps(reply))
 

@@ -27,9 +27,17 @@ def _need_bwrap() -> None:
 
 def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     # stdin=DEVNULL unless given: the pytest process's own stdin must not leak into the command.
-    return subprocess.run([SANDBOX, "run", *args], capture_output=True, text=True, cwd=cwd, input=stdin,
-                          stdin=subprocess.DEVNULL if stdin is None else None,
-                          timeout=120, env=os.environ.copy(), check=False)
+    return subprocess.run(
+        [SANDBOX, "run", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        timeout=120,
+        env=os.environ.copy(),
+        check=False,
+    )
 
 
 @pytest.fixture(params=["full", "quick"])
@@ -57,9 +65,23 @@ def test_json_contract(workspace: Path) -> None:
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1
     out = json.loads(lines[0])
-    for key in ("exit_code", "signal", "timed_out", "aborted", "stdout", "stderr", "stdout_bytes",
-                "stderr_bytes", "stdout_truncated", "stderr_truncated", "duration_ms", "backend",
-                "profile", "mount", "changes"):
+    for key in (
+        "exit_code",
+        "signal",
+        "timed_out",
+        "aborted",
+        "stdout",
+        "stderr",
+        "stdout_bytes",
+        "stderr_bytes",
+        "stdout_truncated",
+        "stderr_truncated",
+        "duration_ms",
+        "backend",
+        "profile",
+        "mount",
+        "changes",
+    ):
         assert key in out, key
     assert (out["stdout"], out["stderr"], out["backend"], out["mount"]) == ("hi\n", "oops\n", "bwrap", "rw")
 
@@ -68,8 +90,16 @@ def test_timeout_exits_124_and_kills_every_process(workspace: Path, run_path: st
     from tests.conftest import survivors
 
     marker = str(710000 + os.getpid() % 1000 * 10 + (run_path == "quick"))
-    done = run("--timeout", "1", "--workspace", str(workspace), "--", "sh", "-c",
-               f"trap '' TERM; setsid sleep {marker} & sleep {marker}")
+    done = run(
+        "--timeout",
+        "1",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        f"trap '' TERM; setsid sleep {marker} & sleep {marker}",
+    )
     assert done.returncode == 124
     assert "timed out" in done.stderr
     assert survivors(marker) == []
@@ -81,16 +111,26 @@ def test_signal_exits_128_plus_n(workspace: Path, run_path: str) -> None:
 
 
 def test_copy_mount_without_apply_leaves_host_unchanged(workspace: Path) -> None:
-    done = run("--mount", "copy", "--json", "--workspace", str(workspace), "--",
-               "sh", "-c", "echo x > added.txt; rm README.md")
+    done = run(
+        "--mount", "copy", "--json", "--workspace", str(workspace), "--", "sh", "-c", "echo x > added.txt; rm README.md"
+    )
     out = json.loads(done.stdout)
     assert {(c["path"], c["status"]) for c in out["changes"]} == {("added.txt", "added"), ("README.md", "deleted")}
     assert (workspace / "README.md").exists() and not (workspace / "added.txt").exists()
 
 
 def test_copy_mount_with_apply_changes_host(workspace: Path) -> None:
-    done = run("--mount", "copy", "--apply", "--workspace", str(workspace), "--",
-               "sh", "-c", "echo x > added.txt; rm README.md")
+    done = run(
+        "--mount",
+        "copy",
+        "--apply",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        "echo x > added.txt; rm README.md",
+    )
     assert done.returncode == 0, done.stderr
     assert not (workspace / "README.md").exists() and (workspace / "added.txt").read_text() == "x\n"
 
@@ -153,9 +193,20 @@ def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: in
     from tests.conftest import survivors
 
     marker = str(700000 + os.getpid() % 1000 * 100 + signum * 2 + (run_path == "quick"))
-    proc = subprocess.Popen([SANDBOX, "run", "--workspace", str(workspace), "--", "sh", "-c",
-                             f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            SANDBOX,
+            "run",
+            "--workspace",
+            str(workspace),
+            "--",
+            "sh",
+            "-c",
+            f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 20
     while len(survivors(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -168,9 +219,13 @@ def quick_cache(data_dir: Path) -> list[Path]:
     return sorted((data_dir / "cache" / "profiles").glob("*.json"))
 
 
-@pytest.fixture(params=[pytest.param("bwrap", marks=pytest.mark.bwrap),
-                        pytest.param("bwrap-quick", marks=pytest.mark.bwrap),
-                        pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(
+    params=[
+        pytest.param("bwrap", marks=pytest.mark.bwrap),
+        pytest.param("bwrap-quick", marks=pytest.mark.bwrap),
+        pytest.param("docker", marks=pytest.mark.docker),
+    ]
+)
 def cli_backend(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) -> Iterator[str]:
     """The backend a test's runs name; ``bwrap-quick``: bwrap, each run on the quick path (sandbox.launch).
 
@@ -196,17 +251,41 @@ def cli_backend(request: pytest.FixtureRequest, workspace: Path, data_dir: Path)
 
 @pytest.mark.full_path  # --json always takes it
 def test_same_json_contract_and_exit_codes_on_every_backend(cli_backend: str, workspace: Path) -> None:
-    done = run("--backend", cli_backend, "--json", "--workspace", str(workspace), "--",
-               "sh", "-c", "echo hi; echo oops >&2; exit 3")
+    done = run(
+        "--backend",
+        cli_backend,
+        "--json",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2; exit 3",
+    )
     out = json.loads(done.stdout.strip())
     assert (done.returncode, out["exit_code"], out["backend"]) == (3, 3, cli_backend)
     assert (out["stdout"], out["stderr"], out["stdout_bytes"]) == ("hi\n", "oops\n", 3)
-    assert run("--backend", cli_backend, "--timeout", "1", "--workspace", str(workspace), "--",
-               "sleep", "30").returncode == 124
-    assert run("--backend", cli_backend, "--workspace", str(workspace), "--",
-               "sh", "-c", "kill -TERM $$").returncode == 143
-    copy = run("--backend", cli_backend, "--mount", "copy", "--json", "--workspace", str(workspace), "--",
-               "sh", "-c", "echo x > new.txt")
+    assert (
+        run("--backend", cli_backend, "--timeout", "1", "--workspace", str(workspace), "--", "sleep", "30").returncode
+        == 124
+    )
+    assert (
+        run("--backend", cli_backend, "--workspace", str(workspace), "--", "sh", "-c", "kill -TERM $$").returncode
+        == 143
+    )
+    copy = run(
+        "--backend",
+        cli_backend,
+        "--mount",
+        "copy",
+        "--json",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        "echo x > new.txt",
+    )
     assert [c["path"] for c in json.loads(copy.stdout)["changes"]] == ["new.txt"]
     assert not (workspace / "new.txt").exists()
 
@@ -223,8 +302,7 @@ def test_docker_daemon_unreachable_exits_125(workspace: Path, monkeypatch: pytes
 
 
 def test_a_flag_contradicting_a_required_guarantee_is_refused(workspace: Path) -> None:
-    done = run("--profile", "untrusted", "--network", "host", "--json", "--workspace", str(workspace), "--",
-               "true")
+    done = run("--profile", "untrusted", "--network", "host", "--json", "--workspace", str(workspace), "--", "true")
     assert done.returncode == 125
     assert len(done.stderr.strip().splitlines()) == 1
     assert "net-none" in done.stderr and "--network host" in done.stderr
@@ -234,13 +312,19 @@ def test_a_flag_contradicting_a_required_guarantee_is_refused(workspace: Path) -
 
 def test_json_reports_the_network_and_every_limit_in_force(workspace: Path) -> None:
     profile_or_skip("untrusted")
-    done = run("--profile", "untrusted", "--memory", "256MiB", "--json", "--workspace", str(workspace), "--",
-               "true")
+    done = run("--profile", "untrusted", "--memory", "256MiB", "--json", "--workspace", str(workspace), "--", "true")
     out = json.loads(done.stdout)
     assert done.returncode == 0, done.stderr
     assert out["network"] == "none"
-    assert out["limits"] == {"memory": 256 * 2**20, "pids": 128, "cpus": None, "cpu_time_s": 1800,
-                             "file_size": 256 * 2**20, "tmp_size": 128 * 2**20, "nofile": 1024}
+    assert out["limits"] == {
+        "memory": 256 * 2**20,
+        "pids": 128,
+        "cpus": None,
+        "cpu_time_s": 1800,
+        "file_size": 256 * 2**20,
+        "tmp_size": 128 * 2**20,
+        "nofile": 1024,
+    }
     assert out["timeout_s"] == 30
 
 
@@ -256,9 +340,14 @@ def test_stdin_streams_and_is_never_read_whole_first(cli_backend: str, workspace
     yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
     try:
         assert yes.stdout is not None
-        done = subprocess.run([SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--",
-                               "head", "-1"], stdin=yes.stdout, capture_output=True, text=True, timeout=60,
-                              check=False)
+        done = subprocess.run(
+            [SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--", "head", "-1"],
+            stdin=yes.stdout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         yes.kill()
         yes.wait()
@@ -268,8 +357,12 @@ def test_stdin_streams_and_is_never_read_whole_first(cli_backend: str, workspace
 
 
 def test_a_closed_stdout_ends_the_call_like_sigpipe(cli_backend: str, workspace: Path) -> None:
-    proc = subprocess.Popen([SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--",
-                             "yes"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--", "yes"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline() == b"y\n"
     proc.stdout.close()  # what `| head -1` does once it has its line
@@ -299,8 +392,9 @@ def test_command_that_cannot_be_executed_exits_126(cli_backend: str, workspace: 
         assert len(done.stderr.strip().splitlines()) == 1 and target in done.stderr
 
 
-def test_a_command_linking_into_a_hidden_part_of_the_host_says_so(cli_backend: str, workspace: Path,
-                                                                 tmp_path: Path) -> None:
+def test_a_command_linking_into_a_hidden_part_of_the_host_says_so(
+    cli_backend: str, workspace: Path, tmp_path: Path
+) -> None:
     # A venv whose python links outside the workspace, into a directory the jail does not show.
     hidden = tmp_path / "hidden-pyenv" / "bin"
     hidden.mkdir(parents=True)
@@ -327,8 +421,9 @@ def test_sizes_are_binary(workspace: Path) -> None:
     assert json.loads(done.stdout)["limits"]["memory"] == 2 * 2**30
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--memory", "0"), ("--memory", "0.1"), ("--memory", "1k"),
-                                             ("--pids", "3"), ("--pids", "0")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--memory", "0"), ("--memory", "0.1"), ("--memory", "1k"), ("--pids", "3"), ("--pids", "0")]
+)
 def test_nonsense_limits_are_refused_naming_the_flag(workspace: Path, flag: str, value: str) -> None:
     done = run(flag, value, "--workspace", str(workspace), "--", "true")
     assert done.returncode == 125
@@ -349,16 +444,21 @@ def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path, run_path: str) ->
 
     parent, child = pty.openpty()
     try:
-        done = subprocess.run([SANDBOX, "run", "--workspace", str(workspace), "--", "cat"], stdin=child,
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [SANDBOX, "run", "--workspace", str(workspace), "--", "cat"],
+            stdin=child,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(parent)
         os.close(child)
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
-def test_large_stdin_arrives_whole_and_an_unread_one_does_not_hold_the_call(cli_backend: str,
-                                                                          workspace: Path) -> None:
+def test_large_stdin_arrives_whole_and_an_unread_one_does_not_hold_the_call(cli_backend: str, workspace: Path) -> None:
     data = os.urandom(3 * 2**20 + 17)
     common = [SANDBOX, "run", "--backend", cli_backend, "--workspace", str(workspace), "--"]
     counted = subprocess.run([*common, "wc", "-c"], input=data, capture_output=True, timeout=120, check=False)

@@ -30,8 +30,14 @@ SANDBOX_UID = 1000
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SANDBOX, "compare", *args], capture_output=True, text=True, timeout=110,
-                          env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [SANDBOX, "compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -130,8 +136,9 @@ async def library_compare(workspace: Path, backend: str, report: Path) -> compar
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("name", [pytest.param("bwrap", marks=pytest.mark.bwrap),
-                                  pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize(
+    "name", [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
+)
 async def test_library_compare_every_mount(name: str, workspace: Path, tmp_path: Path) -> None:
     backend_or_skip(name)
     ws = docker_workspace(workspace) if name == "docker" else workspace
@@ -142,13 +149,26 @@ async def test_library_compare_every_mount(name: str, workspace: Path, tmp_path:
     assert snapshot(ws) == before  # every cell ran on a copy; rw and the probe never touched this one
 
 
-@pytest.mark.parametrize("name", [pytest.param("bwrap", marks=pytest.mark.bwrap),
-                                  pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize(
+    "name", [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
+)
 def test_cli_compare_writes_table_json_markdown_chart(name: str, workspace: Path, tmp_path: Path) -> None:
     backend_or_skip(name)
     ws = docker_workspace(workspace) if name == "docker" else workspace
-    done = run_cli("--backends", name, "--mounts", ALL_MOUNTS, "--repeat", "1", "--workspace", str(ws),
-                   "--report", str(tmp_path / "report"), "--", *COMMAND)
+    done = run_cli(
+        "--backends",
+        name,
+        "--mounts",
+        ALL_MOUNTS,
+        "--repeat",
+        "1",
+        "--workspace",
+        str(ws),
+        "--report",
+        str(tmp_path / "report"),
+        "--",
+        *COMMAND,
+    )
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0].split()
     assert header[:4] == ["backend", "mount", "exit", "wall"]
@@ -165,14 +185,38 @@ def test_cli_compare_writes_table_json_markdown_chart(name: str, workspace: Path
 def test_unavailable_named_backend_exits_2_default_one_is_skipped(workspace: Path, tmp_path: Path) -> None:
     backend_or_skip("bwrap")
     nowhere = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    named = run_cli("--backends", "bwrap,docker", "--mounts", "rw", "--repeat", "1", "--workspace", str(workspace),
-                    "--report", str(tmp_path / "named"), "--", "true", env=nowhere)
+    named = run_cli(
+        "--backends",
+        "bwrap,docker",
+        "--mounts",
+        "rw",
+        "--repeat",
+        "1",
+        "--workspace",
+        str(workspace),
+        "--report",
+        str(tmp_path / "named"),
+        "--",
+        "true",
+        env=nowhere,
+    )
     assert named.returncode == 2, named.stderr
     cells = json.loads((tmp_path / "named" / "report.json").read_text())["cells"]
     assert [(c["backend"], c["status"]) for c in cells] == [("bwrap", "ran"), ("docker", "skipped")]
     assert "unavailable" in cells[1]["reason"] and "no-docker.sock" in cells[1]["reason"]
-    default = run_cli("--mounts", "rw", "--repeat", "1", "--workspace", str(workspace),
-                      "--report", str(tmp_path / "default"), "--", "true", env=nowhere)
+    default = run_cli(
+        "--mounts",
+        "rw",
+        "--repeat",
+        "1",
+        "--workspace",
+        str(workspace),
+        "--report",
+        str(tmp_path / "default"),
+        "--",
+        "true",
+        env=nowhere,
+    )
     assert default.returncode == 0, default.stderr
     assert "docker/rw: skipped: backend docker unavailable" in default.stderr
 
@@ -180,23 +224,40 @@ def test_unavailable_named_backend_exits_2_default_one_is_skipped(workspace: Pat
 @pytest.mark.bwrap
 def test_failing_command_is_data_not_an_error(workspace: Path, tmp_path: Path) -> None:
     backend_or_skip("bwrap")
-    done = run_cli("--backends", "bwrap", "--mounts", "ro", "--repeat", "2", "--workspace", str(workspace),
-                   "--report", str(tmp_path), "--", "sh", "-c", "echo boom >&2; exit 3")
+    done = run_cli(
+        "--backends",
+        "bwrap",
+        "--mounts",
+        "ro",
+        "--repeat",
+        "2",
+        "--workspace",
+        str(workspace),
+        "--report",
+        str(tmp_path),
+        "--",
+        "sh",
+        "-c",
+        "echo boom >&2; exit 3",
+    )
     assert done.returncode == 0, done.stderr
     cell = json.loads((tmp_path / "report.json").read_text())["cells"][0]
     assert cell["exit_codes"] == [3, 3] and len(cell["runs"]) == 2
     assert "(boom)" in done.stderr and "`boom`" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--backends", "podman", "--", "true"], "unknown backends 'podman'"),
-    (["--mounts", "ro,tmpfs", "--", "true"], "unknown mounts 'tmpfs'"),
-    (["--repeat", "0", "--", "true"], "--repeat must be between"),
-    (["--repeat", "x", "--", "true"], "--repeat must be a whole number"),
-    (["--timeout", "9999", "--", "true"], "timeout must be between"),
-    (["--workspace", "/nonexistent/ws", "--", "true"], "does not exist"),
-    (["--"], "no command given"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--backends", "podman", "--", "true"], "unknown backends 'podman'"),
+        (["--mounts", "ro,tmpfs", "--", "true"], "unknown mounts 'tmpfs'"),
+        (["--repeat", "0", "--", "true"], "--repeat must be between"),
+        (["--repeat", "x", "--", "true"], "--repeat must be a whole number"),
+        (["--timeout", "9999", "--", "true"], "timeout must be between"),
+        (["--workspace", "/nonexistent/ws", "--", "true"], "does not exist"),
+        (["--"], "no command given"),
+    ],
+)
 def test_bad_input_exits_125(args: list[str], needle: str, workspace: Path, tmp_path: Path) -> None:
     ws = [] if "--workspace" in args else ["--workspace", str(workspace)]
     done = run_cli(*ws, "--report", str(tmp_path / "r"), *args)
@@ -214,8 +275,13 @@ def test_library_rejects_bad_input_before_running(workspace: Path) -> None:
 
 def test_chart_and_table_render_skipped_and_failed_cells(workspace: Path, tmp_path: Path) -> None:
     plan = compare.make_plan(["true"], workspace, backends="bwrap", mounts="ro,overlay", repeat=1)
-    report = compare.Report(plan, cells=[compare.Cell("bwrap", "ro", "skipped", "no <bwrap> & no luck"),
-                                         compare.Cell("bwrap", "overlay", "error", "BACKEND_UNAVAILABLE: x")])
+    report = compare.Report(
+        plan,
+        cells=[
+            compare.Cell("bwrap", "ro", "skipped", "no <bwrap> & no luck"),
+            compare.Cell("bwrap", "overlay", "error", "BACKEND_UNAVAILABLE: x"),
+        ],
+    )
     assert compare.exit_status(report) == 1
     compare.write(report, tmp_path)
     root = ET.parse(tmp_path / "chart.svg").getroot()

@@ -34,6 +34,7 @@ async def sh(jail: object, script: str, **kw: object) -> executor.ExecResult:
 
 # --- streams -------------------------------------------------------------------------------
 
+
 async def test_stdout_and_stderr_are_apart_and_exit_code_kept(open_jail: JailFactory) -> None:
     jail = await open_jail()
     result = await sh(jail, "for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 3")
@@ -52,8 +53,12 @@ async def test_output_streams_as_it_comes(open_jail: JailFactory) -> None:
         seen.append(("out", chunk))
 
     started = time.monotonic()
-    result = await sh(jail, "echo early; echo warn >&2; sleep 3; echo late", on_stdout=on_out,
-                      on_stderr=lambda c: seen.append(("err", c)))
+    result = await sh(
+        jail,
+        "echo early; echo warn >&2; sleep 3; echo late",
+        on_stdout=on_out,
+        on_stderr=lambda c: seen.append(("err", c)),
+    )
     assert b"".join(c for k, c in seen if k == "out") == b"early\nlate\n"
     assert b"".join(c for k, c in seen if k == "err") == b"warn\n"
     # The first chunk arrived while the command was still sleeping, not at its end.
@@ -168,6 +173,7 @@ async def test_jail_close_kills_what_it_runs(open_jail: JailFactory, marker: str
 
 # --- limits --------------------------------------------------------------------------------
 
+
 async def test_fork_bomb_is_contained(open_jail: JailFactory) -> None:
     jail = await open_jail(make_profile(**{"limits.pids": 64}))
     result = await sh(jail, "bomb() { bomb | bomb & }; bomb; sleep 2; echo alive", timeout=10)
@@ -205,6 +211,7 @@ async def test_tmp_is_private_and_bounded(open_jail: JailFactory, workspace: Pat
 
 # --- filesystem ----------------------------------------------------------------------------
 
+
 async def test_workspace_is_cwd_at_the_same_path(open_jail: JailFactory, workspace: Path) -> None:
     jail = await open_jail()
     result = await sh(jail, "pwd; cat src/app.py")
@@ -219,8 +226,7 @@ async def test_dotdot_write_escape_fails(open_jail: JailFactory, workspace: Path
     assert result.stderr.count("escaped") >= 2
 
 
-async def test_planted_symlink_cannot_reach_outside(open_jail: JailFactory, workspace: Path,
-                                                    tmp_path: Path) -> None:
+async def test_planted_symlink_cannot_reach_outside(open_jail: JailFactory, workspace: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("top secret\n")
@@ -252,8 +258,11 @@ async def test_readonly_mount_refuses_writes(open_jail: JailFactory, workspace: 
 
 async def test_copy_mount_leaves_host_untouched_until_apply(open_jail: JailFactory, workspace: Path) -> None:
     jail = await open_jail(make_profile("untrusted"))
-    result = await sh(jail, "echo changed > README.md; rm src/app.py; echo new > new.txt; "
-                            "mkdir -p .git/hooks; echo evil > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit")
+    result = await sh(
+        jail,
+        "echo changed > README.md; rm src/app.py; echo new > new.txt; "
+        "mkdir -p .git/hooks; echo evil > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit",
+    )
     assert result.exit_code == 0
     assert (workspace / "README.md").read_text() == "# sample\n"
     assert (workspace / "src" / "app.py").exists() and not (workspace / "new.txt").exists()
@@ -282,11 +291,9 @@ async def test_copy_apply_refuses_a_file_changed_on_the_host(open_jail: JailFact
     assert (workspace / "README.md").read_text() == "edited by the user meanwhile\n"
 
 
-async def test_copy_special_files_and_outside_symlinks_never_come_back(open_jail: JailFactory,
-                                                                      workspace: Path) -> None:
+async def test_copy_special_files_and_outside_symlinks_never_come_back(open_jail: JailFactory, workspace: Path) -> None:
     jail = await open_jail(make_profile("untrusted"))
-    await sh(jail, "mkfifo fifo; ln -s /etc/passwd pw; ln -s ../../.. up; "
-                   "cp /bin/sh suid; chmod 4755 suid")
+    await sh(jail, "mkfifo fifo; ln -s /etc/passwd pw; ln -s ../../.. up; cp /bin/sh suid; chmod 4755 suid")
     changes = await jail.changes()
     assert changes is not None
     report = await jail.apply(changes)
@@ -297,6 +304,7 @@ async def test_copy_special_files_and_outside_symlinks_never_come_back(open_jail
 
 
 # --- identity, network, environment --------------------------------------------------------
+
 
 async def test_non_root_without_privileges(open_jail: JailFactory) -> None:
     jail = await open_jail()
@@ -365,8 +373,9 @@ async def test_required_guarantee_missing_refuses(backend: object, workspace: Pa
     assert info.value.code == "GUARANTEE_UNAVAILABLE"
 
 
-async def test_overlay_mount_reads_changes_from_the_upper_layer(backend: object, open_jail: JailFactory,
-                                                                  workspace: Path) -> None:
+async def test_overlay_mount_reads_changes_from_the_upper_layer(
+    backend: object, open_jail: JailFactory, workspace: Path
+) -> None:
     report = backend.probe()  # type: ignore[attr-defined]
     if not report.guarantees.get("overlay"):
         pytest.skip(f"{report.backend} cannot mount an overlay here: {report.reasons.get('overlay')}")
@@ -379,8 +388,13 @@ async def test_overlay_mount_reads_changes_from_the_upper_layer(backend: object,
     changes = await jail.changes()
     assert changes is not None
     status = {c.path: c.status for c in changes.changes}
-    assert status == {"README.md": "modified", "gone": "deleted", "gone/f.txt": "deleted", "new.txt": "added",
-                      "pw": "added"}
+    assert status == {
+        "README.md": "modified",
+        "gone": "deleted",
+        "gone/f.txt": "deleted",
+        "new.txt": "added",
+        "pw": "added",
+    }
     (workspace / "new.txt").write_text("the user was faster\n")
     report_ = await jail.apply(changes)
     assert sorted(report_.applied) == ["README.md", "gone", "gone/f.txt"]
@@ -390,8 +404,9 @@ async def test_overlay_mount_reads_changes_from_the_upper_layer(backend: object,
 
 
 @pytest.mark.root
-async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(open_jail: JailFactory,
-                                                                           workspace: Path) -> None:
+async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(
+    open_jail: JailFactory, workspace: Path
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to own files as another user")
     for path in (workspace, *workspace.rglob("*")):
@@ -426,8 +441,9 @@ def small_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 @pytest.mark.root
-async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(backend: object, workspace: Path,
-                                                                           small_data_dir: Path) -> None:
+async def test_full_disk_during_copy_in_is_a_clear_error_and_loses_nothing(
+    backend: object, workspace: Path, small_data_dir: Path
+) -> None:
     from sandbox.errors import SandboxError
 
     (workspace / "big.bin").write_bytes(os.urandom(2 * 1024 * 1024))

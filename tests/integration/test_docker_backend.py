@@ -75,16 +75,17 @@ def jail_containers(client: docker.DockerClient, jail: dockerb.DockerJail) -> li
     return [str(row["Id"]) for row in found]
 
 
-async def open_jail(backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
-                    **overrides: Any) -> dockerb.DockerJail:
+async def open_jail(
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, **overrides: Any
+) -> dockerb.DockerJail:
     jail = await backend.open_jail(workspace, make_profile(**overrides))
     jails.append(jail)
     return jail
 
 
 async def test_session_lifecycle_reuses_one_labelled_container(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
-        client: docker.DockerClient) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+) -> None:
     jail = await open_jail(backend, jails, workspace)
     first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; hostname"])
     second = await executor.run(jail, ["cat", "/tmp/kept"])
@@ -98,8 +99,8 @@ async def test_session_lifecycle_reuses_one_labelled_container(
 
 
 async def test_call_lifecycle_uses_a_fresh_container_per_call(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
-        client: docker.DockerClient) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+) -> None:
     jail = await open_jail(backend, jails, workspace, **{"docker.lifecycle": "call"})
     assert jail_containers(client, jail) == []
     first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; cat /proc/1/cmdline | tr '\\0' ' '"])
@@ -110,8 +111,9 @@ async def test_call_lifecycle_uses_a_fresh_container_per_call(
             await anyio.sleep(0.05)
 
 
-async def test_container_confinement_settings(backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail],
-                                              workspace: Path, client: docker.DockerClient) -> None:
+async def test_container_confinement_settings(
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+) -> None:
     jail = await open_jail(backend, jails, workspace, **{"limits.cpus": 0.5})
     (cid,) = jail_containers(client, jail)
     host = client.containers.get(cid).attrs["HostConfig"]
@@ -130,7 +132,8 @@ async def test_container_confinement_settings(backend: dockerb.DockerBackend, ja
 
 
 async def test_timeout_leaves_no_process_in_the_container(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
+) -> None:
     jail = await open_jail(backend, jails, workspace)
     script = "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 600' & sleep 600"
     proc = await jail.spawn(["sh", "-c", script])
@@ -143,7 +146,8 @@ async def test_timeout_leaves_no_process_in_the_container(
 
 
 async def test_the_command_cannot_kill_or_stop_the_agent(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
+) -> None:
     """The agent is PID 1 of the container: the kernel drops signals it has no handler for."""
     jail = await open_jail(backend, jails, workspace)
     cid = jail.container_id
@@ -168,7 +172,8 @@ for path in ("/proc/1/mem", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/environ"):
 
 
 async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
+) -> None:
     jail = await open_jail(backend, jails, workspace)
     result = await executor.run(jail, ["python3", "-c", PEEK_AT_THE_AGENT])
     assert result.exit_code == 0, result.stderr
@@ -177,7 +182,8 @@ async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(
 
 
 async def test_a_call_that_changes_the_agents_limits_spoils_only_its_container(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
+) -> None:
     """prlimit and setpriority need only the same uid: the agent retires rather than pass them on."""
     jail = await open_jail(backend, jails, workspace)
     cid = jail.container_id
@@ -190,10 +196,13 @@ async def test_a_call_that_changes_the_agents_limits_spoils_only_its_container(
 
 
 async def test_a_leftover_background_process_dies_before_the_next_call(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, marker: str) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, marker: str
+) -> None:
     jail = await open_jail(backend, jails, workspace)
-    script = (f"setsid sh -c 'trap \"\" TERM; exec sleep {marker}' & ( (sleep {marker} &) & ); "
-              f"nohup sleep {marker} >/dev/null 2>&1 & echo started")
+    script = (
+        f"setsid sh -c 'trap \"\" TERM; exec sleep {marker}' & ( (sleep {marker} &) & ); "
+        f"nohup sleep {marker} >/dev/null 2>&1 & echo started"
+    )
     first = await executor.run(jail, ["sh", "-c", script])
     assert first.stdout == "started\n"
     assert survivors(marker) == []
@@ -205,8 +214,12 @@ async def test_a_leftover_background_process_dies_before_the_next_call(
 
 @pytest.mark.root
 async def test_the_agent_dying_mid_call_is_a_structured_error_and_nothing_runs_on_the_host(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
-        client: docker.DockerClient, marker: str) -> None:
+    backend: dockerb.DockerBackend,
+    jails: list[dockerb.DockerJail],
+    workspace: Path,
+    client: docker.DockerClient,
+    marker: str,
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("killing the container's PID 1 from the host needs root")
     jail = await open_jail(backend, jails, workspace)
@@ -237,11 +250,15 @@ async def test_the_agent_dying_mid_call_is_a_structured_error_and_nothing_runs_o
 async def test_gc_removes_containers_of_a_dead_executor(client: docker.DockerClient) -> None:
     async with await anyio.open_process(["true"]) as dead:
         await dead.wait()
-    labels = {dockerb.LABEL_OWNER: f"{dead.pid}@{os.uname().nodename}", dockerb.LABEL_OWNER_STARTED: "1.00",
-              dockerb.LABEL_JAIL: "gc-test"}
+    labels = {
+        dockerb.LABEL_OWNER: f"{dead.pid}@{os.uname().nodename}",
+        dockerb.LABEL_OWNER_STARTED: "1.00",
+        dockerb.LABEL_JAIL: "gc-test",
+    }
     container = client.containers.create(dockerb.DEFAULT_IMAGE, ["true"], labels=labels)
-    mine = client.containers.create(dockerb.DEFAULT_IMAGE, ["true"],
-                                    labels=dockerb.owner_labels("gc-test-live", "session"))
+    mine = client.containers.create(
+        dockerb.DEFAULT_IMAGE, ["true"], labels=dockerb.owner_labels("gc-test-live", "session")
+    )
     try:
         removed = await anyio.to_thread.run_sync(dockerb.gc)
         assert container.name in removed and mine.name not in removed
@@ -273,8 +290,9 @@ async def test_wrong_image_version_is_refused(client: docker.DockerClient) -> No
             client.images.remove(ref)
 
 
-async def test_unreachable_daemon_fails_fast(backend: dockerb.DockerBackend, workspace: Path,
-                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+async def test_unreachable_daemon_fails_fast(
+    backend: dockerb.DockerBackend, workspace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="unreachable"):
@@ -283,8 +301,8 @@ async def test_unreachable_daemon_fails_fast(backend: dockerb.DockerBackend, wor
 
 
 async def test_container_killed_from_outside_is_a_structured_error(
-        backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path,
-        client: docker.DockerClient) -> None:
+    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+) -> None:
     jail = await open_jail(backend, jails, workspace)
     cid = jail.container_id
     assert cid is not None
@@ -327,10 +345,25 @@ class SecondDaemon:
 
     def argv(self) -> list[str]:
         r = self.root
-        return ["dockerd", "--data-root", str(r / "data"), "--exec-root", str(r / "exec"),
-                "--pidfile", str(r / "pid"), "-H", self.host, "--bridge", "none", "--iptables=false",
-                "--ip-masq=false", "--containerd-namespace", "sbxtest",
-                "--containerd-plugins-namespace", "sbxtest-plugins"]
+        return [
+            "dockerd",
+            "--data-root",
+            str(r / "data"),
+            "--exec-root",
+            str(r / "exec"),
+            "--pidfile",
+            str(r / "pid"),
+            "-H",
+            self.host,
+            "--bridge",
+            "none",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--containerd-namespace",
+            "sbxtest",
+            "--containerd-plugins-namespace",
+            "sbxtest-plugins",
+        ]
 
     def start(self) -> None:
         # A containerd killed with its dockerd may linger as a zombie whose pid the new dockerd
@@ -408,8 +441,8 @@ def second_daemon(client: docker.DockerClient) -> Iterator[SecondDaemon]:
 # docker-py does not close the socket of a request that fails mid-way when the daemon dies.
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_daemon_dying_mid_call_is_backend_unavailable_and_leaves_nothing(
-        backend: dockerb.DockerBackend, second_daemon: SecondDaemon, workspace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    backend: dockerb.DockerBackend, second_daemon: SecondDaemon, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DOCKER_HOST", second_daemon.host)
     jail = await backend.open_jail(workspace, make_profile())
 

@@ -52,28 +52,33 @@ def _profile(backend: base.Backend, **overrides: Any) -> profiles.Profile:
 
 # --- the git identity: a host file, read-only, in the jail's home ----------------------------
 
-async def test_git_commit_fails_without_the_identity(open_jail: JailFactory, backend: base.Backend,
-                                                     home: Path) -> None:
+
+async def test_git_commit_fails_without_the_identity(open_jail: JailFactory, backend: base.Backend, home: Path) -> None:
     jail = await open_jail(_profile(backend))
     result = await sh(jail, COMMIT)
     assert result.exit_code != 0 and "Author identity unknown" in result.stderr, result
 
 
-async def test_git_commit_works_with_gitconfig_shared(open_jail: JailFactory, backend: base.Backend,
-                                                      home: Path) -> None:
+async def test_git_commit_works_with_gitconfig_shared(
+    open_jail: JailFactory, backend: base.Backend, home: Path
+) -> None:
     jail = await open_jail(_profile(backend, **{"env.files": ["~/.gitconfig"]}))
     result = await sh(jail, COMMIT)
     assert (result.exit_code, result.stdout) == (0, "Jail Tester <jail@example.test>\n"), result
 
 
-async def test_shared_file_is_read_only_and_home_stays_writable(open_jail: JailFactory, backend: base.Backend,
-                                                                home: Path) -> None:
+async def test_shared_file_is_read_only_and_home_stays_writable(
+    open_jail: JailFactory, backend: base.Backend, home: Path
+) -> None:
     (home / ".config" / "tool").mkdir(parents=True)
     (home / ".config" / "tool" / "conf").write_text("deep\n")
     jail = await open_jail(_profile(backend, **{"env.files": ["~/.gitconfig", "~/.config/tool/conf"]}))
-    result = await sh(jail, 'cat ~/.config/tool/conf; echo "[core]" >> ~/.gitconfig && echo WROTE; '
-                            'rm -f ~/.gitconfig && echo REMOVED; echo ok > ~/scratch && cat ~/scratch; '
-                            'echo "HOME=$HOME"')
+    result = await sh(
+        jail,
+        'cat ~/.config/tool/conf; echo "[core]" >> ~/.gitconfig && echo WROTE; '
+        "rm -f ~/.gitconfig && echo REMOVED; echo ok > ~/scratch && cat ~/scratch; "
+        'echo "HOME=$HOME"',
+    )
     assert "deep\n" in result.stdout and "ok\n" in result.stdout, result
     assert "WROTE" not in result.stdout and "REMOVED" not in result.stdout, result
     assert f"HOME={SANDBOX_HOME}" in result.stdout
@@ -99,8 +104,9 @@ def test_link_into_a_secret_is_refused_when_the_profile_loads(home: Path) -> Non
         make_profile("default", **{"env.files": ["~/.gitconfig"]})
 
 
-async def test_link_made_after_loading_is_refused_when_the_jail_opens(open_jail: JailFactory,
-                                                                      backend: base.Backend, home: Path) -> None:
+async def test_link_made_after_loading_is_refused_when_the_jail_opens(
+    open_jail: JailFactory, backend: base.Backend, home: Path
+) -> None:
     profile = _profile(backend, **{"env.files": ["~/.gitconfig"]})
     _link_gitconfig_to_a_key(home)
     with pytest.raises(InvalidArgument, match=r"\.ssh") as info:
@@ -114,9 +120,20 @@ async def test_a_directory_is_refused(open_jail: JailFactory, backend: base.Back
         await open_jail(_profile(backend, **{"env.files": ["~/.config/git"]}))
 
 
-@pytest.mark.parametrize("entry", ["~/.ssh/id_rsa", "~/.ssh", "~/.aws/credentials", "~/.netrc",
-                                   "~/.git-credentials", "~/.config/gcloud/credentials.db", "~/work/server.pem",
-                                   "~/.docker/config.json", "~/.local/share/sandbox/audit.sqlite"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "~/.ssh/id_rsa",
+        "~/.ssh",
+        "~/.aws/credentials",
+        "~/.netrc",
+        "~/.git-credentials",
+        "~/.config/gcloud/credentials.db",
+        "~/work/server.pem",
+        "~/.docker/config.json",
+        "~/.local/share/sandbox/audit.sqlite",
+    ],
+)
 def test_secret_paths_are_refused_when_the_profile_loads(entry: str) -> None:
     with pytest.raises(InvalidArgument, match=r"env\.files.*secret"):
         make_profile("default", **{"env.files": [entry]})
@@ -130,8 +147,10 @@ def test_paths_outside_home_are_refused(entry: str) -> None:
 
 # --- the pass-through list -------------------------------------------------------------------
 
-async def test_allow_passes_git_identity_variables(open_jail: JailFactory, backend: base.Backend, home: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+
+async def test_allow_passes_git_identity_variables(
+    open_jail: JailFactory, backend: base.Backend, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (home / ".gitconfig").unlink()
     names = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
     for name in names:
@@ -154,6 +173,7 @@ def test_allow_refuses_names_the_jail_fixes_or_that_are_not_names(name: str) -> 
 
 # --- the workspace's tool directories on PATH ------------------------------------------------
 
+
 def _venv_with_console_script(workspace: Path) -> None:
     """A real venv made by Debian's python (visible in every jail) with a pip-style console script."""
     venv = workspace / ".venv"
@@ -161,12 +181,14 @@ def _venv_with_console_script(workspace: Path) -> None:
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "hellotool.py").write_text("import sys\n\ndef main():\n    print('venv-tool', sys.prefix)\n")
     script = venv / "bin" / "hello-tool"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!{venv}/bin/python
         import sys
         from hellotool import main
         sys.exit(main())
-        """))
+        """)
+    )
     script.chmod(0o755)
 
 
@@ -186,8 +208,7 @@ async def test_workspace_tools_are_on_path(open_jail: JailFactory, backend: base
     assert result.stdout == f"venv-tool {workspace}/.venv\nnode-bin-ok\n{workspace}/.venv/bin/python\n"
 
 
-async def test_workspace_path_can_be_turned_off(open_jail: JailFactory, backend: base.Backend,
-                                                workspace: Path) -> None:
+async def test_workspace_path_can_be_turned_off(open_jail: JailFactory, backend: base.Backend, workspace: Path) -> None:
     _venv_with_console_script(workspace)
     _node_bin(workspace)
     jail = await open_jail(_profile(backend, **{"env.workspace_path": []}))
@@ -216,7 +237,6 @@ def _fresh(home: Path, backend: base.Backend) -> Path:
     return ws
 
 
-
 @pytest.mark.docker
 async def test_git_identity_in_a_per_call_container(home: Path) -> None:
     docker = backend_or_skip("docker")
@@ -226,8 +246,9 @@ async def test_git_identity_in_a_per_call_container(home: Path) -> None:
     assert result.exit_code == 0 and result.stdout.endswith("home-writable\n"), result
 
 
-async def test_refusal_leaves_no_copy_behind(open_jail: JailFactory, backend: base.Backend, home: Path,
-                                             data_dir: Path) -> None:
+async def test_refusal_leaves_no_copy_behind(
+    open_jail: JailFactory, backend: base.Backend, home: Path, data_dir: Path
+) -> None:
     profile = _profile(backend, **{"env.files": ["~/.gitconfig"], "mount.strategy": "copy"})
     _link_gitconfig_to_a_key(home)
     with pytest.raises(InvalidArgument, match="a secret"):

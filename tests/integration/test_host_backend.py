@@ -44,8 +44,15 @@ async def test_tree_kill_catches_double_forks_through_the_cgroup(workspace: Path
     if not isinstance(cgroups.hierarchies()["pids"], cgroups.Hierarchy):
         pytest.skip("no writable pids cgroup here: the host backend cannot track double forks")
     async with await base.get("host").open_jail(workspace, trusted()) as jail:
-        result = await executor.run(jail, ["/bin/sh", "-c", f"trap '' TERM; ( (setsid sleep {marker} &) & ); "
-                                           f"nohup sleep {marker} >/dev/null 2>&1 & sleep {marker}"], timeout=1)
+        result = await executor.run(
+            jail,
+            [
+                "/bin/sh",
+                "-c",
+                f"trap '' TERM; ( (setsid sleep {marker} &) & ); nohup sleep {marker} >/dev/null 2>&1 & sleep {marker}",
+            ],
+            timeout=1,
+        )
         assert result.timed_out
         assert survivors(marker) == []
         normal = await executor.run(jail, ["/bin/sh", "-c", f"(setsid sleep {marker} &); echo done"])

@@ -35,8 +35,14 @@ TINY_TEST = "const assert = require('assert');\nassert.strictEqual(1 + 1, 2);\nc
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandbox.cli", "image", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd="/")
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "image", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd="/",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +101,10 @@ def test_build_command_returns_at_once_when_current(node_image: str) -> None:
 
 @pytest.mark.docker
 def test_missing_image_names_the_command(docker_backend: base.Backend, tmp_path: Path) -> None:
-    for ref, command in (("sandbox-runtime:0.0.0-missing", "`sandbox image build`"),
-                         ("sandbox-runtime:0.0.0-missing-node", "`sandbox image build --variant node`")):
+    for ref, command in (
+        ("sandbox-runtime:0.0.0-missing", "`sandbox image build`"),
+        ("sandbox-runtime:0.0.0-missing-node", "`sandbox image build --variant node`"),
+    ):
         with pytest.raises(BackendUnavailable) as info:
             anyio.run(_run, docker_backend, _fresh(tmp_path), ref, "true")
         assert command in info.value.message
@@ -108,12 +116,15 @@ def _fresh(tmp_path: Path) -> Path:
     return ws
 
 
-@pytest.mark.parametrize(("ref", "command"), [
-    ("sandbox-runtime:0.1.0", "sandbox image build"),
-    ("sandbox-runtime:node", "sandbox image build --variant node"),
-    ("sandbox-runtime:0.1.0-node", "sandbox image build --variant node"),
-    ("ubuntu:24.04", "docker pull ubuntu:24.04"),
-])
+@pytest.mark.parametrize(
+    ("ref", "command"),
+    [
+        ("sandbox-runtime:0.1.0", "sandbox image build"),
+        ("sandbox-runtime:node", "sandbox image build --variant node"),
+        ("sandbox-runtime:0.1.0-node", "sandbox image build --variant node"),
+        ("ubuntu:24.04", "docker pull ubuntu:24.04"),
+    ],
+)
 def test_build_command_per_reference(ref: str, command: str) -> None:
     assert image.build_command(ref) == command
 
@@ -127,8 +138,14 @@ def test_recipes_ship_inside_the_package() -> None:
 
 def test_build_sh_is_the_same_command() -> None:
     env = {**os.environ, "PYTHON": sys.executable}  # the interpreter under test, venv or not
-    out = subprocess.run(["bash", str(ROOT / "images" / "build.sh"), "--print-tag", "--variant", "node"],
-                         capture_output=True, text=True, timeout=60, check=False, env=env)
+    out = subprocess.run(
+        ["bash", str(ROOT / "images" / "build.sh"), "--print-tag", "--variant", "node"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
     assert (out.returncode, out.stdout) == (0, "sandbox-runtime:node\n"), out.stderr
 
 
@@ -138,6 +155,7 @@ def test_unknown_variant_is_refused() -> None:
 
 
 # --- set-up: what a fresh machine lacks is installed as root, named otherwise ----------------
+
 
 def _hide(monkeypatch: pytest.MonkeyPatch, command: str) -> list[str]:
     """Make ``command`` look missing to the first lookup only (as before apt-get installs it)."""
@@ -162,8 +180,9 @@ def test_missing_debootstrap_is_named_for_an_ordinary_user(monkeypatch: pytest.M
 
 @pytest.mark.root
 @pytest.mark.timeout(300)
-def test_missing_debootstrap_is_installed_by_root(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_debootstrap_is_installed_by_root(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         pytest.skip("installing with apt-get needs root and apt-get")
     _hide(monkeypatch, "debootstrap")
@@ -174,8 +193,14 @@ def test_missing_debootstrap_is_installed_by_root(monkeypatch: pytest.MonkeyPatc
 
 def test_unreachable_docker_host_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/nothing.sock")
-    out = subprocess.run([sys.executable, "-m", "sandbox.cli", "image", "build"], capture_output=True, text=True,
-                         timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "image", "build"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 1 and f"DOCKER_HOST=unix://{tmp_path}/nothing.sock does not answer" in out.stderr
     assert "Traceback" not in out.stderr
 

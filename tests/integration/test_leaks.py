@@ -98,9 +98,23 @@ def _wait_for(check: object, timeout: float = 30) -> None:
 def _sigkill_a_copy_run(workspace: Path, marker: str) -> str:
     """Start ``sandbox run --mount copy``, SIGKILL it mid-call; its owner tag."""
     # The sleep's argument is computed in the jail: the marker must not match our own command line.
-    killed = subprocess.Popen([SANDBOX, "run", "--mount", "copy", "--workspace", str(workspace), "--",
-                               "sh", "-c", f"sleep $(({int(marker) - 1} + 1))"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = subprocess.Popen(
+        [
+            SANDBOX,
+            "run",
+            "--mount",
+            "copy",
+            "--workspace",
+            str(workspace),
+            "--",
+            "sh",
+            "-c",
+            f"sleep $(({int(marker) - 1} + 1))",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for(lambda: survivors(marker))
     dead_tag = f"{killed.pid}-{leftovers.start_time(killed.pid)}"
     killed.send_signal(signal.SIGKILL)
@@ -110,7 +124,8 @@ def _sigkill_a_copy_run(workspace: Path, marker: str) -> str:
 
 
 async def test_sweep_removes_what_a_killed_executor_left_and_never_a_live_ones(
-        workspace: Path, data_dir: Path, marker: str) -> None:
+    workspace: Path, data_dir: Path, marker: str
+) -> None:
     (workspace / "big.bin").write_bytes(os.urandom(1 << 20))
     dead_tag = await anyio.to_thread.run_sync(_sigkill_a_copy_run, workspace, marker)
     copies = list((data_dir / "copies").glob(f"copy-{dead_tag}-*"))
@@ -165,7 +180,8 @@ def _dead_tag() -> str:
 
 @pytest.mark.root
 async def test_sweep_unmounts_a_dead_executors_overlay_and_spares_the_workspace(
-        workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sandbox.mounts import OverlayTree, overlay_support
 
     if overlay_support():

@@ -38,8 +38,10 @@ except OSError:
     pass
 print(n)
 """
-ORDINARY_USER = pytest.mark.skipif(os.geteuid() == 0, reason="needs an ordinary user: RLIMIT_NPROC does not "
-                                   "apply to root (tests/run-as-user.sh runs this suite as one)")
+ORDINARY_USER = pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="needs an ordinary user: RLIMIT_NPROC does not apply to root (tests/run-as-user.sh runs this suite as one)",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +54,16 @@ def run(*args: str, limit_nproc: int | None = None, timeout: float = 120) -> sub
         if limit_nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (limit_nproc, limit_nproc))
 
-    return subprocess.run([SANDBOX, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=timeout, env=os.environ.copy(), check=False, preexec_fn=lower_nproc)
+    return subprocess.run(
+        [SANDBOX, *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        env=os.environ.copy(),
+        check=False,
+        preexec_fn=lower_nproc,
+    )
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
@@ -80,8 +90,9 @@ def test_check_says_which_mechanism_enforces_each_limit() -> None:
 
 
 def test_memory_limit_holds_whatever_enforces_it(workspace: Path) -> None:
-    done = run("run", "--memory", "100MiB", "--json", "--workspace", str(workspace), "--",
-               "python3", "-c", ALLOCATE_400_MIB)
+    done = run(
+        "run", "--memory", "100MiB", "--json", "--workspace", str(workspace), "--", "python3", "-c", ALLOCATE_400_MIB
+    )
     out = _json(done)
     assert "allocated" not in str(out["stdout"]) and out["exit_code"] != 0
     if confine.enforcement("bwrap")["memory"].how == "rlimit DATA":
@@ -100,8 +111,9 @@ def test_pids_limit_holds_whatever_enforces_it(workspace: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_limit_nothing_here_can_enforce_is_refused_by_name(monkeypatch: pytest.MonkeyPatch,
-                                                                    workspace: Path) -> None:
+async def test_a_limit_nothing_here_can_enforce_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, workspace: Path
+) -> None:
     found = {**cgroups.hierarchies(), "cpu": "no cpu cgroup (removed for this test)"}
     monkeypatch.setattr(cgroups, "hierarchies", lambda: found)
     monkeypatch.setattr(bwrap, "_probed", [])
@@ -116,7 +128,7 @@ def test_the_cli_refuses_a_cpu_share_without_a_cpu_cgroup(workspace: Path, tmp_p
     if isinstance(cgroups.hierarchies()["cpu"], cgroups.Hierarchy):
         pytest.skip("this process has a writable cpu cgroup: the refusal is shown on a fake tree above")
     prof = tmp_path / "cpus.toml"
-    prof.write_text('[limits]\ncpus = 0.5\n')
+    prof.write_text("[limits]\ncpus = 0.5\n")
     done = run("run", "--profile", str(prof), "--workspace", str(workspace), "--", "true")
     assert done.returncode == 125
     assert "GUARANTEE_UNAVAILABLE" in done.stderr and "limits.cpus" in done.stderr
@@ -124,8 +136,20 @@ def test_the_cli_refuses_a_cpu_share_without_a_cpu_cgroup(workspace: Path, tmp_p
 
 @ORDINARY_USER
 def test_fork_bomb_is_capped_per_call_and_reported(workspace: Path, marker: str) -> None:
-    done = run("run", "--pids", "50", "--timeout", "5", "--json", "--workspace", str(workspace), "--",
-               "sh", "-c", f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive")
+    done = run(
+        "run",
+        "--pids",
+        "50",
+        "--timeout",
+        "5",
+        "--json",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
+    )
     out = _json(done)
     # The shell's own status (2 when it cannot fork), or 124: the call's, reported, not ours.
     assert done.returncode != 125 and out["exit_status"] == done.returncode
@@ -146,9 +170,21 @@ def test_fork_bomb_that_exhausts_the_user_leaves_the_executor_reporting(workspac
     # The executor's own RLIMIT_NPROC a little above what this user runs now: the bomb (allowed
     # 500 per call) takes the rest, and the executor cannot start a thread or a process either.
     headroom = _user_tasks() + 30
-    done = run("run", "--pids", "500", "--timeout", "5", "--json", "--workspace", str(workspace), "--",
-               "sh", "-c", f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
-               limit_nproc=headroom)
+    done = run(
+        "run",
+        "--pids",
+        "500",
+        "--timeout",
+        "5",
+        "--json",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
+        limit_nproc=headroom,
+    )
     out = _json(done)
     # The shell's own status (2 when it cannot fork), or 124: the call's, reported, not ours.
     assert done.returncode != 125 and out["exit_status"] == done.returncode
@@ -157,12 +193,22 @@ def test_fork_bomb_that_exhausts_the_user_leaves_the_executor_reporting(workspac
 
 
 @ORDINARY_USER
-def test_fork_bomb_that_exhausts_the_user_streams_and_reports_without_a_traceback(workspace: Path,
-                                                                                 marker: str) -> None:
+def test_fork_bomb_that_exhausts_the_user_streams_and_reports_without_a_traceback(workspace: Path, marker: str) -> None:
     # Streaming output is where a thread per call used to die (``can't start new thread``).
-    done = run("run", "--pids", "500", "--timeout", "5", "--workspace", str(workspace), "--",
-               "sh", "-c", f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
-               limit_nproc=_user_tasks() + 30)
+    done = run(
+        "run",
+        "--pids",
+        "500",
+        "--timeout",
+        "5",
+        "--workspace",
+        str(workspace),
+        "--",
+        "sh",
+        "-c",
+        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
+        limit_nproc=_user_tasks() + 30,
+    )
     assert "Traceback" not in done.stderr and "can't start new thread" not in done.stderr
     assert done.returncode not in (1, 125), done.stderr[-2000:]
     assert survivors(marker) == []

@@ -70,9 +70,19 @@ def test_a_host_file_on_stdout_is_never_handed_to_the_jail(workspace: Path, tmp_
     target = tmp_path / "out.log"
     target.write_bytes(b"host secret\n")
     with target.open("ab") as out:
-        done = run("--timeout", "5", "--workspace", str(workspace), "--", "sh", "-c",
-                   "timeout 2 cat /proc/self/fd/1 >&2; echo appended", capture_output=False, stdout=out,
-                   stderr=subprocess.PIPE)
+        done = run(
+            "--timeout",
+            "5",
+            "--workspace",
+            str(workspace),
+            "--",
+            "sh",
+            "-c",
+            "timeout 2 cat /proc/self/fd/1 >&2; echo appended",
+            capture_output=False,
+            stdout=out,
+            stderr=subprocess.PIPE,
+        )
     assert b"host secret" not in done.stderr
     assert target.read_bytes() == b"host secret\nappended\n"
 

@@ -83,8 +83,10 @@ async def test_initialize_and_bash_streams_tagged_chunks(client: Client, workspa
     init = await client.call("initialize", {"client": "test"})
     assert init["result"]["protocol"] == 1 and "Bash" in init["result"]["tools"]
     sid = await open_session(client, workspace)
-    reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "tool_call_id": "c1",
-                                            "args": {"command": "echo out; echo err >&2"}})
+    reply = await client.call(
+        "tool.call",
+        {"session_id": sid, "tool": "Bash", "tool_call_id": "c1", "args": {"command": "echo out; echo err >&2"}},
+    )
     assert reply["result"]["ok"] is True
     streams = {(n["stream"], n["data"]) for n in client.notes if n["tool_call_id"] == "c1"}
     assert streams == {("stdout", "out\n"), ("stderr", "err\n")}
@@ -92,30 +94,35 @@ async def test_initialize_and_bash_streams_tagged_chunks(client: Client, workspa
 
 async def test_approval_deny_allow_session_and_closed_pipe(client: Client, workspace: Path) -> None:
     sid = await open_session(client, workspace, mode="ask")
-    denied = await client.call("tool.call", {"session_id": sid, "tool": "Write",
-                                             "args": {"path": "a.txt", "content": "x"}})
+    denied = await client.call(
+        "tool.call", {"session_id": sid, "tool": "Write", "args": {"path": "a.txt", "content": "x"}}
+    )
     assert denied["result"]["error_code"] == "TOOL_DENIED" and not (workspace / "a.txt").exists()
     assert client.approvals[-1]["resource"] == str(workspace / "a.txt")
     client.answer = {"decision": "allow-session"}
-    first = await client.call("tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2",
-                                            "args": {"path": "a.txt", "content": "x"}})
+    first = await client.call(
+        "tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2", "args": {"path": "a.txt", "content": "x"}}
+    )
     asked = len(client.approvals)
-    second = await client.call("tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2",
-                                             "args": {"path": "b.txt", "content": "y"}})
+    second = await client.call(
+        "tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2", "args": {"path": "b.txt", "content": "y"}}
+    )
     assert first["result"]["ok"] and second["result"]["ok"] and len(client.approvals) == asked
     client.answer = {"decision": "maybe"}
     bad = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": "touch c.txt"}})
     assert bad["result"]["error_code"] == "TOOL_DENIED" and not (workspace / "c.txt").exists()
 
 
-async def test_closed_pipe_during_approval_denies_and_server_exits(client: Client, workspace: Path,
-                                                                   marker: str) -> None:
+async def test_closed_pipe_during_approval_denies_and_server_exits(
+    client: Client, workspace: Path, marker: str
+) -> None:
     sid = await open_session(client, workspace, mode="ask")
     client.answer = "close"
     reply: dict[str, Any] = {}
     with anyio.fail_after(30), contextlib.suppress(anyio.EndOfStream, anyio.IncompleteRead):
-        reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash",
-                                                "args": {"command": f"touch made.txt; sleep {marker}"}})
+        reply = await client.call(
+            "tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": f"touch made.txt; sleep {marker}"}}
+        )
     # Either the denial still reached us before the server exited, or nothing did: never a run.
     assert reply == {} or reply["result"]["error_code"] == "TOOL_DENIED"
     with anyio.fail_after(30):
@@ -134,8 +141,10 @@ async def test_cancel_kills_the_running_tree(client: Client, workspace: Path, ma
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(cancel_when_running)
-        reply = await client.call("tool.call", {"session_id": sid, "tool": "Bash",
-                                                "args": {"command": f"setsid sleep {marker} & sleep {marker}"}})
+        reply = await client.call(
+            "tool.call",
+            {"session_id": sid, "tool": "Bash", "args": {"command": f"setsid sleep {marker} & sleep {marker}"}},
+        )
     assert reply["result"]["error_code"] == "ABORTED"
     assert survivors(marker) == []
 
@@ -153,8 +162,9 @@ async def test_protocol_errors(client: Client, workspace: Path) -> None:
 
 async def test_rollback_and_audit_query(client: Client, workspace: Path) -> None:
     sid = await open_session(client, workspace)
-    wrote = await client.call("tool.call", {"session_id": sid, "tool": "Write",
-                                            "args": {"path": "README.md", "content": "new\n"}})
+    wrote = await client.call(
+        "tool.call", {"session_id": sid, "tool": "Write", "args": {"path": "README.md", "content": "new\n"}}
+    )
     snapshot = wrote["result"]["review"]["snapshot_id"]
     rolled = await client.call("snapshot.rollback", {"session_id": sid, "snapshot_id": snapshot})
     assert rolled["result"]["ok"] and (workspace / "README.md").read_text() == "# sample\n"

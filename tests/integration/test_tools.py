@@ -85,8 +85,10 @@ async def test_glob_grep_ls(session: Sandbox, workspace: Path) -> None:
     (workspace / "src" / "deep").mkdir()
     (workspace / "src" / "deep" / "mod.py").write_text("def needle():\n    return 1\n")
     globbed = await session.call("Glob", {"pattern": "**/*.py"})
-    assert globbed.ok and globbed.content.splitlines() == [str(workspace / "src/app.py"),
-                                                           str(workspace / "src/deep/mod.py")]
+    assert globbed.ok and globbed.content.splitlines() == [
+        str(workspace / "src/app.py"),
+        str(workspace / "src/deep/mod.py"),
+    ]
     grep = await session.call("Grep", {"pattern": "need+le", "include": "*.py", "context": 1})
     assert grep.ok and f"{workspace}/src/deep/mod.py:1:def needle():" in grep.content
     assert f"{workspace}/src/deep/mod.py-2-    return 1" in grep.content
@@ -97,8 +99,12 @@ async def test_glob_grep_ls(session: Sandbox, workspace: Path) -> None:
 async def test_bash_streams_apart_and_reports_failure(session: Sandbox) -> None:
     out: list[bytes] = []
     err: list[bytes] = []
-    result = await session.call("Bash", {"command": "echo to-out; echo to-err >&2; echo $SANDBOX_SCRATCH_DIR; exit 4"},
-                                on_stdout=out.append, on_stderr=err.append)
+    result = await session.call(
+        "Bash",
+        {"command": "echo to-out; echo to-err >&2; echo $SANDBOX_SCRATCH_DIR; exit 4"},
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
     assert (result.ok, result.error_code, result.details["exit_code"]) == (False, "TOOL_FAILED", 4)
     assert b"".join(out).decode().splitlines() == ["to-out", str(session.scratch)]
     assert b"".join(err) == b"to-err\n"
@@ -113,8 +119,9 @@ async def test_scratch_writes_need_no_approval_and_have_no_review(backend: base.
         assert not (workspace / "a.txt").exists()
 
 
-async def test_planted_symlink_outside_is_external_for_every_file_tool(backend: base.Backend, workspace: Path,
-                                                                        tmp_path: Path) -> None:
+async def test_planted_symlink_outside_is_external_for_every_file_tool(
+    backend: base.Backend, workspace: Path, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("s3cret needle\n")
@@ -125,12 +132,15 @@ async def test_planted_symlink_outside_is_external_for_every_file_tool(backend: 
         asked.append(f"{request.tool}:{request.resource}")
         return "deny"
 
-    async with Sandbox.open(workspace, profile=_profile(backend), mode="accept-edits",
-                            approver=CallbackApprover(deny)) as s:
-        calls = [("Read", {"path": "escape/secret.txt"}),
-                 ("Write", {"path": "escape/new.txt", "content": "x"}),
-                 ("Edit", {"path": "escape/secret.txt", "edits": [{"old_text": "s3cret", "new_text": "x"}]}),
-                 ("Grep", {"pattern": "needle", "path": "escape"})]
+    async with Sandbox.open(
+        workspace, profile=_profile(backend), mode="accept-edits", approver=CallbackApprover(deny)
+    ) as s:
+        calls = [
+            ("Read", {"path": "escape/secret.txt"}),
+            ("Write", {"path": "escape/new.txt", "content": "x"}),
+            ("Edit", {"path": "escape/secret.txt", "edits": [{"old_text": "s3cret", "new_text": "x"}]}),
+            ("Grep", {"pattern": "needle", "path": "escape"}),
+        ]
         for name, args in calls:
             result = await s.call(name, args)
             assert (result.ok, result.error_code) == (False, "TOOL_DENIED"), (name, result)
@@ -232,8 +242,9 @@ def test_old_orphan_scratch_dirs_are_swept(data_dir: Path) -> None:
     assert fresh.exists() and not old.exists()
 
 
-async def test_session_that_cannot_open_leaves_nothing_behind(backend: base.Backend, workspace: Path,
-                                                              data_dir: Path) -> None:
+async def test_session_that_cannot_open_leaves_nothing_behind(
+    backend: base.Backend, workspace: Path, data_dir: Path
+) -> None:
     (data_dir / "audit").write_text("not a directory")  # the audit log cannot be opened
     from sandbox.errors import SandboxError
 

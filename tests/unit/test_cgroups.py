@@ -29,8 +29,7 @@ def user_uid() -> int:
 
 def _cgroup_dir(path: Path, owner: int | None = None, controllers: str = "", procs: str = "") -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    for name, text in (("cgroup.controllers", controllers), ("cgroup.subtree_control", ""),
-                       ("cgroup.procs", procs)):
+    for name, text in (("cgroup.controllers", controllers), ("cgroup.subtree_control", ""), ("cgroup.procs", procs)):
         (path / name).write_text(text)
     if owner is not None and os.geteuid() == 0:
         for entry in (path, *path.iterdir()):
@@ -47,9 +46,12 @@ def test_v1_as_root_uses_our_own_cgroup_of_each_hierarchy(tmp_path: Path) -> Non
         pytest.skip("root's v1 decision checks that root can write the fake tree (os.access)")
     for ctrl in ("memory", "pids"):
         _cgroup_dir(tmp_path / ctrl / "svc")
-    view = cgroups.HostView(((str(tmp_path / "memory"), "cgroup", "rw,memory"),
-                             (str(tmp_path / "pids"), "cgroup", "rw,pids")),
-                            {"memory": "/svc", "pids": "/svc"}, 0, 1)
+    view = cgroups.HostView(
+        ((str(tmp_path / "memory"), "cgroup", "rw,memory"), (str(tmp_path / "pids"), "cgroup", "rw,pids")),
+        {"memory": "/svc", "pids": "/svc"},
+        0,
+        1,
+    )
     found = cgroups.detect(view)
     assert found["memory"] == cgroups.Hierarchy("memory", 1, tmp_path / "memory" / "svc")
     assert found["pids"] == cgroups.Hierarchy("pids", 1, tmp_path / "pids" / "svc")
@@ -85,11 +87,11 @@ def test_v2_not_delegated_tells_the_user_how_to_get_a_delegated_scope(tmp_path: 
     assert not (tmp_path / "user.slice" / "session-1.scope" / cgroups.LEAF).exists()
 
 
-def test_v2_delegated_moves_our_processes_into_a_leaf_then_enables_controllers(tmp_path: Path,
-                                                                              user_uid: int) -> None:
+def test_v2_delegated_moves_our_processes_into_a_leaf_then_enables_controllers(tmp_path: Path, user_uid: int) -> None:
     _cgroup_dir(tmp_path, controllers="memory pids cpu io")
-    scope = _cgroup_dir(tmp_path / "user.slice" / "run-u7.scope", owner=user_uid,
-                        controllers="memory pids", procs="1234\n")
+    scope = _cgroup_dir(
+        tmp_path / "user.slice" / "run-u7.scope", owner=user_uid, controllers="memory pids", procs="1234\n"
+    )
     found = cgroups.detect(_v2_view(tmp_path, "/user.slice/run-u7.scope", user_uid))
     # No internal processes: the executor now lives in the leaf, calls go beside it.
     assert (scope / cgroups.LEAF / "cgroup.procs").read_text() == "1234"
@@ -113,13 +115,17 @@ def test_v2_delegated_already_in_the_leaf_uses_its_parent(tmp_path: Path, user_u
 def test_hybrid_host_uses_v1_when_v2_holds_no_controller(tmp_path: Path, user_uid: int) -> None:
     _cgroup_dir(tmp_path / "unified")
     _cgroup_dir(tmp_path / "pids" / "me", owner=user_uid)
-    view = cgroups.HostView(((str(tmp_path / "unified"), "cgroup2", "rw"),
-                             (str(tmp_path / "pids"), "cgroup", "rw,pids")),
-                            {"": "/", "pids": "/me"}, user_uid, 1)
+    view = cgroups.HostView(
+        ((str(tmp_path / "unified"), "cgroup2", "rw"), (str(tmp_path / "pids"), "cgroup", "rw,pids")),
+        {"": "/", "pids": "/me"},
+        user_uid,
+        1,
+    )
     assert cgroups.detect(view)["pids"] == cgroups.Hierarchy("pids", 1, tmp_path / "pids" / "me", delegated=True)
 
 
 # --- which mechanism enforces each limit, and what is refused ------------------------------------
+
 
 def _fake_host(monkeypatch: pytest.MonkeyPatch, euid: int, **present: cgroups.Hierarchy) -> None:
     found: dict[str, cgroups.Hierarchy | str] = {c: f"no {c} cgroup here" for c in cgroups.CONTROLLERS}
@@ -159,8 +165,12 @@ def test_a_limit_asked_for_that_cannot_be_enforced_is_refused_by_name(monkeypatc
     assert report.guarantees["memory-limit"] is False and "per process" in report.reasons["memory-limit"]
     assert report.guarantees["pids-limit"] is True
     assert any("Delegate=yes" in line for line in report.advice)
-    assert report.limits_in_force(asked)["memory"] == {"value": 100 * 2**20, "enforced": True,
-                                                        "how": "rlimit DATA", "scope": "process"}
+    assert report.limits_in_force(asked)["memory"] == {
+        "value": 100 * 2**20,
+        "enforced": True,
+        "how": "rlimit DATA",
+        "scope": "process",
+    }
 
 
 def test_the_host_backend_refuses_a_pids_limit_without_a_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:

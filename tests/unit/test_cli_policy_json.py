@@ -37,8 +37,9 @@ def test_a_decision_carries_no_error_code(capsys: pytest.CaptureFixture[str], tm
         (["--tool", "Read"], None, "INVALID_ARGUMENT"),
     ],
 )
-def test_refusals_are_one_json_object(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str],
-                                      decision: str | None, error_code: str) -> None:
+def test_refusals_are_one_json_object(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], decision: str | None, error_code: str
+) -> None:
     code, out = _policy_test(capsys, tmp_path, *args)
     assert code == 2
     assert (out["decision"], out["error_code"]) == (decision, error_code)

@@ -12,8 +12,12 @@ SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 
 
 def _decision(workspace: Path, *extra: str) -> str:
-    out = subprocess.run([SANDBOX, "policy", "test", "--workspace", str(workspace), *extra, "--", "touch x"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [SANDBOX, "policy", "test", "--workspace", str(workspace), *extra, "--", "touch x"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.split(":")[0]
 
 

@@ -21,8 +21,20 @@ def test_shipped_profiles_validate(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(4096, 4096), ("512MiB", 512 * 2**20), ("1g", 2**30), ("2 GiB", 2 * 2**30), ("1.5KiB", 1536), ("10", 10),
-     ("2G", 2**31), ("2g", 2**31), ("2GiB", 2**31), ("2GB", 2**31), ("1k", 1024), ("3m", 3 * 2**20)],
+    [
+        (4096, 4096),
+        ("512MiB", 512 * 2**20),
+        ("1g", 2**30),
+        ("2 GiB", 2 * 2**30),
+        ("1.5KiB", 1536),
+        ("10", 10),
+        ("2G", 2**31),
+        ("2g", 2**31),
+        ("2GiB", 2**31),
+        ("2GB", 2**31),
+        ("1k", 1024),
+        ("3m", 3 * 2**20),
+    ],
 )
 def test_sizes(text: object, expected: int) -> None:
     assert profiles.parse_size(text) == expected
@@ -74,13 +86,20 @@ def test_overrides_are_validated() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
-    [("limits.memory", 0, "limits.memory"), ("limits.memory", "0", "limits.memory"),
-     ("limits.memory", "1k", "at least"), ("limits.memory", "0.1", "fraction"),
-     ("limits.file_size", 0, "limits.file_size"), ("limits.tmp_size", "0", "limits.tmp_size"),
-     ("limits.pids", 3, "limits.pids"), ("limits.cpus", 0.001, "limits.cpus")],
+    [
+        ("limits.memory", 0, "limits.memory"),
+        ("limits.memory", "0", "limits.memory"),
+        ("limits.memory", "1k", "at least"),
+        ("limits.memory", "0.1", "fraction"),
+        ("limits.file_size", 0, "limits.file_size"),
+        ("limits.tmp_size", "0", "limits.tmp_size"),
+        ("limits.pids", 3, "limits.pids"),
+        ("limits.cpus", 0.001, "limits.cpus"),
+    ],
 )
-def test_nonsense_limits_in_a_file_name_the_key_and_the_file(tmp_path: Path, key: str, value: object,
-                                                            needle: str) -> None:
+def test_nonsense_limits_in_a_file_name_the_key_and_the_file(
+    tmp_path: Path, key: str, value: object, needle: str
+) -> None:
     section, leaf = key.split(".")
     path = tmp_path / "p.toml"
     path.write_text(f"[{section}]\n{leaf} = {value!r}\n".replace("'", '"'))

@@ -17,16 +17,32 @@ from sandbox import protocol
 from sandbox.tools.params import REGISTRY
 
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
-HEAVY = ("pydantic", "bashlex", "docker", "psutil", "sqlite3", "asyncio", "anyio", "sandbox.policy",
-         "sandbox.tools", "sandbox.server", "sandbox.session", "sandbox.compare", "sandbox.audit",
-         "sandbox.profile", "sandbox.exec", "sandbox.image")
+HEAVY = (
+    "pydantic",
+    "bashlex",
+    "docker",
+    "psutil",
+    "sqlite3",
+    "asyncio",
+    "anyio",
+    "sandbox.policy",
+    "sandbox.tools",
+    "sandbox.server",
+    "sandbox.session",
+    "sandbox.compare",
+    "sandbox.audit",
+    "sandbox.profile",
+    "sandbox.exec",
+    "sandbox.image",
+)
 
 
 def loaded_after(code: str) -> list[str]:
     """The heavy modules a fresh interpreter has loaded after running ``code``."""
     script = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True
+    )
     modules = json.loads(out.stdout.splitlines()[-1])
     return sorted({h for m in modules for h in HEAVY if m == h or m.startswith(h + ".")})
 
@@ -43,8 +59,10 @@ def test_version_imports_nothing_heavy() -> None:
 def test_run_imports_only_what_a_run_needs(tmp_path: Path) -> None:
     """A profile's first run here: pydantic (to validate it) and anyio (the executor), psutil where
     no cgroup lists the call's processes. Its next runs (the quick path): nothing heavy at all."""
-    code = (f"from sandbox import cli\ntry:\n    cli.main(['run', '--workspace', {str(tmp_path)!r}, '--', 'true'])\n"
-            "except SystemExit:\n    pass")
+    code = (
+        f"from sandbox import cli\ntry:\n    cli.main(['run', '--workspace', {str(tmp_path)!r}, '--', 'true'])\n"
+        "except SystemExit:\n    pass"
+    )
     first = set(loaded_after(code))
     assert first <= {"pydantic", "asyncio", "anyio", "psutil", "sandbox.profile", "sandbox.exec"}
     assert loaded_after(code) == []
@@ -111,8 +129,10 @@ def test_requests_sent_with_initialize_reach_the_full_server() -> None:
 
 
 def test_a_bad_first_line_gets_the_full_servers_error() -> None:
-    replies = _serve(b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"x":1}}\n'
-                     b'{"jsonrpc":"2.0","id":8,"method":"shutdown"}\n')
+    replies = _serve(
+        b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"x":1}}\n'
+        b'{"jsonrpc":"2.0","id":8,"method":"shutdown"}\n'
+    )
     assert replies[0]["id"] == 7 and replies[0]["error"]["code"] == -32602
 
 

@@ -28,9 +28,19 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
         directory.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("SANDBOX_DATA_DIR", str(data))
-    for path in (ws / "src" / "main.py", ws / "README.md", ws / ".env", ws / ".env.example", ws / "deploy.pem",
-                 ws / ".git" / "config", app2 / "secret.txt", outside / "notes.txt", home / ".ssh" / "id_rsa",
-                 home / ".bashrc", home / ".aws" / "credentials"):
+    for path in (
+        ws / "src" / "main.py",
+        ws / "README.md",
+        ws / ".env",
+        ws / ".env.example",
+        ws / "deploy.pem",
+        ws / ".git" / "config",
+        app2 / "secret.txt",
+        outside / "notes.txt",
+        home / ".ssh" / "id_rsa",
+        home / ".bashrc",
+        home / ".aws" / "credentials",
+    ):
         _touch(path)
     os.symlink(outside, ws / "link_out")
     os.symlink(outside / "notes.txt", ws / "notes_link.txt")

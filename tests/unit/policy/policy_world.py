@@ -26,11 +26,17 @@ class World:
     data: Path
 
     def placeholders(self) -> dict[str, str]:
-        return {"ws": str(self.ws), "home": str(self.home), "app2": str(self.app2),
-                "outside": str(self.outside), "scratch": str(self.scratch)}
+        return {
+            "ws": str(self.ws),
+            "home": str(self.home),
+            "app2": str(self.app2),
+            "outside": str(self.outside),
+            "scratch": str(self.scratch),
+        }
 
-    def gate(self, mode: str | None = "ask", plan: bool = False, rules: RuleSet | None = None,
-             **policy: object) -> Gate:
+    def gate(
+        self, mode: str | None = "ask", plan: bool = False, rules: RuleSet | None = None, **policy: object
+    ) -> Gate:
         settings = Policy.model_validate({"mode": mode, "operating_mode": "plan" if plan else "agent", **policy})
         return Gate(self.ws, self.scratch, settings, rules, data_dir=self.data)
 

@@ -81,13 +81,16 @@ async def test_timeout_denies() -> None:
     assert "timed out" in outcome.reason
 
 
-@pytest.mark.parametrize(("exc", "by"), [
-    (RuntimeError("boom"), "error"),
-    (ApprovalUnavailable("ui closed"), "disconnected"),
-    (EOFError(), "disconnected"),
-    (ConnectionResetError(), "disconnected"),
-    (asyncio.CancelledError(), "cancelled"),
-])
+@pytest.mark.parametrize(
+    ("exc", "by"),
+    [
+        (RuntimeError("boom"), "error"),
+        (ApprovalUnavailable("ui closed"), "disconnected"),
+        (EOFError(), "disconnected"),
+        (ConnectionResetError(), "disconnected"),
+        (asyncio.CancelledError(), "cancelled"),
+    ],
+)
 async def test_approver_failures_deny(exc: BaseException, by: str) -> None:
     outcome = await decide(Raising(exc), REQUEST, 1)
     assert (outcome.answer, outcome.decided_by) == ("deny", by)
@@ -126,8 +129,9 @@ async def test_terminal_approver_reads_a_line_and_eof_denies() -> None:
     assert closed.decided_by == "disconnected"
 
 
-async def _flow(world: World, approver: Approver, command: str, state: SessionState, jail: FakeJail,
-                turn: str = "t1") -> bool:
+async def _flow(
+    world: World, approver: Approver, command: str, state: SessionState, jail: FakeJail, turn: str = "t1"
+) -> bool:
     call = world.call("Bash", {"command": command}, turn=turn)
     auth = await authorize(world.gate("ask"), state, call, approver, timeout=0.05)
     try:

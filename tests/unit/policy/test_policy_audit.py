@@ -31,8 +31,10 @@ SECRETS = [
     ("aws configure set key AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
     ("OPENAI_API_KEY=sk-proj-abcdefghijklmnop1234", "sk-proj-abcdef"),
     ("slack xoxb-123456789012-abcdefABCDEF", "xoxb-1234"),
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
-     "b3BlbnNzaC1rZXkt"),
+    (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+        "b3BlbnNzaC1rZXkt",
+    ),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEtruncated", "MIIEtruncated"),
     ("MY_SERVICE_SECRET='two words' make", "two words"),
     ("password: hunter2", "hunter2"),
@@ -61,8 +63,7 @@ def _record(world: World, command: str) -> AuditRecord:
     call = world.call("Bash", {"command": command})
     decision = gate.evaluate(call, SessionState("s1"))
     auth = Authorization(decision, False, "user", "the user denied permission", "deny", True, 12.5)
-    return AuditRecord.build(call, auth, total_ms=13.0, error_code="TOOL_DENIED",
-                             policy_version=gate.policy_version)
+    return AuditRecord.build(call, auth, total_ms=13.0, error_code="TOOL_DENIED", policy_version=gate.policy_version)
 
 
 def test_records_round_trip_without_secrets(world: World, tmp_path: Path) -> None:
@@ -73,8 +74,12 @@ def test_records_round_trip_without_secrets(world: World, tmp_path: Path) -> Non
     out = io.StringIO()
     assert log.export_jsonl(out) == 1
     row = json.loads(out.getvalue())
-    assert (row["decision"], row["decided_by"], row["prompted"], row["error_code"]) == \
-        ("deny", "user", True, "TOOL_DENIED")
+    assert (row["decision"], row["decided_by"], row["prompted"], row["error_code"]) == (
+        "deny",
+        "user",
+        True,
+        "TOOL_DENIED",
+    )
     assert row["rule_id"] == "shell.command" and row["policy_version"].startswith("1+")
     stats = log.stats()
     assert stats["total"] == 1 and stats["by_decision"] == {"deny": 1}

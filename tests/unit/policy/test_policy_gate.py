@@ -23,17 +23,20 @@ def test_unknown_tool_is_denied_with_a_readable_reason() -> None:
     assert "Read" in info.value.message
 
 
-@pytest.mark.parametrize(("tool", "args", "field"), [
-    ("Bash", {"command": "ls", "timeout": 0.5}, "timeout"),
-    ("Bash", {"command": "ls", "timeout": 301}, "timeout"),
-    ("Bash", {"command": ""}, "command"),
-    ("Read", {"path": "x", "offset": 0}, "offset"),
-    ("Read", {"path": "x", "extra": 1}, "extra"),
-    ("Edit", {"path": "x", "edits": []}, "edits"),
-    ("Grep", {"pattern": "x", "limit": 1001}, "limit"),
-    ("Grep", {"pattern": "x", "context": 21}, "context"),
-    ("Write", {"path": "x"}, "content"),
-])
+@pytest.mark.parametrize(
+    ("tool", "args", "field"),
+    [
+        ("Bash", {"command": "ls", "timeout": 0.5}, "timeout"),
+        ("Bash", {"command": "ls", "timeout": 301}, "timeout"),
+        ("Bash", {"command": ""}, "command"),
+        ("Read", {"path": "x", "offset": 0}, "offset"),
+        ("Read", {"path": "x", "extra": 1}, "extra"),
+        ("Edit", {"path": "x", "edits": []}, "edits"),
+        ("Grep", {"pattern": "x", "limit": 1001}, "limit"),
+        ("Grep", {"pattern": "x", "context": 21}, "context"),
+        ("Write", {"path": "x"}, "content"),
+    ],
+)
 def test_invalid_arguments_list_the_problems(tool: str, args: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         validate(tool, args)
@@ -42,8 +45,14 @@ def test_invalid_arguments_list_the_problems(tool: str, args: dict[str, object],
 
 def test_registry_risk_classes() -> None:
     assert {n: s.risk for n, s in REGISTRY.items()} == {
-        "Bash": "execute", "Read": "read", "Write": "write", "Edit": "write", "Glob": "read",
-        "Grep": "read", "LS": "read"}
+        "Bash": "execute",
+        "Read": "read",
+        "Write": "write",
+        "Edit": "write",
+        "Glob": "read",
+        "Grep": "read",
+        "LS": "read",
+    }
     assert validate("Bash", {"command": "ls"}) == BashParams(command="ls", timeout=60)
 
 
@@ -115,13 +124,15 @@ def test_recheck_denies_when_the_target_changed_after_approval(world: World, sta
 
 
 def test_user_rules_for_bash_and_files(world: World, state: SessionState) -> None:
-    rules = RuleSet(user=(
-        UserRule(action="allow", text="make test"),
-        UserRule(action="block", text="curl"),
-        UserRule(action="ask", text="rm -rf"),
-        UserRule(action="block", tool="Write", path="docs/**"),
-        UserRule(action="allow", tool="Read", path=f"{world.app2}/**"),
-    ))
+    rules = RuleSet(
+        user=(
+            UserRule(action="allow", text="make test"),
+            UserRule(action="block", text="curl"),
+            UserRule(action="ask", text="rm -rf"),
+            UserRule(action="block", tool="Write", path="docs/**"),
+            UserRule(action="allow", tool="Read", path=f"{world.app2}/**"),
+        )
+    )
     gate = world.gate("ask", rules=rules)
     assert gate.evaluate(world.call("Bash", {"command": "make test"}), state).level == "allow"
     # An allow rule matches one simple command, never the whole line.

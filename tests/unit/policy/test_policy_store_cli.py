@@ -89,14 +89,22 @@ def test_load_ruleset_merges_profile_store_and_project(world: World) -> None:
     store = RuleStore(world.data / "rules.json")
     store.add("ask", "make release")
     settings = Policy(rules=({"action": "allow", "text": "make test"},))
-    rules = load_ruleset(settings, world.ws, store=store, trust=TrustStore(world.data / "t.json"),
-                         trust_override=True)
+    rules = load_ruleset(settings, world.ws, store=store, trust=TrustStore(world.data / "t.json"), trust_override=True)
     assert [r.text for r in rules.user] == ["make test", "make release", "terraform destroy"]
 
 
 FAST = [
-    "ls", "git status && ls -la src | grep foo", "a | b | c; d || e && f", "grep 'a b' \"c d\" e",
-    "ls -la", "cat a b c", "echo '*' ?", "x & y", "ls;", "pytest -q tests/unit", "rg -n 'foo|bar' src",
+    "ls",
+    "git status && ls -la src | grep foo",
+    "a | b | c; d || e && f",
+    "grep 'a b' \"c d\" e",
+    "ls -la",
+    "cat a b c",
+    "echo '*' ?",
+    "x & y",
+    "ls;",
+    "pytest -q tests/unit",
+    "rg -n 'foo|bar' src",
 ]
 
 
@@ -107,8 +115,10 @@ def test_fast_path_agrees_with_bashlex(command: str) -> None:
     assert fast == _bashlex_parse(command)
 
 
-@pytest.mark.parametrize("command", ["FOO=1 ls", "ls $x", "ls > f", "if x; then y; fi", "a;; b", "ls\nrm x",
-                                     "a |& b", "! ls", "echo `id`", "ls #c"])
+@pytest.mark.parametrize(
+    "command",
+    ["FOO=1 ls", "ls $x", "ls > f", "if x; then y; fi", "a;; b", "ls\nrm x", "a |& b", "! ls", "echo `id`", "ls #c"],
+)
 def test_fast_path_defers_to_bashlex(command: str) -> None:
     assert _fast_parse(command) is None
 
