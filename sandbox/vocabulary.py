@@ -1,0 +1,88 @@
+"""The product's words, declared once.
+
+Every name a user, a profile, the CLI, the JSON-RPC schema or an audit row can carry is one of
+the ``Literal`` types below. Everything else derives from them: argparse ``choices`` and the
+tuples the code iterates (``typing.get_args``), the pydantic models of profiles and of the
+server (so ``sandbox serve --schema`` emits enums), and the pi client's list of error codes,
+which a test checks against :data:`ErrorCode`.
+
+Standard library only: the CLI's quick path imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+EXIT_SANDBOX = 125
+"""The exit status of ``sandbox run``/``compare``/``tool`` when the sandbox itself refused or
+failed (as ``docker run`` and ``env`` use 125), so it never passes for the command's own."""
+
+# -- errors ---------------------------------------------------------------------------------
+ErrorCode = Literal[
+    "INVALID_ARGUMENT",
+    "TOOL_DENIED",
+    "TOOL_FAILED",
+    "TIMEOUT",
+    "ABORTED",
+    "SHELL_NOT_FOUND",
+    "BACKEND_UNAVAILABLE",
+    "GUARANTEE_UNAVAILABLE",
+    "CONFLICT",
+]
+
+# -- backends and what they enforce -----------------------------------------------------------
+BackendName = Literal["bwrap", "docker", "host"]
+BackendChoice = Literal["auto", "bwrap", "docker", "host"]
+"""A backend as a profile or a flag names it: ``auto`` picks bwrap, then docker, never host."""
+MountStrategy = Literal["ro", "rw", "copy", "overlay"]
+NetworkMode = Literal["none", "host"]
+Lifecycle = Literal["session", "call"]
+Guarantee = Literal[
+    "fs-readonly-root",
+    "fs-write-confined",
+    "fs-hidden-home",
+    "net-none",
+    "tree-kill",
+    "memory-limit",
+    "pids-limit",
+    "cpu-limit",
+    "fsize-limit",
+    "tmp-size-limit",
+    "no-new-privs",
+    "non-root",
+    "no-caps",
+    "env-scrubbed",
+    "new-session",
+    "seccomp",
+    "overlay",
+]
+Stream = Literal["stdout", "stderr"]
+
+# -- the permission layer ---------------------------------------------------------------------
+PermissionMode = Literal["ask", "accept-edits", "auto"]
+OperatingMode = Literal["agent", "plan"]
+Unattended = Literal["deny", "allow"]
+Level = Literal["allow", "confirm", "deny"]
+"""What the policy says of a call before anyone is asked."""
+Layer = Literal["exempt", "mode", "ask", "deny"]
+RuleAction = Literal["allow", "block", "ask"]
+Answer = Literal["allow-once", "allow-session", "deny"]
+Decision = Literal["allow", "allow-once", "allow-session", "deny"]
+"""The final word on a call, as the audit records it."""
+GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
+ApprovalDecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
+DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]
+Risk = Literal["read", "write", "execute"]
+Operation = Literal["read", "write", "execute"]
+Root = Literal["workspace", "scratch", "external"]
+Escape = Literal["absolute", "parent", "symlink", "home"]
+
+# -- changesets -------------------------------------------------------------------------------
+ChangeStatus = Literal["added", "modified", "deleted"]
+EntryKind = Literal["file", "dir", "symlink", "special"]
+
+ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
+BACKENDS: tuple[BackendName, ...] = get_args(BackendName)
+AUTO_ORDER: tuple[BackendName, ...] = ("bwrap", "docker")  # host is never chosen by auto
+MOUNT_STRATEGIES: tuple[MountStrategy, ...] = get_args(MountStrategy)
+PERMISSION_MODES: tuple[PermissionMode, ...] = get_args(PermissionMode)
