@@ -31,9 +31,11 @@ ErrorCode = Literal[
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------
-BackendName = Literal["bwrap", "docker", "host"]
-BackendChoice = Literal["auto", "bwrap", "docker", "host"]
-"""A backend as a profile or a flag names it: ``auto`` picks bwrap, then docker, never host."""
+BackendName = Literal["bwrap", "docker", "host", "fake"]
+"""Every loadable backend. ``fake`` is the scripted one shipped for protocol tests: loadable by
+name (``session.open``), never chosen by ``auto``, not offered by the CLI nor listed by ``check``."""
+BackendChoice = Literal["auto", BackendName]
+"""A backend as a profile or a call names it: ``auto`` picks bwrap, then docker, never host."""
 MountStrategy = Literal["ro", "rw", "copy", "overlay"]
 NetworkMode = Literal["none", "host"]
 Lifecycle = Literal["session", "call"]
@@ -82,7 +84,7 @@ ChangeStatus = Literal["added", "modified", "deleted"]
 EntryKind = Literal["file", "dir", "symlink", "special"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
-BACKENDS: tuple[BackendName, ...] = get_args(BackendName)
+BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host")  # the real ones: offered, checked
 AUTO_ORDER: tuple[BackendName, ...] = ("bwrap", "docker")  # host is never chosen by auto
 MOUNT_STRATEGIES: tuple[MountStrategy, ...] = get_args(MountStrategy)
 PERMISSION_MODES: tuple[PermissionMode, ...] = get_args(PermissionMode)
