@@ -3,20 +3,27 @@
 A :class:`Backend` probes what it can guarantee on this host and opens :class:`Jail` s. A jail
 binds one workspace under one profile (mounts, network, limits) and spawns :class:`Process` es
 inside it. A process exposes stdout and stderr as two separate byte streams and can kill its
-whole tree. Backends are modules of this package ending in ``backend_class = X``; :func:`get`
-loads one by name and caches it.
+whole tree. Backends are modules (or packages) of this package ending in ``backend_class = X``;
+:func:`get` loads one by name and caches it.
+
+The base classes own the templates: :meth:`Backend.probe` caches, :meth:`Backend.open_jail`
+refuses a profile the backend cannot enforce and a workspace that is no project directory, and
+:meth:`Jail.spawn` refuses a closed jail and an empty command, each before the backend's own
+part (``_probe``, ``_open``, ``_start``) runs.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar, get_args
 
 import anyio
 
 from sandbox.backends import AUTO_ORDER, BACKENDS
+from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
+from sandbox.vocabulary import BackendName
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -105,7 +112,6 @@ class Jail(ABC):
         is its image's). Used to explain a command that resolves into what the jail hides."""
         return (str(self.workspace),)
 
-    @abstractmethod
     async def spawn(
         self,
         argv: Sequence[str],
@@ -117,6 +123,17 @@ class Jail(ABC):
         """Start ``argv`` inside the jail. ``env`` is added to the scrubbed base; ``stdin`` is fed
         to the command and then closed (``None``: stdin is closed from the start). A stream is
         copied through a pipe of ours as it arrives, never handed over: the jail gets no host fd."""
+        if self._closed:
+            raise InvalidArgument("the jail is closed")
+        if not argv:
+            raise InvalidArgument("empty argv: name a command to run")
+        return await self._start(argv, env=env, cwd=cwd, stdin=stdin)
+
+    @abstractmethod
+    async def _start(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> Process:
+        """The backend's part of :meth:`spawn`, once the jail is known open and ``argv`` not empty."""
 
     async def changes(self) -> Changeset | None:
         """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
@@ -155,17 +172,37 @@ class Jail(ABC):
 
 class Backend(ABC):
     name: ClassVar[str]
+    _probed: Report | None = None
 
-    @abstractmethod
     def probe(self) -> Report:
-        """What this host lets this backend enforce, with the reason where not (cached)."""
+        """What this host lets this backend enforce, with the reason where not.
+
+        Cached per instance, except a report marked ``transient`` (a host out of processes, say):
+        that one is asked again next time, so a passing shortage is not remembered as a verdict.
+        """
+        if self._probed is not None:
+            return self._probed
+        report = self._probe()
+        if not report.details.get("transient"):
+            self._probed = report
+        return report
 
     @abstractmethod
+    def _probe(self) -> Report:
+        """The backend's part of :meth:`probe`: look at this host (uncached)."""
+
     async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> Jail:
         """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it.
 
         ``scratch``, when given, is an existing host directory shown read-write at the same path.
         """
+        self.check(profile)
+        _check_scratch(scratch)
+        return await self._open(check_workspace(workspace), profile, scratch=scratch)
+
+    @abstractmethod
+    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> Jail:
+        """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical."""
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""
@@ -195,12 +232,23 @@ class Backend(ABC):
             )
 
 
+# One instance per name for the process's life: a probe costs a smoke jail or a daemon round
+# trip, and the instance caches it; tests script the one ``get("fake")`` hands to sessions.
+def _check_scratch(scratch: Path | None) -> None:
+    if scratch is not None and not scratch.is_dir():
+        raise InvalidArgument(f"the scratch directory {scratch} does not exist", scratch=str(scratch))
+
+
 _loaded: dict[str, Backend] = {}
 
 
-def get(name: str) -> Backend:
-    """The backend called ``name`` (``bwrap``, ``docker``, ``host``), imported on first use."""
-    if name not in BACKENDS:
+def get(name: str, *, offered: bool = False) -> Backend:
+    """The backend called ``name`` (``bwrap``, ``docker``, ``host``, or ``fake`` for tests), imported on first use.
+
+    ``offered``: only the real backends, as the CLI offers them (a user asking for ``fake`` on
+    the command line would get a toy shell's answers and no boundary).
+    """
+    if name not in (BACKENDS if offered else get_args(BackendName)):
         raise InvalidArgument(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}", backend=name)
     if name not in _loaded:
         try:

@@ -23,7 +23,6 @@ from sandbox.backends.base import Backend, off_loop
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args, require_bwrap
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
-from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, overlay_support
@@ -31,7 +30,6 @@ from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
 START_TIMEOUT_S = 30.0
@@ -50,41 +48,32 @@ class BwrapJail(local.LocalJail):
         super().__init__(workspace, profile, tree)
         self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch)]
 
-    async def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: Stdin = None,
-    ) -> local.LocalProcess:
-        self._check_spawn(argv)
-        group = self._pool.take()
-        try:
-            proc = await self._start(argv, env, cwd, group, stdin is not None)
-        except BaseException:
-            if group:
-                self._pool.give_back(group)
-            raise
-        proc.stdin_data = stdin
-        self._live.add(proc)
-        return proc
-
-    async def _start(
+    async def _launch(
         self,
         argv: Sequence[str],
         env: Mapping[str, str] | None,
         cwd: str | None,
         group: cgroups.CallCgroup | None,
+        *,
         stdin: bool,
     ) -> local.LocalProcess:
-        with confine.starting("cannot start bwrap"):
-            info_r, info_w = os.pipe()
-            block_r, block_w = os.pipe()
+        with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
+            with confine.starting("cannot start bwrap"):
+                info_r, info_w = _pipe(ours, theirs)
+                block_r, block_w = _pipe(theirs, ours)
+            cmd = self._command(argv, env, cwd, info_w, block_r)
+            with confine.starting("cannot start bwrap"):
+                proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
+            theirs.close()  # bwrap holds them now: end of file on info_r means it is gone
+            return await self._release_held(proc, info_r, block_w, group)
+
+    def _command(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, info_w: int, block_r: int
+    ) -> list[str]:
         env_args = [
             a for k, v in base_env(self.profile, env, workspace=self.workspace).items() for a in ("--setenv", k, v)
         ]
-        cmd = [
+        return [
             *self._prefix,
             "--chdir",
             cwd or str(self.workspace),
@@ -97,21 +86,6 @@ class BwrapJail(local.LocalJail):
             "--",
             *argv,
         ]
-        try:
-            with confine.starting("cannot start bwrap"):
-                proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
-        except BaseException:
-            os.close(info_r)
-            os.close(block_w)
-            raise
-        finally:
-            os.close(info_w)
-            os.close(block_r)
-        try:
-            return await self._release_held(proc, info_r, block_w, group)
-        finally:
-            os.close(info_r)
-            os.close(block_w)
 
     async def _release_held(
         self, proc: Child, info_r: int, block_w: int, group: cgroups.CallCgroup | None
@@ -122,28 +96,39 @@ class BwrapJail(local.LocalJail):
         cgroups and beyond our reach once bwrap itself is killed: so a start is never cancelled
         half-way (it takes milliseconds), and on any failure the held init is killed first.
         """
-        child = None
-        try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(START_TIMEOUT_S):
-                init_pid = await _read_init_pid(info_r, proc)
-            # While bwrap waits on the block fd its init cannot exit: its pid is still its own.
-            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
-            confine.confine(init_pid, self.profile, group, "bwrap")
-            os.write(block_w, b"1")
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                if child is not None:
-                    child.kill_root()
-                    child.forget_root()
-                proc.kill()
-                await proc.wait()
-                await proc.aclose()
-            if isinstance(exc, TimeoutError):
+        async with contextlib.AsyncExitStack() as cleanup_on_fail:
+            cleanup_on_fail.push_async_callback(_kill_bwrap, proc)
+            try:
+                with anyio.CancelScope(shield=True), anyio.fail_after(START_TIMEOUT_S):
+                    init_pid = await _read_init_pid(info_r, proc)
+            except TimeoutError as exc:
                 raise BackendUnavailable(
                     f"bwrap did not start the jail within {START_TIMEOUT_S:g} s", backend="bwrap"
                 ) from exc
-            raise
+            # While bwrap waits on the block fd its init cannot exit: its pid is still its own.
+            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
+            cleanup_on_fail.callback(child.forget_root)
+            cleanup_on_fail.callback(child.kill_root)
+            confine.confine(init_pid, self.profile, group, "bwrap")
+            os.write(block_w, b"1")
+            cleanup_on_fail.pop_all()
         return child
+
+
+def _pipe(read_end: contextlib.ExitStack, write_end: contextlib.ExitStack) -> tuple[int, int]:
+    """A pipe whose ends are closed with the given stacks."""
+    r, w = os.pipe()
+    read_end.callback(os.close, r)
+    write_end.callback(os.close, w)
+    return r, w
+
+
+async def _kill_bwrap(proc: Child) -> None:
+    """Kill a bwrap that failed to start a call (its held init, if any, is killed already)."""
+    with anyio.CancelScope(shield=True):
+        proc.kill()
+        await proc.wait()
+        await proc.aclose()
 
 
 async def _read_init_pid(fd: int, proc: Child) -> int:
@@ -169,22 +154,20 @@ async def _read_init_pid(fd: int, proc: Child) -> int:
 class BwrapBackend(Backend):
     name = "bwrap"
 
-    def probe(self) -> Report:
-        return probe()
+    def _probe(self) -> Report:
+        return _report()
 
-    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> BwrapJail:
-        self.check(profile)
+    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> BwrapJail:
         host_files(profile)  # a file that became a secret is refused before a copy exists
-        ws = check_workspace(workspace)
         tree: CopyTree | None = None
-        source = ws
+        source = workspace
         if profile.mount.strategy in ("copy", "overlay"):
-            tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(ws)
+            tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(workspace)
             source = tree.root
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
-        return BwrapJail(ws, profile, source, tree, scratch)
+        return BwrapJail(workspace, profile, source, tree, scratch)
 
 
 _ALWAYS = (
@@ -230,20 +213,8 @@ def _smoke() -> str | None:
     return None
 
 
-_probed: list[Report] = []
-
-
-def probe() -> Report:
-    """The bwrap report, cached once a smoke test has run (a host out of processes is asked again)."""
-    if _probed:
-        return _probed[0]
-    report = _probe()
-    if report.details.get("transient") is None:
-        _probed.append(report)
-    return report
-
-
-def _probe() -> Report:
+def _report() -> Report:
+    """What bwrap enforces here; a failure to fork is marked ``transient``, so it is asked again."""
     path = bwrap_path()
     if path is None:
         return Report("bwrap", False, "bubblewrap is not installed (apt-get install bubblewrap)")

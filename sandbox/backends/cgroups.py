@@ -225,7 +225,8 @@ class CallCgroup:
         name = f"call-{owner}-{os.urandom(4).hex()}"
         group = cls()
         wanted = {"memory": limits.memory, "pids": limits.pids, "cpu": limits.cpus}
-        try:
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(group.try_remove)
             for ctrl, value in wanted.items():
                 if value is None:
                     continue
@@ -236,9 +237,7 @@ class CallCgroup:
                 path.mkdir()
                 group.paths.append(path)
                 _set_limit(where, path, ctrl, value)
-        except BaseException:
-            group.try_remove()
-            raise
+            cleanup_on_fail.pop_all()
         return group
 
     def add(self, pid: int) -> None:

@@ -224,6 +224,12 @@ class Tree:
         the rest: a normal exit (``grace`` 0), too, waits here until every process is gone.
         Under bwrap the root is the namespace's init: TERM it and the kernel kills the rest at
         once, leaving them no grace; so TERM goes to everything else first.
+
+        Why a tree kill of its own here: a local call's processes run on this host, where we
+        see them by cgroup and pidfd and nothing of ours runs beside them in the jail; the
+        synchronous ``sandbox run`` shares these steps without an event loop. Docker calls are
+        killed inside their container instead: by the warm jail's agent
+        (:mod:`sandbox._jailside.agent`) or by the per-call jail's sh sweep.
         """
         victims = [p for p in self.running_pids() if p != self.root_pid or not self.kernel_reaps] if grace > 0 else []
         if victims:

@@ -7,14 +7,13 @@ processes so the tree kill holds; the probe says plainly what it does not guaran
 
 from __future__ import annotations
 
-from functools import cache
+import contextlib
 from typing import TYPE_CHECKING
 
 from sandbox.backends import cgroups, confine, local
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
-from sandbox.calls import check_workspace
 from sandbox.errors import GuaranteeUnavailable
 from sandbox.guarantees import Report
 
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from sandbox.backends.base import Stdin
     from sandbox.profile import Profile
 
 
@@ -35,51 +33,48 @@ class HostJail(local.LocalJail):
     backend = "host"
     host_paths_shown = ("/",)
 
-    async def spawn(
+    async def _launch(
         self,
         argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        group: cgroups.CallCgroup | None,
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: Stdin = None,
+        stdin: bool,
     ) -> local.LocalProcess:
-        self._check_spawn(argv)
-        group = self._pool.take()
-        try:
-            with confine.starting("cannot start the command"):
-                proc = Child(
-                    ["/bin/sh", "-c", _HOLD, "sandbox-host", *argv],
-                    stdin=True,
-                    new_session=True,
-                    cwd=cwd or str(self.workspace),
-                    env=base_env(self.profile, env) | {"HOME": str(self.workspace)},
-                )
-            try:
-                child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
-                confine.confine(proc.pid, self.profile, group, "host")
-                proc.release_hold(b"go\n", keep_open=stdin is not None)
-            except BaseException:
-                proc.kill()  # still held in `read`: it has started nothing
-                proc.popen.wait()
-                proc.close()
-                raise
-        except BaseException:
-            if group:
-                self._pool.give_back(group)
-            raise
-        child.stdin_data = stdin
-        self._live.add(child)
+        with confine.starting("cannot start the command"):
+            proc = Child(
+                ["/bin/sh", "-c", _HOLD, "sandbox-host", *argv],
+                stdin=True,
+                new_session=True,
+                cwd=cwd or str(self.workspace),
+                env=base_env(self.profile, env) | {"HOME": str(self.workspace)},
+            )
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(_discard_held, proc)
+            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
+            cleanup_on_fail.callback(child.forget_root)
+            confine.confine(proc.pid, self.profile, group, "host")
+            proc.release_hold(b"go\n", keep_open=stdin)
+            cleanup_on_fail.pop_all()
         return child
+
+
+def _discard_held(proc: Child) -> None:
+    """Kill a shell still held in ``read``: it has started nothing, so it is all there is."""
+    proc.kill()
+    proc.popen.wait()
+    proc.close()
 
 
 class HostBackend(Backend):
     name = "host"
 
-    def probe(self) -> Report:
-        return probe()
+    def _probe(self) -> Report:
+        return _report()
 
-    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> HostJail:
-        self.check(profile)
+    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> HostJail:  # noqa: ARG002
+        # ``scratch`` needs no binding: the host shows every path where it is, scratch included.
         if profile.mount.strategy != "rw":
             # Without a mount namespace a copy could not appear at the workspace's own path, and
             # tools given workspace paths would write the real workspace: refuse, do not pretend.
@@ -88,11 +83,10 @@ class HostBackend(Backend):
                 "backend (bwrap, docker) for ro, copy or overlay",
                 backend="host",
             )
-        return HostJail(check_workspace(workspace), profile, None)
+        return HostJail(workspace, profile, None)
 
 
-@cache
-def probe() -> Report:
+def _report() -> Report:
     report = Report("host", True)
     report.details["warning"] = "no isolation: the command sees and can change everything the caller can"
     none = "the host backend does not isolate"

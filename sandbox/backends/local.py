@@ -15,7 +15,9 @@ namespace of its own (the count would be every process of the user): there, only
 
 from __future__ import annotations
 
+import contextlib
 import os
+from abc import abstractmethod
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,10 +25,9 @@ import anyio
 from sandbox.backends import cgroups
 from sandbox.backends.base import Jail, Process
 from sandbox.backends.confine import KILL_WAIT_S, Kind, Tree, call_cgroup, enforcement, removal_steps
-from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
 
     from sandbox.backends.base import Stdin
@@ -125,7 +126,11 @@ class LocalProcess(Tree, Process):
 
 
 class LocalJail(Jail):
-    """What the bwrap and host jails share: live calls, their cgroup pool, the private tree."""
+    """What the bwrap and host jails share: live calls, their cgroup pool, the private tree.
+
+    A call takes a cgroup from the pool before its first process starts and gives it back if
+    the start fails; the backend's ``_launch`` only starts and confines that process.
+    """
 
     def __init__(self, workspace: Path, profile: Profile, tree: CopyTree | None) -> None:
         self.workspace = workspace
@@ -140,11 +145,33 @@ class LocalJail(Jail):
             self._pool.give_back(proc.cgroup)
             proc.cgroup = None
 
-    def _check_spawn(self, argv: Sequence[str]) -> None:
-        if self._closed:
-            raise InvalidArgument("the jail is closed")
-        if not argv:
-            raise InvalidArgument("empty argv: name a command to run")
+    async def _start(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> LocalProcess:
+        group = self._pool.take()
+        with contextlib.ExitStack() as cleanup_on_fail:
+            if group is not None:
+                cleanup_on_fail.callback(self._pool.give_back, group)
+            proc = await self._launch(argv, env, cwd, group, stdin=stdin is not None)
+            cleanup_on_fail.pop_all()
+        proc.stdin_data = stdin
+        self._live.add(proc)
+        return proc
+
+    @abstractmethod
+    async def _launch(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        group: cgroups.CallCgroup | None,
+        *,
+        stdin: bool,
+    ) -> LocalProcess:
+        """Start the call's first process confined in ``group``: running the command, or dead.
+
+        ``stdin``: whether the command gets a pipe for its stdin (else it is closed from the start).
+        """
 
     async def _shutdown(self) -> None:
         for proc in list(self._live):

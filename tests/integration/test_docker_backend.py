@@ -45,7 +45,7 @@ def backend() -> dockerb.DockerBackend:
 
 
 @pytest.fixture
-def client(backend: dockerb.DockerBackend) -> Iterator[docker.DockerClient]:
+def client(backend: dockerb.DockerBackend) -> Iterator[docker.DockerClient]:  # noqa: ARG001 - skips without a daemon
     with contextlib.closing(dockerb.connect()) as c:
         yield c
 
@@ -62,7 +62,7 @@ async def unavailable(call: Awaitable[None]) -> BackendUnavailable:
     """The BackendUnavailable a call raised, alone or inside task groups' exception groups."""
     try:
         await call
-    except BaseException as exc:  # noqa: BLE001 - unwrapped and checked below
+    except BaseException as exc:
         found = find_error(exc, BackendUnavailable)
         if found is None:
             raise
@@ -79,6 +79,7 @@ async def open_jail(
     backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, **overrides: Any
 ) -> dockerb.DockerJail:
     jail = await backend.open_jail(workspace, make_profile(**overrides))
+    assert isinstance(jail, dockerb.DockerJail)
     jails.append(jail)
     return jail
 
@@ -107,7 +108,7 @@ async def test_call_lifecycle_uses_a_fresh_container_per_call(
     second = await executor.run(jail, ["sh", "-c", "cat /tmp/kept || echo fresh"])
     assert "tini" in first.stdout and "fresh" in second.stdout
     with anyio.fail_after(10):  # the daemon auto-removes them once stopped
-        while jail_containers(client, jail):  # noqa: ASYNC110 - polls docker
+        while jail_containers(client, jail):
             await anyio.sleep(0.05)
 
 
@@ -138,7 +139,7 @@ async def test_timeout_leaves_no_process_in_the_container(
     script = "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 600' & sleep 600"
     proc = await jail.spawn(["sh", "-c", script])
     with anyio.fail_after(10):
-        while len(await anyio.to_thread.run_sync(proc.running_pids)) < 3:  # noqa: ASYNC110 - polls docker
+        while len(await anyio.to_thread.run_sync(proc.running_pids)) < 3:
             await anyio.sleep(0.05)
     await proc.kill_tree(0.2)
     assert await anyio.to_thread.run_sync(proc.running_pids) == []
@@ -229,7 +230,7 @@ async def test_the_agent_dying_mid_call_is_a_structured_error_and_nothing_runs_o
     probe = Path("/tmp") / f"sandbox-agent-probe-{marker}"
 
     async def kill_agent() -> None:
-        while not survivors(marker):  # noqa: ASYNC110 - polls the host's process table
+        while not survivors(marker):
             await anyio.sleep(0.05)
         os.kill(host_pid, signal.SIGKILL)
 

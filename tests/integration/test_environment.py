@@ -53,15 +53,15 @@ def _profile(backend: base.Backend, **overrides: Any) -> profiles.Profile:
 # --- the git identity: a host file, read-only, in the jail's home ----------------------------
 
 
-async def test_git_commit_fails_without_the_identity(open_jail: JailFactory, backend: base.Backend, home: Path) -> None:
+@pytest.mark.usefixtures("home")
+async def test_git_commit_fails_without_the_identity(open_jail: JailFactory, backend: base.Backend) -> None:
     jail = await open_jail(_profile(backend))
     result = await sh(jail, COMMIT)
     assert result.exit_code != 0 and "Author identity unknown" in result.stderr, result
 
 
-async def test_git_commit_works_with_gitconfig_shared(
-    open_jail: JailFactory, backend: base.Backend, home: Path
-) -> None:
+@pytest.mark.usefixtures("home")
+async def test_git_commit_works_with_gitconfig_shared(open_jail: JailFactory, backend: base.Backend) -> None:
     jail = await open_jail(_profile(backend, **{"env.files": ["~/.gitconfig"]}))
     result = await sh(jail, COMMIT)
     assert (result.exit_code, result.stdout) == (0, "Jail Tester <jail@example.test>\n"), result
@@ -85,7 +85,8 @@ async def test_shared_file_is_read_only_and_home_stays_writable(
     assert (home / ".gitconfig").read_text() == GIT_IDENTITY
 
 
-async def test_missing_host_file_is_skipped(open_jail: JailFactory, backend: base.Backend, home: Path) -> None:
+@pytest.mark.usefixtures("home")
+async def test_missing_host_file_is_skipped(open_jail: JailFactory, backend: base.Backend) -> None:
     jail = await open_jail(_profile(backend, **{"env.files": ["~/.gitconfig", "~/.not-here"]}))
     result = await sh(jail, "test -e ~/.not-here && echo PRESENT; cat ~/.gitconfig")
     assert result.exit_code == 0 and "PRESENT" not in result.stdout and "Jail Tester" in result.stdout, result

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from sandbox import profile as profiles
-from sandbox.backends import base, bwrap, cgroups, confine
+from sandbox.backends import base, cgroups, confine
 from sandbox.errors import GuaranteeUnavailable
 from tests.conftest import backend_or_skip, survivors
 
@@ -116,7 +116,7 @@ async def test_a_limit_nothing_here_can_enforce_is_refused_by_name(
 ) -> None:
     found = {**cgroups.hierarchies(), "cpu": "no cpu cgroup (removed for this test)"}
     monkeypatch.setattr(cgroups, "hierarchies", lambda: found)
-    monkeypatch.setattr(bwrap, "_probed", [])
+    monkeypatch.setattr(base.get("bwrap"), "_probed", None)  # forget the cached probe
     prof = profiles.load("default").with_overrides(**{"limits.cpus": 0.5})
     with pytest.raises(GuaranteeUnavailable) as info:
         await base.get("bwrap").open_jail(workspace, prof)

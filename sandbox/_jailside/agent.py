@@ -1,4 +1,4 @@
-"""The agent inside a warm Docker container: starts commands on request, over the attach stream.
+"""The agent inside a warm Docker jail: PID 1, starts commands on request, over the attach stream.
 
 Stdlib only: its source is sent as the container's command (``python3 -I -S -c <source> <cpu>``),
 so the image needs nothing of ours. It runs as PID 1 of the container and as the command uid:
@@ -278,7 +278,14 @@ class Agent:
                 call.proc.returncode = call.status
 
     def sweep(self) -> None:
-        """SIGKILL every process of our uid until /proc shows none (fork races the first kill)."""
+        """SIGKILL every process of our uid until /proc shows none (fork races the first kill).
+
+        Why a tree kill of its own here: the agent is PID 1 of the container, so ``kill(-1)``
+        from it reaches every process of the uid but itself, with no ``docker exec`` (tens of
+        milliseconds) per call, and it must hold the exit report until nothing is left, which
+        only the process that reaps the orphans can tell. The host-side kills are
+        ``sandbox.backends.confine.Tree`` (bwrap, host) and the per-call jail's sh sweep.
+        """
         while True:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
@@ -291,9 +298,9 @@ class Agent:
         call = self.call
         if call is None:
             return
-        if call.status is None and call.kill_at is not None:
-            if time.monotonic() >= call.kill_at or not others(self.me, self.uid):
-                self.sweep()
+        due = call.kill_at is not None and (time.monotonic() >= call.kill_at or not others(self.me, self.uid))
+        if call.status is None and due:
+            self.sweep()
         if call.status is not None and not call.swept:
             self.sweep()  # the call is over: nothing it started may outlive it
             call.swept = True

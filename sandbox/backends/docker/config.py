@@ -1,0 +1,159 @@
+"""A jail's container, as ``create()`` arguments: every confinement knob in one place.
+
+Both process models start from :func:`container_config`: a read-only root, no capabilities,
+no new privileges, Docker's default seccomp profile, no network unless the profile opens it,
+the workspace (or its private copy) bound at its own absolute path, the profile's limits as
+cgroup settings and rlimits, and owner labels so ``sandbox gc`` can tell a leftover. The warm
+model replaces the command with the agent of :mod:`sandbox._jailside.agent`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import psutil
+from docker.types import Mount, Ulimit
+
+from sandbox import __version__, _jailside
+from sandbox.backends.docker.client import image_ref
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
+from sandbox.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sandbox.profile import Profile
+
+KEEPER_USER = "65534:65534"
+LABEL_OWNER = "sandbox.owner"  # <pid>@<host>
+LABEL_OWNER_STARTED = "sandbox.owner-started"  # the owner's start time, against pid reuse
+LABEL_JAIL = "sandbox.jail"
+LABEL_LIFECYCLE = "sandbox.lifecycle"
+LABEL_VERSION = "sandbox.version"
+AGENT_SOURCE = _jailside.source("agent")  # sent as the command: the image needs nothing of ours
+
+
+def owner_labels(jail_id: str, lifecycle: str) -> dict[str, str]:
+    me = psutil.Process()
+    return {
+        LABEL_OWNER: f"{os.getpid()}@{socket.gethostname()}",
+        LABEL_OWNER_STARTED: f"{me.create_time():.2f}",
+        LABEL_JAIL: jail_id,
+        LABEL_LIFECYCLE: lifecycle,
+        LABEL_VERSION: __version__,
+    }
+
+
+def _ulimits(profile: Profile, agent: bool = False) -> list[Ulimit]:
+    lim = profile.limits
+    # CPU seconds count per process: the agent lives for the session, so it sets that limit on
+    # each command it starts instead (the container's would kill the agent itself in time).
+    cpu = None if agent else lim.cpu_time_s
+    pairs = (("nofile", lim.nofile), ("fsize", lim.file_size), ("cpu", cpu))
+    return [Ulimit(name=name, soft=int(value), hard=int(value)) for name, value in pairs if value is not None]
+
+
+def _resources(profile: Profile, agent: bool = False) -> dict[str, Any]:
+    lim = profile.limits
+    res: dict[str, Any] = {"ulimits": _ulimits(profile, agent)}
+    if lim.memory is not None:
+        # Swap equal to memory: no swap at all, so a memory bomb meets the limit, not the disk.
+        res.update(mem_limit=lim.memory, memswap_limit=lim.memory)
+    if lim.pids is not None:
+        res["pids_limit"] = lim.pids
+    if lim.cpus is not None:
+        res["nano_cpus"] = int(lim.cpus * 1e9)
+    return res
+
+
+def _tmpfs(profile: Profile, home_owner: str | None = None) -> dict[str, str]:
+    size = f",size={profile.limits.tmp_size}" if profile.limits.tmp_size else ""
+    tmpfs = {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
+    if home_owner is not None:
+        # Docker makes the mount points of host files as root: the home must stay the command user's.
+        uid, gid = uid_gid(home_owner)
+        tmpfs[SANDBOX_HOME] = f"rw,nosuid,nodev,mode=0755,uid={uid},gid={gid}{size}"
+    return tmpfs
+
+
+def container_config(
+    profile: Profile,
+    jail_id: str,
+    workspace: Path,
+    source: Path,
+    scratch: Path | None = None,
+    agent_user: str | None = None,
+) -> dict[str, Any]:
+    """The create() arguments of a jail's container.
+
+    The Docker socket is never mounted; the binds are the workspace (or its private copy), at
+    the workspace's own absolute path, and the profile's ``env.files``, read-only in the jail's
+    home (which then gets a tmpfs of its own, owned by the command user). With ``agent_user``
+    the container's only process is the agent (see :mod:`sandbox._jailside.agent`), running
+    as that uid with stdin open; without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
+    """
+    ws = str(workspace)
+    mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
+    if scratch is not None:
+        mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
+    files = host_files(profile)
+    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
+    config: dict[str, Any] = {
+        "image": image_ref(profile),
+        "command": ["sleep", "infinity"],
+        "user": KEEPER_USER,
+        "labels": owner_labels(jail_id, profile.docker.lifecycle),
+        "detach": True,
+        "hostname": "sandbox",
+        "network_mode": "bridge" if profile.network.mode == "host" else "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on
+        "tmpfs": _tmpfs(profile, exec_user(profile, workspace) if files else None),
+        "mounts": mounts,
+        "working_dir": ws,
+        "environment": {},
+        # The daemon removes it by itself if it dies with us or is restarted without us.
+        "auto_remove": True,
+        **_resources(profile, agent_user is not None),
+    }
+    if agent_user is not None:
+        config.update(_agent_config(profile, agent_user))
+    return config
+
+
+def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
+    cpu = profile.limits.cpu_time_s
+    # detach=False with stdin_open: stdin is attachable and closed when we detach (StdinOnce),
+    # so the agent ends the container if the executor dies.
+    return {
+        "entrypoint": ["python3"],
+        "user": user,
+        "stdin_open": True,
+        "detach": False,
+        "command": ["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)],
+    }
+
+
+def exec_user(profile: Profile, workspace: Path) -> str:
+    """The uid:gid commands run as: the workspace owner's, so files stay theirs.
+
+    A root-owned workspace (the caller is root) gets the profile's user instead (1000:1000 by
+    default): the jail never runs commands as uid 0.
+    """
+    if profile.docker.user != f"{SANDBOX_UID}:{SANDBOX_GID}":
+        return profile.docker.user
+    st = workspace.stat()
+    if st.st_uid == 0:
+        return profile.docker.user
+    return f"{st.st_uid}:{st.st_gid}"
+
+
+def uid_gid(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    try:
+        return int(uid), int(gid or uid)
+    except ValueError:
+        raise InvalidArgument(f"docker.user must be numeric uid:gid, got {user!r}", user=user) from None

@@ -1,0 +1,74 @@
+"""What the two Docker jails share: the client, the container's config, the closing.
+
+:class:`DockerJail` is the common base of :class:`~sandbox.backends.docker.warm.WarmJail` (one
+container per session, an agent as its PID 1) and
+:class:`~sandbox.backends.docker.percall.PerCallJail` (a container per call); the backend picks
+one by the profile's ``docker.lifecycle``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import abstractmethod
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+
+from sandbox.backends.base import Jail
+from sandbox.backends.docker.config import container_config
+from sandbox.backends.docker.gc import remove_jail_containers
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import docker
+
+    from sandbox.mounts import CopyTree
+    from sandbox.profile import Profile
+
+
+class DockerJail(Jail):
+    backend = "docker"
+    agent = False  # whether the container's only process is the agent (warm) or tini (per call)
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        workspace: Path,
+        profile: Profile,
+        source: Path,
+        tree: CopyTree | None,
+        user: str,
+        scratch: Path | None = None,
+    ) -> None:
+        self.client = client
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self.user = user
+        self.id = uuid.uuid4().hex[:12]
+        self._config = container_config(
+            profile, self.id, workspace, source, scratch, agent_user=user if self.agent else None
+        )
+
+    @property
+    def container_id(self) -> str | None:
+        """The session's container, for a warm jail that has one running."""
+        return None
+
+    async def start(self) -> None:
+        """Start what the jail runs before its first call."""
+
+    @abstractmethod
+    def _release_calls(self) -> None:
+        """Release every call still held (closing: its container is about to go)."""
+
+    def _disconnect(self) -> None:
+        """Drop what the jail holds besides the client, once its containers are gone."""
+
+    async def _shutdown(self) -> None:
+        self._release_calls()
+        # Removing the containers kills everything in them; the label catches any stray one.
+        await anyio.to_thread.run_sync(remove_jail_containers, self.client, self.id)
+        self._disconnect()
+        self.client.close()
