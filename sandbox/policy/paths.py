@@ -8,6 +8,11 @@ parent, then append the rest" for a file about to be created.
 
 Containment compares canonical paths component by component: ``/work/app2`` is not inside
 ``/work/app``.
+
+Protected-path globs speak the one dialect of :mod:`sandbox._jailside.glob`, the Glob tool's
+too. What this module adds is policy: where a pattern is anchored (``~/`` at each home, ``/`` at
+the root, a bare pattern at any depth) and that ``dir/**`` protects ``dir`` itself as well, so a
+Glob or LS on the directory is caught.
 """
 
 from __future__ import annotations
@@ -15,17 +20,16 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from sandbox._jailside.glob import translate
 from sandbox.errors import InvalidArgument
 from sandbox.policy.verdict import Finding
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-Root = Literal["workspace", "scratch", "external"]
-Escape = Literal["absolute", "parent", "symlink", "home"]
-Operation = Literal["read", "write"]
+    from sandbox.vocabulary import Escape, Operation, Root
 
 # Defaults a profile or a trusted project extends; a leading "!" carves an exception.
 # Bare names (".env", "*.pem") match at any depth; "~/" and "/" patterns are absolute.
@@ -98,55 +102,21 @@ def within(root: str, path: str) -> bool:
     return path.startswith(prefix)
 
 
-def _translate(body: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        if body.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-        elif body.startswith("/**", i) and i + 3 == len(body):
-            out.append("(?:/.*)?")  # "dir/**" covers the directory itself, so a Glob on it is caught
-            i += 3
-        elif body.startswith("**", i):
-            out.append(".*")
-            i += 2
-        else:
-            out.append(_translate_char(body, i))
-            i += _char_width(body, i)
-    return "".join(out)
-
-
-def _char_width(body: str, i: int) -> int:
-    if body[i] == "[":
-        end = body.find("]", i + 2)
-        return end - i + 1 if end != -1 else 1
-    return 1
-
-
-def _translate_char(body: str, i: int) -> str:
-    char = body[i]
-    if char == "*":
-        return "[^/]*"
-    if char == "?":
-        return "[^/]"
-    width = _char_width(body, i)
-    if char == "[" and width > 1:
-        inner = body[i + 1 : i + width - 1]
-        if inner.startswith("!"):
-            inner = "^" + inner[1:]
-        return "[" + inner.replace("\\", "\\\\") + "]"
-    return re.escape(char)
+def _tree(body: str) -> str:
+    """``body`` in the glob dialect; a trailing ``/**`` also covers the directory itself."""
+    if body.endswith("/**"):
+        return translate(body[:-3]) + "(?:/.*)?"
+    return translate(body)
 
 
 def glob_to_regex(pattern: str, homes: Iterable[str]) -> list[str]:
     """Regexes over absolute '/'-paths for one protected-path glob (several homes when ~ is a link)."""
     if pattern.startswith("~"):
         rest = pattern[1:].lstrip("/")
-        return ["^" + re.escape(home.rstrip("/")) + "/" + _translate(rest) + "$" for home in homes]
+        return ["^" + re.escape(home.rstrip("/")) + "/" + _tree(rest) + "$" for home in homes]
     if pattern.startswith("/"):
-        return ["^" + _translate(pattern) + "$"]
-    return ["(?:^|/)" + _translate(pattern.lstrip("./") if pattern.startswith("./") else pattern) + "$"]
+        return ["^" + _tree(pattern) + "$"]
+    return ["(?:^|/)" + _tree(pattern.removeprefix("./")) + "$"]
 
 
 class PatternSet:

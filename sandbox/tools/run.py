@@ -1,17 +1,18 @@
 """Boundary 5: run a validated, authorized tool call inside the session's jail.
 
-Bash runs through ``exec.run``. The file tools run ``runner.py`` inside the same jail, so they
-see exactly what Bash sees and cannot write where Bash cannot.
+Bash runs through ``exec.run``. The file tools run ``sandbox/_jailside/runner.py`` inside the
+same jail, so they see exactly what Bash sees and cannot write where Bash cannot. The runner and
+the glob translator it imports travel as one ``python3 -c`` program, built once at import.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from sandbox import _jailside
 from sandbox import exec as executor
 from sandbox.errors import BackendUnavailable, ShellNotFound
 from sandbox.tools.params import (
@@ -23,6 +24,8 @@ from sandbox.tools.params import (
     ReadParams,
     WriteParams,
 )
+from sandbox.tools.replies import RunnerReply, runner_reply
+from sandbox.vocabulary import ErrorCode, Root
 
 if TYPE_CHECKING:
     import anyio
@@ -30,8 +33,7 @@ if TYPE_CHECKING:
     from sandbox.backends.base import Jail
     from sandbox.exec import OutputCallback
 
-Root = Literal["workspace", "scratch", "external"]
-RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
+RUNNER_PROGRAM = _jailside.program("runner", "glob")
 RUNNER_CAPTURE = 48 * 1024 * 1024
 RUNNER_TIMEOUT_S = 120.0
 NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
@@ -42,7 +44,7 @@ _BASH = f'command -v bash >/dev/null 2>&1 || {{ echo "{NO_BASH}" >&2; exit 127; 
 class ToolResult(BaseModel):
     ok: bool
     content: str
-    error_code: str | None = None
+    error_code: ErrorCode | None = None
     details: dict[str, Any] = Field(default_factory=dict)
     root: Root | None = None
     review: dict[str, Any] | None = None
@@ -128,31 +130,31 @@ def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
     raise TypeError(f"no runner operation for {type(params).__name__}")
 
 
-async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> dict[str, Any]:
-    """One runner.py round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
+async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> RunnerReply:
+    """One runner round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
     result = await executor.run(
         jail,
-        ["python3", "-I", "-S", "-c", RUNNER_SOURCE],
+        ["python3", "-I", "-S", "-c", RUNNER_PROGRAM],
         stdin=json.dumps(request).encode(),
         timeout=RUNNER_TIMEOUT_S,
         capture_bytes=RUNNER_CAPTURE,
         abort=abort,
     )
     if result.aborted:
-        return {"ok": False, "error_code": "ABORTED", "content": "aborted", "details": {}}
+        return RunnerReply(ok=False, error_code="ABORTED", content="aborted", details={})
     if result.timed_out:
-        return {"ok": False, "error_code": "TIMEOUT", "content": "the file tool timed out", "details": {}}
+        return RunnerReply(ok=False, error_code="TIMEOUT", content="the file tool timed out", details={})
     try:
-        reply: dict[str, Any] = json.loads(result.stdout)
+        raw = json.loads(result.stdout)
     except ValueError:
-        if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
-            raise BackendUnavailable(
-                "python3 is missing in the jail; the file tools need it", backend=jail.backend
-            ) from None
-        return {
-            "ok": False,
-            "error_code": "TOOL_FAILED",
-            "details": {"exit_code": result.exit_code},
-            "content": f"the file tool failed in the jail: {result.stderr.strip()[-2000:] or result.exit_code}",
-        }
-    return reply
+        raw = None
+    if isinstance(raw, dict):
+        return runner_reply(raw)
+    if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
+        raise BackendUnavailable("python3 is missing in the jail; the file tools need it", backend=jail.backend)
+    return RunnerReply(
+        ok=False,
+        error_code="TOOL_FAILED",
+        details={"exit_code": result.exit_code},
+        content=f"the file tool failed in the jail: {result.stderr.strip()[-2000:] or result.exit_code}",
+    )

@@ -1,7 +1,8 @@
 """The file tools' half that runs inside the jail: standard library only, one request per run.
 
-``sandbox.tools.files`` sends this module's source to ``python3 -I -S -c`` in the jail with a
-JSON request on stdin and reads one JSON response from stdout. Running here, a tool sees exactly
+``sandbox.tools.run`` sends this module, with the glob translator it imports, to
+``python3 -I -S -c`` in the jail (see :func:`sandbox._jailside.program`), writes one JSON request
+to its stdin and reads one JSON response from its stdout. Running here, a tool sees exactly
 what Bash sees: the jail's mounts, its read-only paths, its private copy under a ``copy`` mount.
 Nothing here trusts the host's resolution of a path: the path is resolved again in the jail and
 returned, so the caller can refuse a target that differs from the approved one.
@@ -10,7 +11,6 @@ returned, so the caller can refuse a target that differs from the approved one.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import json
 import os
@@ -18,6 +18,8 @@ import re
 import stat
 import sys
 from typing import TYPE_CHECKING, Any
+
+from sandbox._jailside.glob import glob_regex
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -211,47 +213,10 @@ def op_glob(req: dict[str, Any]) -> dict[str, Any]:
     if not os.path.isdir(base):
         raise Failure("INVALID_ARGUMENT", f"{base} is not a directory")
     rel_pattern = os.path.relpath(pattern, base) if os.path.isabs(pattern) else pattern
-    regex = _glob_regex(rel_pattern)
+    regex = glob_regex(rel_pattern)
     matches = [p for p in _walk(base) if regex.fullmatch(os.path.relpath(p, base))]
     truncated = len(matches) > LIST_LIMIT
     return {"content": "", "details": {"paths": matches[:LIST_LIMIT], "count": len(matches), "truncated": truncated}}
-
-
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """``**`` spans directories, ``*`` and ``?`` stay inside one, ``{a,b}`` alternates."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "{":
-            end = pattern.find("}", i)
-            if end > i:
-                out.append("(?:" + "|".join(re.escape(p) for p in pattern[i + 1 : end].split(",")) + ")")
-                i = end + 1
-                continue
-            out.append(re.escape(c))
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end > i:
-                out.append(pattern[i : end + 1].replace("[!", "[^"))
-                i = end + 1
-                continue
-            out.append(re.escape(c))
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out))
 
 
 def op_grep(req: dict[str, Any]) -> dict[str, Any]:
@@ -259,14 +224,15 @@ def op_grep(req: dict[str, Any]) -> dict[str, Any]:
         regex = re.compile(req["pattern"], re.IGNORECASE if req.get("ignore_case") else 0)
     except re.error as exc:
         raise Failure("INVALID_ARGUMENT", f"invalid regular expression: {exc}") from exc
-    root, include, context, limit = req["path"], req.get("include"), req.get("context", 0), req.get("limit", 100)
+    root, context, limit = req["path"], req.get("context", 0), req.get("limit", 100)
+    include = glob_regex(req["include"]) if req.get("include") else None
     _must_exist(root)
     files = [root] if os.path.isfile(root) else _walk(root)
     hits: list[tuple[str, int, bool, str]] = []
     matches = 0
     truncated = False
     for path in files:
-        if include and not fnmatch.fnmatch(os.path.basename(path), include):
+        if include is not None and not include.fullmatch(os.path.basename(path)):
             continue
         for number, is_match, text in _grep_file(path, regex, context):
             if is_match:
