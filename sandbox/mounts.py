@@ -23,7 +23,7 @@ import stat
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -34,9 +34,10 @@ from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-Kind = Literal["file", "dir", "symlink", "special"]
+    from sandbox.vocabulary import ChangeStatus as Status
+    from sandbox.vocabulary import EntryKind as Kind
+
 _T = TypeVar("_T", bound="CopyTree")
-Status = Literal["added", "modified", "deleted"]
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 _CHUNK = 1 << 20
 
@@ -163,9 +164,7 @@ class ApplyReport:
         return asdict(self)
 
 
-def _flags(
-    rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path
-) -> list[str]:
+def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path) -> list[str]:
     parts = PurePosixPath(rel).parts
     flags: list[str] = []
     if parts[:2] == (".git", "hooks") and len(parts) > 2:
@@ -198,13 +197,17 @@ def _link_stays_inside(rel: str, target: str, workspace: Path) -> bool:
     return Path(resolved).is_relative_to(workspace)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of the file ``path`` names, never following a symlink."""
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_sha256 = sha256_file
 
 
 def _same_content(a: Path, b: Path) -> bool:
@@ -297,7 +300,7 @@ class CopyTree:
         return self._change(rel, "modified", after.kind, before, after)
 
     def _change(self, rel: str, status: Status, kind: Kind, before: Stamp | None, after: Stamp | None) -> Change:
-        flags = _flags(rel, status, kind, before, after, self.workspace)
+        flags = _flags(rel, kind, before, after, self.workspace)
         change = Change(rel, status, kind, flags, before.mode if before else None, after.mode if after else None)
         if after is not None:
             change.size = after.size
@@ -517,11 +520,15 @@ def _remove(pfd: int, name: str, kind: Kind) -> None:
         os.unlink(name, dir_fd=pfd)
 
 
-def _run(argv: list[str]) -> str:
+def run_command(argv: list[str]) -> str:
+    """Run ``argv`` to its end: ``""`` when it succeeded, else why not (its stderr, or its status)."""
     import subprocess
 
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+_run = run_command
 
 
 def _is_whiteout(path: Path, stamp: Stamp) -> bool:

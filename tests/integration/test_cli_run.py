@@ -42,7 +42,7 @@ def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subpro
 
 @pytest.fixture(params=["full", "quick"])
 def run_path(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) -> Iterator[str]:
-    """``sandbox run``'s full path (a profile's first run here) or its quick one (sandbox.launch),
+    """``sandbox run``'s full path (a profile's first run here) or its quick one (sandbox.cli.launch),
     for tests whose runs give no key flag (see ``cli_backend``)."""
     if request.param == "full":
         yield "full"
@@ -54,7 +54,8 @@ def run_path(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) ->
     assert entry.stat().st_mtime_ns == written, "a run took the full path"
 
 
-def test_streams_go_to_ours_and_exit_code_is_the_commands(workspace: Path, run_path: str) -> None:
+@pytest.mark.usefixtures("run_path")
+def test_streams_go_to_ours_and_exit_code_is_the_commands(workspace: Path) -> None:
     done = run("--", "sh", "-c", "echo out; echo err >&2; exit 7", cwd=workspace)
     assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "err\n")
 
@@ -105,7 +106,8 @@ def test_timeout_exits_124_and_kills_every_process(workspace: Path, run_path: st
     assert survivors(marker) == []
 
 
-def test_signal_exits_128_plus_n(workspace: Path, run_path: str) -> None:
+@pytest.mark.usefixtures("run_path")
+def test_signal_exits_128_plus_n(workspace: Path) -> None:
     done = run("--workspace", str(workspace), "--", "sh", "-c", "kill -TERM $$")
     assert done.returncode == 143
 
@@ -227,7 +229,7 @@ def quick_cache(data_dir: Path) -> list[Path]:
     ]
 )
 def cli_backend(request: pytest.FixtureRequest, workspace: Path, data_dir: Path) -> Iterator[str]:
-    """The backend a test's runs name; ``bwrap-quick``: bwrap, each run on the quick path (sandbox.launch).
+    """The backend a test's runs name; ``bwrap-quick``: bwrap, each run on the quick path (sandbox.cli.launch).
 
     The quick path takes a profile and flags the full path has accepted here before: a first run
     of ``true`` with the same flags warms it. The full path rewrites that cache entry at each run
@@ -439,7 +441,8 @@ def test_profiles_allow_timeouts_beyond_five_minutes(workspace: Path, profile: s
     assert json.loads(done.stdout)["timeout_s"] == float(timeout)
 
 
-def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path, run_path: str) -> None:
+@pytest.mark.usefixtures("run_path")
+def test_a_terminal_on_stdin_is_not_forwarded(workspace: Path) -> None:
     import pty
 
     parent, child = pty.openpty()

@@ -1,4 +1,4 @@
-"""``sandbox run``'s quick path (sandbox.launch): it keeps the full path's promises or is not taken.
+"""``sandbox run``'s quick path (sandbox.cli.launch): it keeps the full path's promises or is not taken.
 
 The contract tests of test_cli_run.py run on both paths (``run_path``, ``cli_backend``); these
 are the quick path's own: what invalidates its cache, that limits still hold on it, and that

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from sandbox import cli_stdio
+from sandbox.cli import stdio as cli_stdio
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,10 +70,11 @@ def test_run_imports_only_what_a_run_needs(tmp_path: Path) -> None:
 
 
 def test_names_spelled_for_the_parser_are_the_real_ones() -> None:
-    from sandbox import cli_image, image
+    from sandbox import image
+    from sandbox.cli import image as cli_image
 
     assert list(protocol.TOOL_NAMES) == sorted(REGISTRY)
-    assert (cli_image.VARIANTS, cli_image.MODES) == (tuple(image.VARIANTS), image.MODES)
+    assert (tuple(image.VARIANTS), image.MODES) == (cli_image.VARIANTS, cli_image.MODES)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +111,7 @@ def test_anything_else_is_left_to_the_full_server(line: bytes) -> None:
     assert protocol.early_reply(line) is None
 
 
-def _serve(stdin: bytes) -> list[dict[str, object]]:
+def _serve(stdin: bytes) -> list[dict[str, Any]]:
     done = subprocess.run([SANDBOX, "serve"], input=stdin, capture_output=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]

@@ -6,21 +6,24 @@ last; a problem the operator must fix is one line on stderr and exit 1.
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sandbox.errors import SandboxError
+from sandbox.cli.output import guard
 
 if TYPE_CHECKING:
     import argparse
+
+    from sandbox.cli.options import Subparsers
+    from sandbox.errors import SandboxError
 
 # sandbox.image's VARIANTS and MODES, spelled here so the parser imports nothing (a test keeps
 # them equal).
 VARIANTS = ("base", "node")
 MODES = ("auto", "online", "offline")
+EXIT_BUILD_FAILED = 1
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser("image", help="build the Docker image of the docker backend")
     sub = parser.add_subparsers(dest="image_command", required=True)
     build = sub.add_parser(
@@ -38,7 +41,11 @@ def register(subparsers: Any) -> None:
     build.add_argument("--force", action="store_true", help="rebuild even if the image is current")
     build.add_argument("--mode", choices=MODES, help="the base image's build path (default: auto)")
     build.add_argument("--print-tag", action="store_true", help="print the variant's tag and exit")
-    build.set_defaults(func=_build)
+    build.set_defaults(func=guard(_build, EXIT_BUILD_FAILED, render=_image_problem))
+
+
+def _image_problem(error: SandboxError) -> str:
+    return f"image: {error.message}"
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -47,10 +54,6 @@ def _build(args: argparse.Namespace) -> int:
     if args.print_tag:
         print(image.alias(args.variant) or image.tag(args.variant))
         return 0
-    try:
-        ref = image.build(args.variant, force=args.force, mode=args.mode)
-    except SandboxError as exc:
-        print(f"sandbox: image: {exc.message}", file=sys.stderr, flush=True)
-        return 1
+    ref = image.build(args.variant, force=args.force, mode=args.mode)
     print(ref, flush=True)
     return 0

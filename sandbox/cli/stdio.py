@@ -1,4 +1,4 @@
-"""The ``sandbox run`` process's own stdin and stdout/stderr, driven by the event loop.
+"""The ``sandbox run`` process's own stdin and stdout/stderr, driven by the event loop (full path).
 
 No thread per call (a fork bomb in the jail must not be able to starve us of one) and no
 blocking write: a full pipe downstream waits in the loop, so the kill on timeout still happens.

@@ -1,4 +1,9 @@
-"""``sandbox tool`` (one call through all five boundaries) and ``sandbox serve`` (JSON-RPC)."""
+"""``sandbox tool`` (one call through all five boundaries) and ``sandbox serve`` (JSON-RPC).
+
+``tool`` exits 0 when the call succeeded, 1 when the tool reported a failure (its error code on
+stderr), 2 when ``--args`` is not a JSON object, and 125 when the sandbox refused or broke (one
+line on stderr and, with ``--json``, a failed ToolResult on stdout).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.cli import options
+from sandbox.cli.output import EXIT_ERROR, guard, say
+from sandbox.vocabulary import EXIT_SANDBOX
 
 if TYPE_CHECKING:
     import argparse
 
-    from sandbox.cli import Subparsers
+    from sandbox.cli.options import Subparsers
+    from sandbox.errors import SandboxError
     from sandbox.policy.approvals import Approver
     from sandbox.tools.run import ToolResult
-
-EXIT_SANDBOX = 125
 
 
 def register(sub: Subparsers) -> None:
@@ -27,16 +33,21 @@ def register(sub: Subparsers) -> None:
     )
     tool.add_argument("name")
     tool.add_argument("--args", default="{}", help="the tool's arguments as a JSON object")
-    tool.add_argument("--workspace", type=Path, default=None, help="default: the current directory")
-    tool.add_argument("--profile", default="default")
-    tool.add_argument("--backend", default=None)
-    tool.add_argument("--mode", choices=("ask", "accept-edits", "auto"), default=None)
+    options.add_workspace(tool)
+    options.add_profile(tool, default="default")
+    options.add_backend(tool)
+    options.add_mode(tool)
     tool.add_argument("--plan", action="store_true", help="plan operating mode: no Write/Edit")
-    tool.add_argument("--json", action="store_true", help="print the ToolResult as JSON")
-    tool.set_defaults(func=cmd_tool)
+    options.add_json(tool, help="print the ToolResult as JSON")
+    tool.set_defaults(func=guard(cmd_tool, EXIT_SANDBOX, answer=_json_failure))
     serve = sub.add_parser("serve", help="JSON-RPC 2.0 server over stdio for agents (see integrations/pi)")
     serve.add_argument("--schema", action="store_true", help="print the protocol's JSON Schemas and exit")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=guard(cmd_serve, EXIT_ERROR))
+
+
+def _json_failure(args: argparse.Namespace, error: SandboxError) -> None:
+    if args.json:
+        print(json.dumps({"ok": False, "error_code": error.code, "content": error.message, "details": error.data}))
 
 
 def _approver() -> Approver:
@@ -47,36 +58,41 @@ def _approver() -> Approver:
     return UnattendedApprover(allow=False)
 
 
+def _arguments(text: str) -> dict[str, Any] | None:
+    """``--args`` as a JSON object, or ``None`` once the problem is said."""
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        say(f"INVALID_ARGUMENT: --args is not JSON: {exc}")
+        return None
+    if not isinstance(parsed, dict):
+        say("INVALID_ARGUMENT: --args must be a JSON object")
+        return None
+    return parsed
+
+
 def cmd_tool(args: argparse.Namespace) -> int:
     import anyio
 
-    try:
-        parsed = json.loads(args.args)
-    except ValueError as exc:
-        print(f"sandbox: INVALID_ARGUMENT: --args is not JSON: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(parsed, dict):
-        print("sandbox: INVALID_ARGUMENT: --args must be a JSON object", file=sys.stderr)
-        return 2
-    try:
-        result = anyio.run(_tool, args, parsed)
-    except SandboxError as exc:
-        print(f"sandbox: {exc}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"ok": False, "error_code": exc.code, "content": exc.message, "details": exc.data}))
-        return EXIT_SANDBOX
+    parsed = _arguments(args.args)
+    if parsed is None:
+        return EXIT_ERROR
+    result = anyio.run(_tool, args, parsed)
     if args.json:
         print(result.model_dump_json())
     elif args.name != "Bash" or not result.ok:
         print(result.content)
     if not result.ok:
-        print(f"sandbox: {result.error_code}", file=sys.stderr)
+        say(str(result.error_code))
     return 0 if result.ok else 1
 
 
 async def _tool(args: argparse.Namespace, parsed: dict[str, Any]) -> ToolResult:
+    from sandbox.backends import base
     from sandbox.session import Sandbox
 
+    if args.backend not in (None, "auto"):
+        base.get(args.backend, offered=True)
     stream = not args.json and args.name == "Bash"
     out = _echo(sys.stdout.buffer) if stream else None
     err = _echo(sys.stderr.buffer) if stream else None
@@ -116,8 +132,4 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pending = rest if reply is not None else line + rest
     from sandbox import server
 
-    try:
-        return server.main(pending)
-    except InvalidArgument as exc:
-        print(f"sandbox: {exc}", file=sys.stderr)
-        return 2
+    return server.main(pending)

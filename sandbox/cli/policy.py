@@ -8,35 +8,34 @@ be made (``decision`` null); refusals and errors still exit 2 with their line on
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
+from sandbox.cli import options
+from sandbox.cli.output import EXIT_ERROR, guard, message, say
+from sandbox.errors import InvalidArgument, SandboxError, ToolDenied, ToolFailed
+from sandbox.vocabulary import PERMISSION_MODES, RuleAction
 
 if TYPE_CHECKING:
+    import argparse
+
     from pydantic import BaseModel
 
+    from sandbox.cli.options import Subparsers
+    from sandbox.cli.output import Handler
     from sandbox.policy.gate import Decision
 
-Handler = Callable[[argparse.Namespace], int]
+RULE_ACTIONS: tuple[RuleAction, ...] = get_args(RuleAction)
 
 
 def _guard(handler: Handler) -> Handler:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except SandboxError as exc:
-            print(f"sandbox: {exc.message}", file=sys.stderr)
-            return 2
-
-    return run
+    """Every policy, audit and trust command: the error's message alone, exit 2."""
+    return guard(handler, EXIT_ERROR, render=message)
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     _register_policy(subparsers)
     _register_audit(subparsers)
     trust = subparsers.add_parser("trust", help="trust a project directory's .sandbox/policy.toml")
@@ -46,22 +45,22 @@ def register(subparsers: Any) -> None:
     trust.set_defaults(func=_guard(_trust))
 
 
-def _register_policy(subparsers: Any) -> None:
+def _register_policy(subparsers: Subparsers) -> None:
     policy = subparsers.add_parser("policy", help="test and manage the permission policy")
     sub = policy.add_subparsers(dest="policy_command", required=True)
     test = sub.add_parser("test", help="print the decision for a command or tool call, without running it")
-    test.add_argument("--mode", choices=("ask", "accept-edits", "auto"))
+    options.add_mode(test)
     test.add_argument("--plan", action="store_true", help="evaluate in the plan operating mode")
-    test.add_argument("--workspace", type=Path, default=Path.cwd())
+    options.add_workspace(test, default=Path.cwd())
     test.add_argument("--tool", help="a tool name (default Bash)")
     test.add_argument("--args", dest="tool_args", help="the tool's arguments as a JSON object")
-    test.add_argument("--json", action="store_true")
+    options.add_json(test)
     trust = test.add_mutually_exclusive_group()
     trust.add_argument("--trust-project", dest="trust_override", action="store_const", const=True)
     trust.add_argument("--no-trust-project", dest="trust_override", action="store_const", const=False)
-    test.add_argument("command", nargs=argparse.REMAINDER, help='-- "<bash command>"')
-    test.set_defaults(func=_test_outcome)
-    for action in ("allow", "block", "ask"):
+    options.add_argv(test, dest="command", help='-- "<bash command>"')
+    test.set_defaults(func=_guard(_test_outcome))
+    for action in RULE_ACTIONS:
         rule = sub.add_parser(action, help=f"add a user {action} rule (substring / command pattern)")
         rule.add_argument("text")
         rule.add_argument("--tool", default="Bash")
@@ -73,28 +72,23 @@ def _register_policy(subparsers: Any) -> None:
     restore.add_argument("rule_id")
     restore.set_defaults(func=_guard(_restore_rule))
     mode = sub.add_parser("mode", help="show or set the global default permission mode")
-    mode.add_argument("mode", nargs="?", choices=("ask", "accept-edits", "auto", "unset"))
+    mode.add_argument("mode", nargs="?", choices=(*PERMISSION_MODES, "unset"))
     mode.set_defaults(func=_guard(_mode))
     listing = sub.add_parser("list", help="list built-in and user rules")
-    listing.add_argument("--json", action="store_true")
+    options.add_json(listing)
     listing.set_defaults(func=_guard(_list_rules))
 
 
-def _register_audit(subparsers: Any) -> None:
+def _register_audit(subparsers: Subparsers) -> None:
     audit = subparsers.add_parser("audit", help="read the audit log")
     sub = audit.add_subparsers(dest="audit_command", required=True)
     stats = sub.add_parser("stats", help="decisions by outcome, tool and rule")
-    stats.add_argument("--json", action="store_true")
+    options.add_json(stats)
     stats.set_defaults(func=_guard(_stats))
     export = sub.add_parser("export", help="export every record")
     export.add_argument("--jsonl", action="store_true", required=True)
     export.add_argument("--output", type=Path)
     export.set_defaults(func=_guard(_export))
-
-
-def _bad(message: str) -> int:
-    print(f"sandbox: {message}", file=sys.stderr)
-    return 2
 
 
 class _Refused(Exception):
@@ -107,17 +101,20 @@ class _Refused(Exception):
 
 
 def _test_outcome(args: argparse.Namespace) -> int:
+    """``_test``, and the JSON a ``--json`` reader is owed when it gives no decision."""
     try:
         return _test(args)
     except _Refused as refused:
-        error, rule_id = refused.error, refused.rule_id
-        decision: str | None = "deny"
+        _json_refusal(args, "deny", refused.error, refused.rule_id)
+        raise refused.error from None
     except SandboxError as exc:
-        error, rule_id, decision = exc, None, None
-    print(f"sandbox: {error.message}", file=sys.stderr)
+        _json_refusal(args, None, exc, None)
+        raise
+
+
+def _json_refusal(args: argparse.Namespace, decision: str | None, error: SandboxError, rule_id: str | None) -> None:
     if args.json:
         print_refusal(decision, error, rule_id, tool=args.tool or "Bash")
-    return 2
 
 
 def print_refusal(
@@ -159,8 +156,7 @@ def _arguments(args: argparse.Namespace, tool: str, command: str) -> dict[str, A
 def _test(args: argparse.Namespace) -> int:
     from sandbox.tools.params import validate
 
-    parts = args.command[1:] if args.command[:1] == ["--"] else args.command
-    command = " ".join(parts).strip()
+    command = " ".join(options.command(args.command)).strip()
     tool = args.tool or "Bash"
     raw = _arguments(args, tool, command)
     if not args.workspace.is_dir():
@@ -186,7 +182,7 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
     settings = Policy(mode=args.mode, operating_mode="plan" if args.plan else "agent")
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
-        print(f"sandbox: {notice}", file=sys.stderr)
+        say(notice)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
     gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode())
     call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
@@ -297,7 +293,7 @@ def _export(args: argparse.Namespace) -> int:
         with args.output.open("w", encoding="utf-8") as handle:
             count = log.export_jsonl(handle)
     except OSError as exc:
-        return _bad(f"cannot write {args.output}: {exc.strerror}")
+        raise ToolFailed(f"cannot write {args.output}: {exc.strerror}") from exc
     print(f"exported {count} records to {args.output}", file=sys.stderr)
     return 0
 
@@ -311,7 +307,7 @@ def _trust(args: argparse.Namespace) -> int:
             print(f"{'trusted  ' if trusted else 'untrusted'} {path}")
         return 0
     if not args.directory:
-        return _bad("give a directory, or --list")
+        raise InvalidArgument("give a directory, or --list")
     path = store.set(args.directory, not args.revoke)
     print(f"{'untrusted' if args.revoke else 'trusted'}: {path}")
     return 0

@@ -2,7 +2,7 @@
 
 Most of a short ``sandbox run`` used to be imports: pydantic to validate the profile, asyncio
 and anyio to drive one child. This path imports neither. It takes a call only where it keeps
-every promise of the full path (:mod:`sandbox.cli`), confining the jail with the same code
+every promise of the full path (:mod:`sandbox.cli.run`), confining the jail with the same code
 (:mod:`sandbox.backends.bwrap_argv`, :mod:`sandbox.backends.confine`, :mod:`sandbox.calls`),
 and hands any other call back (:func:`run` returns ``None``):
 
@@ -74,7 +74,7 @@ def _thaw(dump: dict[str, Any]) -> Profile:
 def _profile_file(ref: str | None) -> Path | None:
     """The file ``profile.load(ref)`` reads, found without importing it (``None``: let it say why)."""
     ref = ref or "default"
-    shipped = Path(__file__).parent / "profiles" / f"{ref}.toml"
+    shipped = Path(__file__).parent.parent / "profiles" / f"{ref}.toml"
     if "/" not in ref and shipped.is_file():
         return shipped
     path = Path(ref)

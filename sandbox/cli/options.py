@@ -1,0 +1,74 @@
+"""The options several subcommands share, spelled once, their values named by the vocabulary.
+
+A choice argparse checks is derived from :mod:`sandbox.vocabulary` (``--backend`` offers
+``auto`` and the real backends, never ``fake``). Where a command's contract blames a bad value
+on the flag in its own words and answers ``--json`` even then (``run``, ``tool``, ``compare``),
+the value is checked by the profile layer instead, and the help names the same vocabulary.
+
+Standard library only: building the parser must not import pydantic or anyio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from pathlib import Path
+
+from sandbox.vocabulary import BACKENDS, MOUNT_STRATEGIES, PERMISSION_MODES, NetworkMode
+
+Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+BACKEND_CHOICES = ("auto", *BACKENDS)
+NETWORK_MODES: tuple[NetworkMode, ...] = typing.get_args(NetworkMode)
+
+
+def _either(names: typing.Iterable[str]) -> str:
+    *head, last = names
+    return f"{', '.join(head)} or {last}"
+
+
+def add_profile(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument("--profile", default=default, help="a shipped profile name or a TOML file (default: default)")
+
+
+def add_backend(parser: argparse.ArgumentParser, *, checked: bool = False, default: str | None = None) -> None:
+    """``--backend``; ``checked``: argparse refuses a name that is not a real backend."""
+    if checked:
+        parser.add_argument("--backend", choices=BACKENDS)
+        return
+    parser.add_argument("--backend", default=default, help=f"{_either(BACKEND_CHOICES)} (default: the profile's, auto)")
+
+
+def add_mount(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mount", help=f"{_either(MOUNT_STRATEGIES)} (default: the profile's)")
+
+
+def add_network(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--network", help=f"{_either(NETWORK_MODES)} (default: the profile's, none)")
+
+
+def add_workspace(parser: argparse.ArgumentParser, default: Path | None = None) -> None:
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        default=default,
+        help="default: the current directory" if default is None else None,
+    )
+
+
+def add_mode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=PERMISSION_MODES, default=None, help="the permission mode")
+
+
+def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def add_argv(
+    parser: argparse.ArgumentParser, dest: str = "argv", help: str = "-- the command and its arguments"
+) -> None:
+    parser.add_argument(dest, nargs=argparse.REMAINDER, help=help)
+
+
+def command(argv: list[str]) -> list[str]:
+    """The words after ``--`` (argparse keeps the ``--`` in front of a REMAINDER)."""
+    return argv[1:] if argv[:1] == ["--"] else argv

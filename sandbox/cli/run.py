@@ -1,0 +1,217 @@
+"""``sandbox run``: one command in a jail, as a Unix tool.
+
+Its contract is the one in :mod:`sandbox.cli`'s docstring. A call takes the quick path
+(:mod:`sandbox.cli.launch`: no event loop, no pydantic) where that path keeps every promise of
+this one; otherwise the profile is validated here, the flags applied to it (a bad value is blamed
+on the flag that gave it), and the call runs through the executor with our stdio driven by the
+event loop (:mod:`sandbox.cli.stdio`). The full path on bwrap leaves the validated profile for
+the next run's quick path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox import calls
+from sandbox.cli import options
+from sandbox.cli.output import emit, guard, say
+from sandbox.errors import InvalidArgument
+from sandbox.vocabulary import EXIT_SANDBOX
+
+if TYPE_CHECKING:
+    import argparse
+
+    import anyio
+
+    from sandbox import exec as executor
+    from sandbox import profile as profiles
+    from sandbox.cli import launch
+    from sandbox.cli.options import Subparsers
+    from sandbox.errors import SandboxError
+
+EXIT_TIMEOUT = 124
+EXIT_SIGPIPE = 128 + signal.SIGPIPE
+
+# Which flag sets which profile key: errors in a flag's value name the flag, not the file.
+_FLAGS = {
+    "mount.strategy": "--mount",
+    "limits.memory": "--memory",
+    "limits.pids": "--pids",
+    "network.mode": "--network",
+    "backend": "--backend",
+}
+
+
+def register(sub: Subparsers) -> None:
+    run = sub.add_parser("run", help="run a command in a jail", description="Run ARGV in a jail.")
+    options.add_profile(run)
+    options.add_backend(run)
+    options.add_workspace(run)
+    options.add_mount(run)
+    run.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds, from 1 to the profile's timeouts.max_s (default: its timeouts.default_s)",
+    )
+    run.add_argument("--memory", help="memory limit, binary units as Docker reads them: 512m, 2g = 2GiB")
+    run.add_argument("--pids", type=int, help="process limit (at least 8)")
+    options.add_network(run)
+    options.add_json(run, help="one JSON object on stdout at the end")
+    run.add_argument("--apply", action="store_true", help="copy mount: apply the changeset to the workspace")
+    options.add_argv(run)
+    run.set_defaults(func=guard(cmd_run, EXIT_SANDBOX, answer=_json_refusal))
+
+
+def _json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
+    if args.json:
+        emit({"error": error.to_dict(), "exit_code": EXIT_SANDBOX})
+
+
+def _load_profile(args: argparse.Namespace) -> profiles.Profile:
+    from sandbox import profile as profiles
+    from sandbox.backends import base
+
+    if args.backend not in (None, "auto"):
+        base.get(args.backend, offered=True)
+    prof = profiles.load(args.profile)
+    values = {
+        "mount.strategy": args.mount,
+        "limits.memory": args.memory,
+        "limits.pids": args.pids,
+        "network.mode": args.network,
+        "backend": args.backend,
+    }
+    return prof.override(values, _FLAGS)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.cli import launch
+
+    argv = options.command(args.argv)
+    if not argv:
+        raise InvalidArgument("no command given: sandbox run [options] -- ARGV...")
+    quick = launch.run(args, argv)
+    if quick is not None:
+        with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
+            _review(quick, None, None, apply=False)
+        return _exit_status(quick, quick.received)
+    import anyio
+
+    prof = _load_profile(args)
+    args.timeout_s = calls.check_timeout(args.timeout, prof)
+    workspace = args.workspace or Path.cwd()
+    return anyio.run(_run, args, prof, workspace, argv)
+
+
+async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path, argv: list[str]) -> int:
+    import anyio
+
+    from sandbox import exec as executor
+    from sandbox.backends import base
+    from sandbox.cli import launch, stdio
+
+    backend = base.choose(prof.backend, prof)
+    if backend.name == "bwrap":
+        launch.remember(args, prof)  # the next run of this profile here may take the quick path
+    abort = anyio.Event()
+    received: list[int] = []
+
+    def reader_gone() -> None:
+        received.append(signal.SIGPIPE)
+        abort.set()
+
+    out, err = stdio.Sink(1, reader_gone), stdio.Sink(2, reader_gone)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, abort, received)
+            async with await backend.open_jail(workspace, prof) as jail:
+                result = await executor.run(
+                    jail,
+                    calls.checked_argv(jail, argv),
+                    timeout=args.timeout,
+                    abort=abort,
+                    stdin=stdio.stdin_source(),
+                    on_stdout=None if args.json else out.write,
+                    on_stderr=None if args.json else err.write,
+                )
+                changes = await jail.changes()
+                applied = await jail.apply(changes) if changes is not None and args.apply else None
+            tg.cancel_scope.cancel()
+    finally:
+        out.close()
+        err.close()
+    return _report(args, prof, result, changes, applied, received, backend.probe().limits_in_force(prof))
+
+
+async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            received.append(signum)
+            abort.set()
+
+
+def _exit_status(result: executor.ExecResult | launch.Outcome, received: list[int]) -> int:
+    if signal.SIGPIPE in received:
+        return EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if result.aborted and received:
+        return 128 + received[0]
+    return result.exit_code
+
+
+def _report(
+    args: argparse.Namespace,
+    prof: profiles.Profile,
+    result: executor.ExecResult,
+    changes: Any,
+    applied: Any,
+    received: list[int],
+    enforced: dict[str, Any],
+) -> int:
+    code = _exit_status(result, received)
+    if args.json:
+        emitted = emit(
+            {
+                **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
+                "profile": prof.name,
+                "network": prof.network.mode,
+                "limits": prof.limits.in_force(),
+                "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
+                "timeout_s": args.timeout_s,
+                "changes": changes.to_list() if changes is not None else None,
+                "applied": applied.to_dict() if applied is not None else None,
+                "exit_status": code,
+            }
+        )
+        return code if emitted else EXIT_SIGPIPE
+    with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
+        _review(result, changes, applied, args.apply)
+    return code
+
+
+def _review(result: executor.ExecResult | launch.Outcome, changes: Any, applied: Any, apply: bool) -> None:
+    if result.timed_out:
+        say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
+    if result.oom_killed:
+        say("the memory limit killed a process of the call")
+    if changes is None:
+        return
+    if not changes.changes:
+        say("no changes in the private copy")
+        return
+    state = "applied" if apply else "not applied; rerun with --apply to apply"
+    say(f"changes in the private copy ({state}):")
+    for change in changes.changes:
+        flags = f"  [{', '.join(change.flags)}]" if change.flags else ""
+        skip = f"  (never applied: {change.reason})" if not change.applicable else ""
+        print(f"  {change.status[0].upper()} {change.path}{flags}{skip}", file=sys.stderr)
+    if applied is not None:
+        for conflict in applied.conflicts:
+            say(f"CONFLICT {conflict['path']}: {conflict['reason']}")

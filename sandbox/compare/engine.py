@@ -1,0 +1,350 @@
+"""Running the matrix: every backend x mount strategy on fresh copies of the workspace, measured.
+
+Every run gets its own fresh copy of the workspace (copied outside the timings), so ``rw`` can
+never damage the user's real workspace and every cell starts from the same bytes; ``cp -a``
+keeps modes, owners and symlinks, so a cell sees what it would see on the real workspace.
+
+What is measured, per run (each repetition is a fresh copy *and* a fresh jail, so setup is
+measured as often as the command):
+
+- setup: ``backend.open_jail`` (includes the copy-in of ``copy`` and the mount of ``overlay``);
+- wall: ``exec.run``'s duration of the command;
+- changeset: ``jail.changes()`` (``copy``/``overlay`` only);
+- teardown: ``jail.aclose()`` (removes a private copy, unmounts an overlay, removes containers);
+- host changed: a manifest (path -> kind, mode, sha256 or symlink target) of the run's copy of
+  the workspace before and after: what the command did to the workspace the user would have.
+
+The safety probe deletes everything and plants a git hook, once per cell, in its own fresh
+copy with a seeded ``.git/hooks``; the workspace *survived* when its manifest is unchanged.
+Timings are medians over the repetitions; a cell the backend cannot run (``overlay`` on a
+backend without it, a missing guarantee) is skipped with the probe's reason. Walking, hashing
+and copying trees is :mod:`sandbox.mounts`' own code, as the ``copy`` strategy uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from sandbox import calls
+from sandbox import exec as executor
+from sandbox import profile as profiles
+from sandbox.backends import DEFAULT_COMPARE_REPEAT, base
+from sandbox.calls import check_workspace
+from sandbox.compare.render import progress_line
+from sandbox.compare.results import PROBE_SCRIPT, Cell, Plan, Report, Run, Safety
+from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
+from sandbox.mounts import CopyTree, run_command, sha256_file, walk
+from sandbox.vocabulary import AUTO_ORDER, BACKENDS, MOUNT_STRATEGIES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from sandbox.mounts import Changeset
+
+MOUNTS: tuple[str, ...] = MOUNT_STRATEGIES
+DEFAULT_BACKENDS: tuple[str, ...] = AUTO_ORDER  # the isolating ones: host only when named
+DEFAULT_REPEAT = DEFAULT_COMPARE_REPEAT
+MAX_REPEAT = 100
+OUTPUT_TAIL = 2000
+
+Manifest = dict[str, tuple[str, str, str]]
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+def _names(
+    value: str | Sequence[str] | None, default: tuple[str, ...], known: Iterable[str], what: str
+) -> tuple[tuple[str, ...], bool]:
+    if value is None:
+        return default, False
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(dict.fromkeys(n.strip() for n in items if n.strip()))
+    allowed = tuple(known)
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise InvalidArgument(
+            f"unknown {what} {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(allowed)}",
+            **{what: list(names)},
+        )
+    return names, True
+
+
+def _repeat(value: int | str) -> int:
+    try:
+        repeat = int(value)
+    except ValueError:
+        raise InvalidArgument(f"--repeat must be a whole number, got {value!r}") from None
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise InvalidArgument(f"--repeat must be between 1 and {MAX_REPEAT}, got {repeat}")
+    return repeat
+
+
+def make_plan(
+    argv: Sequence[str],
+    workspace: Path | None = None,
+    *,
+    backends: str | Sequence[str] | None = None,
+    mounts: str | Sequence[str] | None = None,
+    repeat: int | str = DEFAULT_REPEAT,
+    profile: str | None = None,
+    timeout: float | str | None = None,
+) -> Plan:
+    """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs."""
+    if not argv:
+        raise InvalidArgument("no command given: sandbox compare [options] -- ARGV...")
+    names, explicit = _names(backends, DEFAULT_BACKENDS, BACKENDS, "backends")
+    strategies, _ = _names(mounts, MOUNTS, MOUNTS, "mounts")
+    prof = profiles.load(profile)
+    limit = None if timeout is None else calls.check_timeout(_float(timeout), prof)
+    ws = check_workspace(workspace or Path.cwd())
+    return Plan(tuple(argv), ws, names, strategies, _repeat(repeat), prof, limit, explicit)
+
+
+def _float(value: float | str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidArgument(f"--timeout must be a number of seconds, got {value!r}") from None
+
+
+# ------------------------------------------------------------------------------ workspace copies
+
+
+def _manifest(root: Path) -> Manifest:
+    """Path -> (kind, mode, sha256 | symlink target) of every entry below ``root``."""
+    found: Manifest = {}
+    with map_errors(f"cannot read the workspace copy {root}"):
+        for rel, stamp in walk(root):
+            detail = _digest(root / rel) if stamp.kind == "file" else stamp.target or ""
+            found[rel] = (stamp.kind, oct(stamp.mode), detail)
+    return found
+
+
+def _digest(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+
+
+def _diff(before: Manifest, after: Manifest) -> dict[str, int]:
+    return {
+        "added": len(after.keys() - before.keys()),
+        "deleted": len(before.keys() - after.keys()),
+        "modified": sum(1 for k in before.keys() & after.keys() if before[k] != after[k]),
+    }
+
+
+def _fresh_copy(source: Path, parent: Path, index: int) -> Path:
+    """``parent/<index>/<name of the workspace>``, a ``cp -a`` of it (modes, owners, symlinks)."""
+    target = parent / str(index) / source.name
+    with map_errors(f"cannot copy the workspace {source}"):
+        target.parent.mkdir(mode=0o755)
+        failed = run_command(["cp", "-a", "--reflink=auto", "--", str(source), str(target)])
+    if failed:
+        raise ToolFailed(f"copying the workspace failed: {failed}", workspace=str(source))
+    return target
+
+
+def _seed_hooks(ws: Path) -> None:
+    """Give the safety probe a ``.git/hooks`` to attack, owned like the workspace."""
+    hooks = ws / ".git" / "hooks"
+    if hooks.is_dir():
+        return
+    owner = ws.stat()
+    hooks.mkdir(parents=True)
+    sample = hooks / "pre-commit.sample"
+    sample.write_text("#!/bin/sh\nexit 0\n")
+    for path in (ws / ".git", hooks, sample):
+        with contextlib.suppress(OSError):
+            os.chown(path, owner.st_uid, owner.st_gid)
+
+
+def _hook_planted(ws: Path) -> bool:
+    try:
+        return "evil" in (ws / ".git" / "hooks" / "pre-commit").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _workspace_stats(ws: Path) -> dict[str, int]:
+    files = size = entries = 0
+    with map_errors(f"cannot read the workspace {ws}"):
+        for _rel, stamp in walk(ws):
+            entries += 1
+            if stamp.kind == "file":
+                files, size = files + 1, size + stamp.size
+    return {"entries": entries, "files": files, "bytes": size}
+
+
+# ------------------------------------------------------------------------------ the engine
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 3)
+
+
+def _bytes_copied(jail: base.Jail) -> int | None:
+    tree = getattr(jail, "tree", None)
+    return tree.bytes_copied if isinstance(tree, CopyTree) else None
+
+
+@dataclass
+class _Outcome:
+    result: executor.ExecResult
+    changes: Changeset | None
+    setup_ms: float
+    changeset_ms: float | None
+    teardown_ms: float
+    bytes_copied: int | None
+
+
+async def _jailed(
+    backend: base.Backend, ws: Path, prof: profiles.Profile, argv: Sequence[str], timeout: float | None
+) -> _Outcome:
+    started = time.perf_counter()
+    jail = await backend.open_jail(ws, prof)
+    setup_ms = _ms(started)
+    try:
+        result = await executor.run(jail, argv, timeout=timeout)
+        started = time.perf_counter()
+        changes = await jail.changes()
+        changeset_ms = _ms(started) if changes is not None else None
+        copied = _bytes_copied(jail)
+    finally:
+        started = time.perf_counter()
+        with anyio.CancelScope(shield=True):
+            await jail.aclose()
+        teardown_ms = _ms(started)
+    return _Outcome(result, changes, setup_ms, changeset_ms, teardown_ms, copied)
+
+
+def _tails(result: executor.ExecResult) -> tuple[str, str]:
+    if result.exit_code == 0:
+        return "", ""
+    return result.stderr[-OUTPUT_TAIL:], result.stdout[-OUTPUT_TAIL:]
+
+
+class _Engine:
+    def __init__(self, plan: Plan, scratch: Path) -> None:
+        self.plan = plan
+        self.scratch = scratch
+        self.copies = 0
+
+    async def _copy(self, seed: bool = False) -> Path:
+        self.copies += 1
+        ws = await anyio.to_thread.run_sync(_fresh_copy, self.plan.workspace, self.scratch, self.copies)
+        if seed:
+            await anyio.to_thread.run_sync(_seed_hooks, ws)
+        return ws
+
+    async def _discard(self, ws: Path) -> None:
+        await anyio.to_thread.run_sync(shutil.rmtree, ws.parent, True)
+
+    async def run_once(self, backend: base.Backend, prof: profiles.Profile) -> Run:
+        ws = await self._copy()
+        try:
+            before = await anyio.to_thread.run_sync(_manifest, ws)
+            out = await _jailed(backend, ws, prof, self.plan.argv, self.plan.timeout)
+            after = await anyio.to_thread.run_sync(_manifest, ws)
+        finally:
+            await self._discard(ws)
+        host = _diff(before, after)
+        changes = out.changes.summary() if out.changes is not None else {**host, "flagged": 0}
+        files_changed = len(out.changes.changes) if out.changes is not None else sum(host.values())
+        res = out.result
+        return Run(
+            res.exit_code,
+            res.timed_out,
+            res.duration_ms,
+            res.spawn_ms,
+            out.setup_ms,
+            out.teardown_ms,
+            out.changeset_ms,
+            out.bytes_copied,
+            files_changed,
+            before != after,
+            res.peak_memory_bytes,
+            changes,
+            *_tails(res),
+        )
+
+    async def safety(self, backend: base.Backend, prof: profiles.Profile) -> Safety:
+        ws = await self._copy(seed=True)
+        try:
+            before = await anyio.to_thread.run_sync(_manifest, ws)
+            try:
+                out = await _jailed(backend, ws, prof, ["sh", "-c", PROBE_SCRIPT], self.plan.timeout)
+            except SandboxError as exc:
+                return Safety(None, None, False, {}, None, error=str(exc))
+            after = await anyio.to_thread.run_sync(_manifest, ws)
+            planted = await anyio.to_thread.run_sync(_hook_planted, ws)
+        finally:
+            await self._discard(ws)
+        changes = out.changes.summary() if out.changes is not None else None
+        return Safety(before == after, out.result.exit_code, planted, _diff(before, after), changes)
+
+    async def cell(self, backend: base.Backend, mount: str) -> Cell:
+        cell = Cell(backend.name, mount)
+        prof = self.plan.profile.with_overrides(**{"mount.strategy": mount, "backend": backend.name})
+        probe = await anyio.to_thread.run_sync(backend.probe)
+        reasons = probe.missing(prof.requires, prof)
+        if reasons:
+            cell.status = "skipped"
+            cell.reason = "; ".join(f"{g}: {why}" for g, why in reasons.items())
+            return cell
+        try:
+            for _ in range(self.plan.repeat):
+                cell.runs.append(await self.run_once(backend, prof))
+            cell.safety = await self.safety(backend, prof)
+        except SandboxError as exc:
+            cell.status, cell.reason = "error", str(exc)
+        return cell
+
+
+async def _availability(name: str) -> tuple[base.Backend | None, dict[str, Any]]:
+    try:
+        backend = base.get(name)
+    except BackendUnavailable as exc:
+        return None, {"available": False, "reason": exc.message}
+    report = await anyio.to_thread.run_sync(backend.probe)
+    info = {"available": report.available, "reason": report.reason, "details": report.details}
+    return (backend if report.available else None), info
+
+
+async def compare(plan: Plan, progress: Callable[[str], None] | None = None) -> Report:
+    """Run the plan; ``progress`` gets one line per cell as it finishes."""
+    say = progress or (lambda _line: None)
+    report = Report(plan)
+    report.workspace_stats = await anyio.to_thread.run_sync(_workspace_stats, plan.workspace)
+    scratch = Path(tempfile.mkdtemp(prefix="sandbox-compare-"))
+    engine = _Engine(plan, scratch)
+    total = len(plan.backends) * len(plan.mounts)
+    try:
+        for name in plan.backends:
+            backend, report.backends[name] = await _availability(name)
+            for mount in plan.mounts:
+                cell = await engine.cell(backend, mount) if backend else _unavailable(name, mount, report)
+                report.cells.append(cell)
+                say(f"[{len(report.cells)}/{total}] {progress_line(cell, plan.repeat)}")
+    finally:
+        await anyio.to_thread.run_sync(shutil.rmtree, scratch, True)
+    report.finished = datetime.now(UTC).isoformat(timespec="seconds")
+    return report
+
+
+def _unavailable(name: str, mount: str, report: Report) -> Cell:
+    reason = report.backends[name]["reason"] or "unavailable"
+    return Cell(name, mount, "skipped", f"backend {name} unavailable: {reason}")

@@ -1,0 +1,327 @@
+"""Renderings of a comparison: the progress line of a cell, the terminal table, the markdown
+report, the SVG chart (hand-written: no plotting dependency) and the report files.
+
+Timings are medians over a cell's runs, in milliseconds; ``n/a`` where a figure does not apply
+(no changeset under ``ro``/``rw``, no peak memory where the backend cannot tell).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import shlex
+from typing import TYPE_CHECKING
+
+from sandbox.compare.results import PROBE_SCRIPT
+from sandbox.errors import map_errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sandbox.compare.results import Cell, Report
+
+REPORT_FILES = ("report.json", "report.md", "chart.svg", "table.txt")
+
+
+def progress_line(cell: Cell, repeat: int) -> str:
+    if cell.status != "ran":
+        return f"{cell.label}: {cell.status}: {cell.reason}"
+    survived = {"yes": "survived", "NO": "host DAMAGED"}.get(_survived(cell), _survived(cell))
+    why = f" ({cell.failure})" if cell.failure else ""
+    return (
+        f"{cell.label}: exit {_exits(cell)}{why}, wall {_num(cell.median('wall_ms'))} ms "
+        f"(median of {repeat}), setup {_num(cell.median('setup_ms'))} ms, "
+        f"teardown {_num(cell.median('teardown_ms'))} ms; destructive probe: {survived}"
+    )
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def _size(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return "n/a"  # unreachable
+
+
+def _exits(cell: Cell) -> str:
+    if any(r.timed_out for r in cell.runs):
+        return "timeout"
+    codes = cell.exit_codes
+    return str(codes[0]) if len(set(codes)) == 1 else "/".join(map(str, codes))
+
+
+def _changes(summary: dict[str, int] | None) -> str:
+    if summary is None:
+        return "n/a"
+    text = f"+{summary['added']} ~{summary['modified']} -{summary['deleted']}"
+    return text + (f" !{summary['flagged']}" if summary.get("flagged") else "")
+
+
+def _yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _survived(cell: Cell) -> str:
+    if cell.safety is None:
+        return "n/a"
+    if cell.safety.error:
+        return "error"
+    return "yes" if cell.safety.survived else "NO"
+
+
+HEADERS = (
+    "backend",
+    "mount",
+    "exit",
+    "wall ms",
+    "setup ms",
+    "teardown ms",
+    "changeset ms",
+    "copied",
+    "files changed",
+    "host changed",
+    "peak mem",
+    "changes",
+    "survives probe",
+)
+
+
+def rows(report: Report) -> list[list[str]]:
+    out = []
+    for cell in report.cells:
+        if cell.status != "ran":
+            out.append([cell.backend, cell.mount, cell.status, *["-"] * (len(HEADERS) - 3)])
+            continue
+        s = cell.summary()
+        out.append(
+            [
+                cell.backend,
+                cell.mount,
+                _exits(cell),
+                _num(s["wall_ms"]),
+                _num(s["setup_ms"]),
+                _num(s["teardown_ms"]),
+                _num(s["changeset_ms"]),
+                _size(s["bytes_copied"]),
+                str(s["files_changed"]),
+                _yes_no(s["host_changed"]),
+                _size(s["peak_memory_bytes"]),
+                _changes(s["changes"]),
+                _survived(cell),
+            ]
+        )
+    return out
+
+
+def table(report: Report) -> str:
+    """The plain-text table for a terminal: aligned columns, skipped cells' reasons below."""
+    body = [list(HEADERS), *rows(report)]
+    widths = [max(len(r[i]) for r in body) for i in range(len(HEADERS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [f"{c.label} {c.status}: {c.reason}" for c in report.cells if c.status != "ran"]
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(report: Report, chart: str | None = "chart.svg") -> str:
+    plan = report.plan
+    stats = report.workspace_stats
+    lines = [
+        "# sandbox compare",
+        "",
+        f"Command `{_md_cell(shlex.join(plan.argv))}` on a fresh copy of `{plan.workspace}` "
+        f"({stats.get('files', 0)} files, {_size(stats.get('bytes', 0))}) per run, profile `{plan.profile.name}`, "
+        f"{plan.repeat} run(s) per cell (times are medians, in ms). {report.started} - {report.finished}.",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---" for _ in HEADERS) + "|",
+        *("| " + " | ".join(_md_cell(v) for v in r) + " |" for r in rows(report)),
+        "",
+    ]
+    skipped = [c for c in report.cells if c.status != "ran"]
+    if skipped:
+        lines += ["Not run:", "", *(f"- `{c.label}` {c.status}: {_md_cell(c.reason)}" for c in skipped), ""]
+    failed = [c for c in report.ran if c.failure]
+    if failed:
+        lines += [
+            "Command failures (the last line it printed):",
+            "",
+            *(f"- `{c.label}` exit {_exits(c)}: `{_md_cell(c.failure)}`" for c in failed),
+            "",
+        ]
+    if chart:
+        lines += [f"![time per backend and mount strategy]({chart})", ""]
+    lines += _md_safety(report) + _md_legend()
+    return "\n".join(lines)
+
+
+def _md_safety(report: Report) -> list[str]:
+    lines = [
+        "## What each strategy protects",
+        "",
+        f"Destructive probe, on its own fresh copy with a seeded `.git/hooks`: `{_md_cell(PROBE_SCRIPT)}`",
+        "",
+        "| backend | mount | probe exit | host workspace survived | host changes | hook planted on host "
+        "| changeset (what `--apply` would bring back) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cell in report.ran:
+        s = cell.safety
+        if s is None:
+            continue
+        exit_text = "n/a" if s.exit_code is None else str(s.exit_code)
+        lines.append(
+            f"| {cell.backend} | {cell.mount} | {exit_text} | {_survived(cell)} | "
+            f"{_changes(s.host_changes) if not s.error else _md_cell(s.error)} | {_yes_no(s.hook_planted)} | "
+            f"{_changes(s.changes)} |"
+        )
+    return [*lines, ""]
+
+
+def _md_legend() -> list[str]:
+    return [
+        "## Columns",
+        "",
+        "- **setup**: opening the jail (the copy-in for `copy`, the mount for `overlay`); **teardown**: closing it;",
+        "  **changeset**: computing what a `copy`/`overlay` jail changed; **wall**: the command itself.",
+        "- **copied**: bytes copied into a private tree; **files changed**: entries the command added, modified or",
+        "  deleted (the changeset for `copy`/`overlay`, the workspace itself for `ro`/`rw`); **host changed**:",
+        "  whether the workspace the user would have was modified; **changes**: `+added ~modified -deleted !flagged`.",
+        "- **peak mem**: the call's peak memory (cgroup), `n/a` where the backend cannot tell.",
+        "",
+    ]
+
+
+# ------------------------------------------------------------------------------ the chart
+
+
+SERIES = (
+    ("setup_ms", "setup", "#4e79a7"),
+    ("wall_ms", "command (wall)", "#f28e2b"),
+    ("teardown_ms", "teardown", "#59a14f"),
+)
+_BAR_W, _GAP, _LEFT, _TOP, _PLOT_H = 22, 26, 64, 76, 240
+
+
+def _scale(value: float) -> tuple[float, int]:
+    """A round tick step (1, 2 or 5 x 10^k) and the number of ticks that covers ``value``."""
+    if value <= 0:
+        return 1.0, 1
+    rough = value / 5
+    power = 10.0 ** math.floor(math.log10(rough))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
+    return step, max(1, math.ceil(value / step - 1e-9))
+
+
+def svg(report: Report) -> str:
+    """Grouped bars, one group per backend/mount, hand-written SVG (no plotting dependency)."""
+    group_w = len(SERIES) * _BAR_W + _GAP
+    width = max(600, _LEFT + len(report.cells) * group_w + 40)
+    height = _TOP + _PLOT_H + 50
+    step, ticks = _scale(max([c.median(k) or 0.0 for c in report.ran for k, _, _ in SERIES] + [0.0]))
+    top = step * ticks
+    command = html.escape(shlex.join(report.plan.argv))
+    files = report.workspace_stats.get("files", 0)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{_LEFT}" y="20" font-size="14" font-weight="bold">sandbox compare: median ms per '
+        f"backend and mount strategy ({report.plan.repeat} run(s) each)</text>",
+        f'<text x="{_LEFT}" y="37" fill="#555">{command} on {files} files</text>',
+        *_axis(step, ticks, width),
+        *_legend(),
+    ]
+    for index, cell in enumerate(report.cells):
+        parts += _group(cell, _LEFT + 14 + index * group_w, top)
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _y(value: float, top: float) -> float:
+    return _TOP + _PLOT_H - value / top * _PLOT_H
+
+
+def _axis(step: float, ticks: int, width: int) -> list[str]:
+    mid = _TOP + _PLOT_H / 2
+    out = [
+        f'<line x1="{_LEFT}" y1="{_TOP + _PLOT_H}" x2="{width - 20}" y2="{_TOP + _PLOT_H}" stroke="#333"/>',
+        f'<text x="14" y="{mid}" transform="rotate(-90 14 {mid})" text-anchor="middle">milliseconds</text>',
+    ]
+    for tick in range(ticks + 1):
+        y = _y(step * tick, step * ticks)
+        out += [
+            f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#e4e4e4"/>',
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{step * tick:g}</text>',
+        ]
+    return out
+
+
+def _legend() -> list[str]:
+    out = []
+    for i, (_key, name, color) in enumerate(SERIES):
+        x = _LEFT + i * 120
+        out += [
+            f'<rect class="legend" x="{x}" y="47" width="10" height="10" fill="{color}"/>',
+            f'<text x="{x + 14}" y="56">{name}</text>',
+        ]
+    return out
+
+
+def _group(cell: Cell, x: float, top: float) -> list[str]:
+    base_y = _TOP + _PLOT_H
+    mid = x + len(SERIES) * _BAR_W / 2
+    label = [
+        f'<text x="{mid}" y="{base_y + 16}" text-anchor="middle">{cell.backend}</text>',
+        f'<text x="{mid}" y="{base_y + 30}" text-anchor="middle" font-weight="bold">{cell.mount}</text>',
+    ]
+    if cell.status != "ran":
+        reason = html.escape(cell.reason)
+        return [
+            *label,
+            f'<text class="skipped" x="{mid}" y="{base_y - 8}" text-anchor="middle" fill="#999">'
+            f"<title>{reason}</title>{cell.status}</text>",
+        ]
+    bars = []
+    for i, (key, name, color) in enumerate(SERIES):
+        value = cell.median(key) or 0.0
+        y = _y(value, top)
+        bx = x + i * _BAR_W
+        bars += [
+            f'<rect class="bar" data-cell="{cell.label}" data-series="{key}" data-value="{value}" '
+            f'x="{bx}" y="{y:.1f}" width="{_BAR_W - 2}" height="{base_y - y:.1f}" fill="{color}">'
+            f"<title>{cell.label} {name}: {value} ms</title></rect>",
+            f'<text x="{bx + (_BAR_W - 2) / 2}" y="{y - 3:.1f}" text-anchor="middle" font-size="9">'
+            f"{_num(value)}</text>",
+        ]
+    return label + bars
+
+
+# ------------------------------------------------------------------------------ report files
+
+
+def write(report: Report, directory: Path) -> list[Path]:
+    """report.json, report.md, chart.svg and table.txt in ``directory`` (created); returns their paths."""
+    with map_errors(f"cannot write the report to {directory}"):
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / name for name in REPORT_FILES]
+        contents = (json.dumps(report.to_dict(), indent=2) + "\n", markdown(report), svg(report), table(report))
+        for path, text in zip(paths, contents, strict=True):
+            path.write_text(text, encoding="utf-8")
+    return paths

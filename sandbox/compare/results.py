@@ -1,0 +1,184 @@
+"""What a comparison is made of: the plan it runs, and per cell the runs, the safety probe's
+verdict and the medians the renderings show (:mod:`sandbox.compare.render`).
+
+A cell is one backend x mount strategy; it *ran*, was *skipped* for a stated reason (the
+backend is unavailable, or cannot give a guarantee the profile requires), or is an *error* (the
+sandbox refused or broke). A command failing in a cell is data, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from sandbox import __version__
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from sandbox import profile as profiles
+
+PROBE_SCRIPT = (
+    "rm -rf ./* ./.[!.]* 2>/dev/null; "
+    "mkdir -p .git/hooks && echo 'echo evil' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit"
+)
+CellStatus = Literal["ran", "skipped", "error"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a comparison runs, every part validated before anything runs (``engine.make_plan``)."""
+
+    argv: tuple[str, ...]
+    workspace: Path
+    backends: tuple[str, ...]
+    mounts: tuple[str, ...]
+    repeat: int
+    profile: profiles.Profile
+    timeout: float | None
+    explicit_backends: bool
+
+
+@dataclass
+class Run:
+    exit_code: int
+    timed_out: bool
+    wall_ms: float
+    spawn_ms: float
+    setup_ms: float
+    teardown_ms: float
+    changeset_ms: float | None
+    bytes_copied: int | None
+    files_changed: int
+    host_changed: bool
+    peak_memory_bytes: int | None
+    changes: dict[str, int]
+    stderr_tail: str = ""  # kept when the command failed: why it failed under this strategy
+    stdout_tail: str = ""
+
+
+@dataclass
+class Safety:
+    survived: bool | None  # None: the probe could not run (see ``error``)
+    exit_code: int | None
+    hook_planted: bool
+    host_changes: dict[str, int]
+    changes: dict[str, int] | None
+    error: str = ""
+
+
+@dataclass
+class Cell:
+    backend: str
+    mount: str
+    status: CellStatus = "ran"
+    reason: str = ""
+    runs: list[Run] = field(default_factory=list)
+    safety: Safety | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{self.mount}"
+
+    def median(self, key: str) -> float | None:
+        values = [v for r in self.runs if (v := getattr(r, key)) is not None]
+        return round(float(statistics.median(values)), 3) if values else None
+
+    @property
+    def exit_codes(self) -> list[int]:
+        return [r.exit_code for r in self.runs]
+
+    @property
+    def failure(self) -> str:
+        """The last line a failing run wrote (stderr, else stdout): why the command failed here."""
+        for run in self.runs:
+            lines = [line for line in (run.stderr_tail or run.stdout_tail).splitlines() if line.strip()]
+            if run.exit_code and lines:
+                return lines[-1][:200]
+        return ""
+
+    @property
+    def host_changed(self) -> bool | None:
+        return any(r.host_changed for r in self.runs) if self.runs else None
+
+    def summary(self) -> dict[str, Any]:
+        """The figures the table shows: medians over runs, the last run's counts."""
+        last = self.runs[-1] if self.runs else None
+        return {
+            "exit_codes": self.exit_codes,
+            "timed_out": any(r.timed_out for r in self.runs),
+            **{
+                k: self.median(k)
+                for k in ("wall_ms", "setup_ms", "teardown_ms", "changeset_ms", "spawn_ms", "peak_memory_bytes")
+            },
+            "bytes_copied": last.bytes_copied if last else None,
+            "files_changed": last.files_changed if last else None,
+            "host_changed": self.host_changed,
+            "changes": last.changes if last else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "mount": self.mount,
+            "status": self.status,
+            "reason": self.reason,
+            **(self.summary() if self.status == "ran" else {}),
+            "runs": [asdict(r) for r in self.runs],
+            "safety": asdict(self.safety) if self.safety else None,
+        }
+
+
+@dataclass
+class Report:
+    plan: Plan
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list)
+    started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    finished: str = ""
+    workspace_stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ran(self) -> list[Cell]:
+        return [c for c in self.cells if c.status == "ran"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "sandbox": __version__,
+            "started": self.started,
+            "finished": self.finished,
+            "command": list(self.plan.argv),
+            "workspace": str(self.plan.workspace),
+            "workspace_stats": self.workspace_stats,
+            "repeat": self.plan.repeat,
+            "profile": self.plan.profile.name,
+            "timeout_s": self.plan.timeout,
+            "mounts": list(self.plan.mounts),
+            "host": _host(),
+            "backends": self.backends,
+            "safety_probe": PROBE_SCRIPT,
+            "cells": [c.to_dict() for c in self.cells],
+        }
+
+
+def exit_status(report: Report) -> int:
+    """0: every cell ran or was skipped for a reason; 2: an explicitly named backend is unavailable;
+    1: a cell failed to run (the sandbox refused or broke; a failing *command* is data, not this)."""
+    if report.plan.explicit_backends and any(not b["available"] for b in report.backends.values()):
+        return 2
+    return 1 if any(c.status == "error" for c in report.cells) else 0
+
+
+def _host() -> dict[str, Any]:
+    return {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "euid": os.geteuid(),
+    }
