@@ -6,6 +6,7 @@ whole row or nothing, never half a record. Columns are NOT NULL where a value al
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from sandbox import datadir
 from sandbox.errors import map_errors
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     from sandbox.policy.authorize import Authorization
     from sandbox.policy.gate import ToolCall
+    from sandbox.vocabulary import DecidedBy, Decision, ErrorCode, External, Level, PermissionMode, Root
 
 SCHEMA_VERSION = 1
 PREVIEW_CHARS = 400
@@ -117,20 +119,20 @@ class AuditRecord:
     args_hash: str
     args_preview: str
     resource: str
-    root: str
-    external: str  # "none" or the escape kind: absolute | parent | symlink | home | command
-    level: str  # what the policy said: allow | confirm | deny
-    decision: str  # the final word: allow | allow-once | allow-session | deny
-    decided_by: str  # rule | mode | grant | turn-denial | user | unattended | timeout | error | …
+    root: Root | Literal[""]  # "": the call was refused before it had a target
+    external: External
+    level: Level  # what the policy said
+    decision: Decision  # the final word
+    decided_by: DecidedBy
     rule_id: str
-    mode: str
+    mode: PermissionMode
     prompted: bool
     permission_wait_ms: float
     duration_ms: float
     overhead_ms: float
     total_ms: float
     ok: bool
-    error_code: str | None
+    error_code: ErrorCode | None
     policy_version: str
     ts: float = field(default_factory=time.time)
 
@@ -145,14 +147,14 @@ class AuditRecord:
         overhead_ms: float = 0.0,
         total_ms: float = 0.0,
         ok: bool = False,
-        error_code: str | None = None,
+        error_code: ErrorCode | None = None,
         policy_version: str = "",
     ) -> AuditRecord:
         """From a call and its authorization; ``args`` defaults to the validated params."""
         data = dict(args) if args is not None else _dump(call.params)
         decision = auth.decision
-        final = (auth.answer or "allow") if auth.allowed else "deny"
-        external = decision.escape or ("command" if decision.external else "none")
+        final: Decision = (auth.answer or "allow") if auth.allowed else "deny"
+        external: External = decision.escape or ("command" if decision.external else "none")
         return cls(
             call.session_id,
             call.turn_id,
@@ -184,14 +186,15 @@ def _dump(params: BaseModel) -> dict[str, Any]:
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
-_SQL_TYPES = {"bool": "INTEGER", "float": "REAL", "str": "TEXT", "str | None": "TEXT"}
+_SQL_TYPES = {"bool": "INTEGER", "float": "REAL"}  # every other field is text: a str or a Literal of them
 
 
 def _schema() -> str:
     cols = []
     for f in fields(AuditRecord):
-        kind = _SQL_TYPES[str(f.type)]
-        null = "" if str(f.type).endswith("None") else " NOT NULL"
+        annotation = str(f.type)  # the annotation as written: this module defers them all
+        kind = _SQL_TYPES.get(annotation, "TEXT")
+        null = "" if annotation.endswith("| None") else " NOT NULL"
         cols.append(f"{f.name} {kind}{null}")
     return f"CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(cols)})"
 
@@ -230,10 +233,8 @@ class AuditLog:
                 raise OSError(str(exc)) from exc
 
     def _rollback(self) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):  # no transaction was open
             self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # no transaction was open
 
     def rows(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -14,6 +14,9 @@ Every error that crosses a public call is a :class:`SandboxError` carrying a sta
     ├── GuaranteeUnavailable          GUARANTEE_UNAVAILABLE  a profile requires what this host cannot enforce
     └── Conflict                      CONFLICT               apply/rollback refused: the target changed
 
+The codes are :data:`sandbox.vocabulary.ErrorCode`, declared once: each class below names its
+own, and the JSON-RPC schema and the pi client derive theirs from that type.
+
 ``map_errors`` translates OS-level errors where they cross into our code, so no raw
 ``OSError`` leaks out of a public call.
 """
@@ -27,9 +30,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from sandbox.vocabulary import ErrorCode
+
 
 class SandboxError(Exception):
-    code: ClassVar[str] = "SANDBOX_ERROR"
+    """The root: never raised itself; each subclass names its :data:`ErrorCode`."""
+
+    code: ClassVar[ErrorCode]
 
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
@@ -80,21 +87,6 @@ class Conflict(SandboxError):
 
 
 E = TypeVar("E", bound=BaseException)
-
-ERROR_CODES: tuple[str, ...] = tuple(
-    cls.code
-    for cls in (
-        InvalidArgument,
-        ToolDenied,
-        ToolFailed,
-        Timeout,
-        Aborted,
-        ShellNotFound,
-        BackendUnavailable,
-        GuaranteeUnavailable,
-        Conflict,
-    )
-)
 
 
 def find_error(exc: BaseException, kind: type[E]) -> E | None:

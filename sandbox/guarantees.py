@@ -12,12 +12,13 @@ as not enforced, never silently.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from sandbox.profile import Profile
+    from sandbox.vocabulary import Guarantee, LimitScope
 
-DESCRIPTIONS: dict[str, str] = {
+DESCRIPTIONS: dict[Guarantee, str] = {
     "fs-readonly-root": "system directories are mounted read-only",
     "fs-write-confined": "writes land only in the workspace (per mount strategy) and a private /tmp",
     "fs-hidden-home": "home directories, /root, /var/run and host secrets are absent",
@@ -45,7 +46,7 @@ class Enforcement(NamedTuple):
     """How one limit is enforced here: ``how`` (``None``: it cannot be) and over what ``scope``."""
 
     how: str | None
-    scope: Literal["call", "process", ""] = ""
+    scope: LimitScope = ""
     why_not: str = ""
 
     def to_dict(self) -> dict[str, Any]:

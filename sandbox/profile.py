@@ -15,7 +15,7 @@ import re
 import tomllib
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -29,32 +29,20 @@ from pydantic import (
 
 from sandbox.backends import environment
 from sandbox.errors import InvalidArgument
+from sandbox.vocabulary import (
+    BackendChoice,
+    Guarantee,
+    Lifecycle,
+    MountStrategy,
+    NetworkMode,
+    OperatingMode,
+    PermissionMode,
+    Unattended,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-
-BackendName = Literal["auto", "bwrap", "docker", "host"]
-MountStrategy = Literal["ro", "rw", "copy", "overlay"]
-Guarantee = Literal[
-    "fs-readonly-root",
-    "fs-write-confined",
-    "fs-hidden-home",
-    "net-none",
-    "tree-kill",
-    "memory-limit",
-    "pids-limit",
-    "cpu-limit",
-    "fsize-limit",
-    "tmp-size-limit",
-    "no-new-privs",
-    "non-root",
-    "no-caps",
-    "env-scrubbed",
-    "new-session",
-    "seccomp",
-    "overlay",
-]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 MIN_MEMORY = 6 * 2**20  # Docker's own floor; below it no Python, shell or test runner starts anyway
@@ -108,7 +96,7 @@ class Mount(_Model):
 
 
 class Network(_Model):
-    mode: Literal["none", "host"] = "none"
+    mode: NetworkMode = "none"
 
 
 class Limits(_Model):
@@ -155,16 +143,16 @@ class Env(_Model):
 
 class Docker(_Model):
     image: str | None = None
-    lifecycle: Literal["session", "call"] = "session"
+    lifecycle: Lifecycle = "session"
     user: str = "1000:1000"
 
 
 class Policy(_Model):
     """Permission-layer settings; the policy package reads them (see sandbox/policy)."""
 
-    mode: Literal["ask", "accept-edits", "auto"] | None = None
-    operating_mode: Literal["agent", "plan"] = "agent"
-    unattended: Literal["deny", "allow"] = "deny"
+    mode: PermissionMode | None = None
+    operating_mode: OperatingMode = "agent"
+    unattended: Unattended = "deny"
     approval_timeout_s: float = Field(120, gt=0, le=3600)
     deny_read: tuple[str, ...] = ()
     deny_write: tuple[str, ...] = ()
@@ -176,7 +164,7 @@ class Policy(_Model):
 class Profile(_Model):
     name: str = "custom"
     description: str = ""
-    backend: BackendName = "auto"
+    backend: BackendChoice = "auto"
     requires: tuple[Guarantee, ...] = ()
     mount: Mount = Mount()
     network: Network = Network()
@@ -214,7 +202,7 @@ class Profile(_Model):
 
 
 # Which setting would silently void a required guarantee, and the value the guarantee needs there.
-_NEEDED: dict[str, tuple[str, str]] = {
+_NEEDED: dict[Guarantee, tuple[str, str]] = {
     "net-none": ("network.mode", "none"),
     "memory-limit": ("limits.memory", "a limit"),
     "pids-limit": ("limits.pids", "a limit"),
@@ -231,7 +219,7 @@ def _setting(profile: Profile, key: str) -> Any:
     return node
 
 
-def _contradiction(profile: Profile) -> tuple[str, str] | None:
+def _contradiction(profile: Profile) -> tuple[Guarantee, str] | None:
     """The first (guarantee, key) pair where the profile's own settings void what it requires."""
     for guarantee in profile.requires:
         if guarantee not in _NEEDED:

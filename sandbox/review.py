@@ -2,14 +2,18 @@
 
 Before a workspace Write or Edit the previous bytes are kept outside the workspace, under
 ``<data_dir>/review-changes/<session>/<snapshot>/{before,meta.json}``; the tool result carries a
-bounded review record. Rollback restores them (or removes a file the tool created) only while
-the file still has the hash the tool left; otherwise CONFLICT and the file is left alone.
+bounded review record. Its hunks are ``difflib.unified_diff``'s (without the file headers), so
+under ``--- a/<path>`` / ``+++ b/<path>`` a patch tool takes them as they are: a new file's hunk
+starts ``@@ -0,0 +1,N @@``. Rollback restores the previous bytes (or removes a file the tool
+created) only while the file still has the hash the tool left; otherwise CONFLICT and the file is
+left alone.
 """
 
 from __future__ import annotations
 
 import base64
 import difflib
+import itertools
 import json
 import shutil
 import uuid
@@ -20,7 +24,10 @@ from sandbox import datadir
 from sandbox.errors import InvalidArgument, map_errors
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
+
+    from sandbox.vocabulary import ChangeStatus, ReviewOperation, SnapshotState
 
 HUNK_CHARS = 64 * 1024
 
@@ -31,12 +38,12 @@ class Snapshot:
     session_id: str
     tool_call_id: str
     path: str
-    operation: str  # write | edit
-    status: str  # added | modified
+    operation: ReviewOperation
+    status: ChangeStatus  # added or modified: a Write or an Edit never deletes
     existed: bool
     reversible: bool
     after_sha256: str
-    state: str = "active"  # active | rolledBack
+    state: SnapshotState = "active"
 
 
 class SnapshotStore:
@@ -66,7 +73,7 @@ class SnapshotStore:
         before = (where / "before").read_bytes() if (where / "before").exists() else None
         return snap, before
 
-    def mark(self, snap: Snapshot, state: str) -> None:
+    def mark(self, snap: Snapshot, state: SnapshotState) -> None:
         snap.state = state
         with map_errors("cannot update the review snapshot"):
             (self._dir(snap.snapshot_id) / "meta.json").write_text(json.dumps(asdict(snap)))
@@ -76,7 +83,7 @@ class SnapshotStore:
 
 
 def record(
-    store: SnapshotStore, tool_call_id: str, operation: str, path: str, details: dict[str, Any]
+    store: SnapshotStore, tool_call_id: str, operation: ReviewOperation, path: str, details: dict[str, Any]
 ) -> dict[str, Any]:
     """Keep the previous bytes the runner returned and build the result's review record."""
     existed = bool(details.get("existed"))
@@ -114,12 +121,10 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
     if before is not None and b"\0" in before[:8192]:
         return {"additions": None, "deletions": None, "hunks": [], "binary": True, "truncated": False}
     old = before.decode("utf-8", errors="replace").splitlines() if before is not None else []
-    new = after.splitlines()
     hunks: list[str] = []
     additions = deletions = size = 0
     truncated = False
-    for group in difflib.SequenceMatcher(None, old, new).get_grouped_opcodes(3):
-        lines = _hunk(old, new, group)
+    for lines in _hunks(old, after.splitlines()):
         additions += sum(1 for line in lines if line.startswith("+"))
         deletions += sum(1 for line in lines if line.startswith("-"))
         text = "\n".join(lines)
@@ -131,13 +136,13 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
     return {"additions": additions, "deletions": deletions, "hunks": hunks, "binary": False, "truncated": truncated}
 
 
-def _hunk(old: list[str], new: list[str], group: list[tuple[str, int, int, int, int]]) -> list[str]:
-    first, last = group[0], group[-1]
-    lines = [f"@@ -{first[1] + 1},{last[2] - first[1]} +{first[3] + 1},{last[4] - first[3]} @@"]
-    for tag, i1, i2, j1, j2 in group:
-        if tag == "equal":
-            lines += [" " + line for line in old[i1:i2]]
-            continue
-        lines += ["-" + line for line in old[i1:i2]]
-        lines += ["+" + line for line in new[j1:j2]]
-    return lines
+def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
+    """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers."""
+    hunk: list[str] = []
+    for line in itertools.islice(difflib.unified_diff(old, new, lineterm=""), 2, None):
+        if line.startswith("@@") and hunk:
+            yield hunk
+            hunk = []
+        hunk.append(line)
+    if hunk:
+        yield hunk

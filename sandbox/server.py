@@ -4,6 +4,9 @@ Requests run concurrently; output of a running tool arrives as ``tool.output`` n
 tagged ``stdout``/``stderr``; approvals are server-to-client ``approval.request`` calls that fail
 closed (no answer in time, an error answer or a closed pipe: deny). When stdin closes, every
 session is closed and every process it started is killed. See integrations/pi/PROTOCOL.md.
+
+Each method is registered once, with its params model, by the ``@method`` decorator on its
+handler: :data:`METHODS` is what the server dispatches and what ``sandbox serve --schema`` lists.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import contextlib
 import json
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -23,16 +27,20 @@ from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver
 from sandbox.protocol import PROTOCOL, initialize_result
-from sandbox.session import Sandbox
+from sandbox.session import Sandbox, SessionOptions
 from sandbox.tools.params import REGISTRY
 from sandbox.tools.run import ToolResult
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+from sandbox.vocabulary import (
+    Answer,
+    BackendChoice,
+    MountStrategy,
+    OperatingMode,
+    PermissionMode,
+    Stream,
+)
 
 MAX_LINE = 64 * 1024 * 1024
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
-Answer = Literal["allow-once", "allow-session", "deny"]
 
 
 class _Params(BaseModel):
@@ -46,11 +54,22 @@ class InitializeParams(_Params):
 class SessionOpenParams(_Params):
     workspace: str
     profile: str | None = None
-    backend: Literal["auto", "bwrap", "docker", "host"] | None = None
-    mode: Literal["ask", "accept-edits", "auto"] | None = None
-    operating_mode: Literal["agent", "plan"] | None = None
-    mount: Literal["ro", "rw", "copy", "overlay"] | None = None
+    backend: BackendChoice | None = None
+    mode: PermissionMode | None = None
+    operating_mode: OperatingMode | None = None
+    mount: MountStrategy | None = None
     trust_project: bool | None = None
+
+    def options(self, approver: Approver) -> SessionOptions:
+        return SessionOptions(
+            approver=approver,
+            profile=self.profile or "default",
+            backend=self.backend,
+            mount=self.mount,
+            mode=self.mode,
+            operating_mode=self.operating_mode,
+            trust_project=self.trust_project,
+        )
 
 
 class SessionParams(_Params):
@@ -85,27 +104,40 @@ class ApprovalAnswer(_Params):
 
 class ToolOutput(_Params):
     tool_call_id: str
-    stream: Literal["stdout", "stderr"]
+    stream: Stream
     data: str
 
 
-METHOD_PARAMS: dict[str, type[BaseModel]] = {
-    "initialize": InitializeParams,
-    "session.open": SessionOpenParams,
-    "session.close": SessionParams,
-    "tool.call": ToolCallParams,
-    "tool.cancel": ToolCancelParams,
-    "snapshot.rollback": RollbackParams,
-    "audit.query": AuditQueryParams,
-    "shutdown": _Params,
-}
+P = TypeVar("P", bound=BaseModel)
+Handler = Callable[["Server", P], Awaitable[dict[str, Any]]]
+
+
+class Method(NamedTuple, Generic[P]):
+    """A JSON-RPC method: the model its params must validate against, and its handler."""
+
+    params: type[P]
+    handler: Handler[P]
+
+
+METHODS: dict[str, Method[Any]] = {}
+"""Every method the server answers, in the order the schema lists them; filled by ``@method``."""
+
+
+def method(name: str, params: type[P]) -> Callable[[Handler[P]], Handler[P]]:
+    """Register the decorated ``Server`` coroutine as the handler of ``name``, taking ``params``."""
+
+    def register(handler: Handler[P]) -> Handler[P]:
+        METHODS[name] = Method(params, handler)
+        return handler
+
+    return register
 
 
 def schema() -> dict[str, Any]:
     """JSON Schemas of every message, generated from the models above."""
     return {
         "protocol": PROTOCOL,
-        "requests": {name: model.model_json_schema() for name, model in METHOD_PARAMS.items()},
+        "requests": {name: m.params.model_json_schema() for name, m in METHODS.items()},
         "results": {"tool.call": ToolResult.model_json_schema()},
         "notifications": {"tool.output": ToolOutput.model_json_schema()},
         "server_requests": {
@@ -168,16 +200,6 @@ class Server:
         self.by_request: dict[Any, str] = {}
         self.pending: dict[str, Any] = {}
         self.stop = anyio.Event()
-        self.handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
-            "initialize": self.initialize,
-            "session.open": self.session_open,
-            "session.close": self.session_close,
-            "tool.call": self.tool_call,
-            "tool.cancel": self.tool_cancel,
-            "snapshot.rollback": self.rollback,
-            "audit.query": self.audit_query,
-            "shutdown": self.shutdown,
-        }
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -235,14 +257,14 @@ class Server:
     async def _handle(self, message: dict[str, Any]) -> None:
         rid, method = message.get("id"), message.get("method")
         try:
-            handler = self.handlers.get(str(method))
-            if handler is None:
-                raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; methods: {', '.join(self.handlers)}")
-            params = _validate(str(method), message.get("params") or {})
+            registered = METHODS.get(str(method))
+            if registered is None:
+                raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; methods: {', '.join(METHODS)}")
+            params = _validate(str(method), registered.params, message.get("params") or {})
             if isinstance(params, ToolCallParams):
                 params.tool_call_id = params.tool_call_id or f"call-{uuid.uuid4().hex[:12]}"
                 self.by_request[rid] = params.tool_call_id
-            result = await handler(params)
+            result = await registered.handler(self, params)
         except RpcError as exc:
             await self._reply(rid, error=exc)
         except SandboxError as exc:
@@ -280,20 +302,13 @@ class Server:
 
     # -- methods ----------------------------------------------------------------------------------
 
-    async def initialize(self, params: InitializeParams) -> dict[str, Any]:
+    @method("initialize", InitializeParams)
+    async def initialize(self, _params: InitializeParams) -> dict[str, Any]:
         return initialize_result()
 
+    @method("session.open", SessionOpenParams)
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
-        sandbox = await Sandbox.create(
-            p.workspace,
-            profile=p.profile or "default",
-            backend=p.backend,
-            mount=p.mount,
-            mode=p.mode,
-            operating_mode=p.operating_mode,
-            approver=RpcApprover(self),
-            trust_project=p.trust_project,
-        )
+        sandbox = await Sandbox.create(p.workspace, **p.options(RpcApprover(self)))
         self.sessions[sandbox.session_id] = sandbox
         return {
             "session_id": sandbox.session_id,
@@ -305,12 +320,14 @@ class Server:
             "mode": sandbox.gate.mode_for(sandbox.state),
         }
 
+    @method("session.close", SessionParams)
     async def session_close(self, p: SessionParams) -> dict[str, Any]:
         sandbox = self._session(p.session_id)
         del self.sessions[p.session_id]
         await sandbox.aclose()
         return {"closed": True}
 
+    @method("tool.call", ToolCallParams)
     async def tool_call(self, p: ToolCallParams) -> dict[str, Any]:
         sandbox = self._session(p.session_id)
         call_id = p.tool_call_id or ""
@@ -329,7 +346,7 @@ class Server:
             self.aborts.pop(call_id, None)
         return result.model_dump()
 
-    def _output(self, call_id: str, stream: str) -> Callable[[bytes], Awaitable[None]]:
+    def _output(self, call_id: str, stream: Stream) -> Callable[[bytes], Awaitable[None]]:
         async def send(chunk: bytes) -> None:
             await self.writer.send(
                 {
@@ -345,16 +362,19 @@ class Server:
 
         return send
 
+    @method("tool.cancel", ToolCancelParams)
     async def tool_cancel(self, p: ToolCancelParams) -> dict[str, Any]:
         abort = self.aborts.get(p.tool_call_id)
         if abort is not None:
             abort.set()
         return {"cancelled": abort is not None}
 
+    @method("snapshot.rollback", RollbackParams)
     async def rollback(self, p: RollbackParams) -> dict[str, Any]:
         result = await self._session(p.session_id).rollback(p.snapshot_id)
         return {"ok": result.ok, "path": result.details.get("path"), "content": result.content}
 
+    @method("audit.query", AuditQueryParams)
     async def audit_query(self, p: AuditQueryParams) -> dict[str, Any]:
         log = AuditLog()
         try:
@@ -363,7 +383,8 @@ class Server:
             log.close()
         return {"records": rows[-p.limit :]}
 
-    async def shutdown(self, p: _Params) -> dict[str, Any]:
+    @method("shutdown", _Params)
+    async def shutdown(self, _params: _Params) -> dict[str, Any]:
         await self.close_all()
         return {}
 
@@ -375,9 +396,9 @@ class Server:
             self.sessions.clear()
 
 
-def _validate(method: str, params: Any) -> BaseModel:
+def _validate(method: str, model: type[BaseModel], params: Any) -> BaseModel:
     try:
-        return METHOD_PARAMS[method].model_validate(params)
+        return model.model_validate(params)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
         raise RpcError(

@@ -6,6 +6,9 @@ reads, searches and Bash run side by side. Cancelling a call kills what it start
 
     async with Sandbox.open(workspace, profile="default") as s:
         result = await s.call("Bash", {"command": "make test"}, on_stdout=print)
+
+What a session is opened with, beyond its workspace, is one :class:`SessionOptions`: the keywords
+``open`` and ``create`` take (``Sandbox.open(ws, mode="auto")``, or ``Sandbox.open(ws, **options)``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
@@ -38,11 +41,21 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from pydantic import BaseModel
+    from typing_extensions import Unpack
 
     from sandbox.exec import OutputCallback
-    from sandbox.policy.verdict import Mode
+    from sandbox.tools.replies import RunnerReply
+    from sandbox.vocabulary import (
+        BackendChoice,
+        MountStrategy,
+        OperatingMode,
+        PermissionMode,
+        ReviewOperation,
+        Root,
+    )
 
 SCRATCH_MAX_AGE_S = 7 * 24 * 3600
+_REVIEWED: dict[str, ReviewOperation] = {"Write": "write", "Edit": "edit"}  # the tools a snapshot is kept for
 
 
 def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S) -> list[str]:
@@ -58,6 +71,27 @@ def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S)
     return removed
 
 
+class SessionOptions(TypedDict, total=False):
+    """How to open a session; every key may be left out.
+
+    ``profile`` is a shipped profile's name, a TOML path or a :class:`~sandbox.profile.Profile`
+    (``default`` when absent); ``backend``, ``mount`` and ``operating_mode`` override its values,
+    validated as the profile's own. ``mode`` is the session's permission mode (else the profile's,
+    else the user's global one, else ``ask``); ``approver`` answers confirmations (else the
+    profile's unattended answer); ``trust_project`` overrides the stored trust of the workspace
+    for this session; ``session_id`` names the session (letters, digits and dashes).
+    """
+
+    profile: str | profiles.Profile
+    backend: BackendChoice | None
+    mount: MountStrategy | None
+    mode: PermissionMode | None
+    operating_mode: OperatingMode | None
+    approver: Approver | None
+    session_id: str | None
+    trust_project: bool | None
+
+
 class Sandbox:
     """Use ``Sandbox.open(...)``; the constructor only binds what ``open`` prepared."""
 
@@ -71,7 +105,7 @@ class Sandbox:
         jail: base.Jail,
         gate: Gate,
         approver: Approver,
-        mode: Mode | None,
+        mode: PermissionMode | None,
     ) -> None:
         self.session_id = session_id
         self.workspace = workspace  # bound at open; never re-read from anything mutable
@@ -88,30 +122,8 @@ class Sandbox:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(
-        cls,
-        workspace: str | Path,
-        *,
-        profile: str | profiles.Profile = "default",
-        backend: str | None = None,
-        mount: str | None = None,
-        mode: Mode | None = None,
-        operating_mode: str | None = None,
-        approver: Approver | None = None,
-        session_id: str | None = None,
-        trust_project: bool | None = None,
-    ) -> AsyncIterator[Sandbox]:
-        sandbox = await cls.create(
-            workspace,
-            profile=profile,
-            backend=backend,
-            mount=mount,
-            mode=mode,
-            operating_mode=operating_mode,
-            approver=approver,
-            session_id=session_id,
-            trust_project=trust_project,
-        )
+    async def open(cls, workspace: str | Path, **options: Unpack[SessionOptions]) -> AsyncIterator[Sandbox]:
+        sandbox = await cls.create(workspace, **options)
         try:
             yield sandbox
         finally:
@@ -119,28 +131,11 @@ class Sandbox:
                 await sandbox.aclose()
 
     @classmethod
-    async def create(
-        cls,
-        workspace: str | Path,
-        *,
-        profile: str | profiles.Profile = "default",
-        backend: str | None = None,
-        mount: str | None = None,
-        mode: Mode | None = None,
-        operating_mode: str | None = None,
-        approver: Approver | None = None,
-        session_id: str | None = None,
-        trust_project: bool | None = None,
-    ) -> Sandbox:
+    async def create(cls, workspace: str | Path, **options: Unpack[SessionOptions]) -> Sandbox:
         """Open a session (the caller must ``aclose`` it); ``open`` is the context-managed form."""
-        prof = profile if isinstance(profile, profiles.Profile) else profiles.load(profile)
-        prof = prof.with_overrides(
-            **{"backend": backend, "mount.strategy": mount, "policy.operating_mode": operating_mode}
-        )
+        prof = _profile(options)
         ws = check_workspace(Path(workspace))
-        sid = session_id or uuid.uuid4().hex[:16]
-        if not sid.replace("-", "").isalnum():
-            raise InvalidArgument(f"session id {sid!r} must be letters, digits and dashes", session_id=sid)
+        sid = _session_id(options.get("session_id"))
         sweep_scratch(keep=sid)
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
@@ -148,7 +143,7 @@ class Sandbox:
         leftovers.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
         try:
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
-            rules = load_ruleset(prof.policy, ws, trust_override=trust_project)
+            rules = load_ruleset(prof.policy, ws, trust_override=options.get("trust_project"))
             gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
         except BaseException:
@@ -163,8 +158,8 @@ class Sandbox:
                 profile=prof,
                 jail=jail,
                 gate=gate,
-                approver=approver or UnattendedApprover.from_settings(prof.policy),
-                mode=mode,
+                approver=options.get("approver") or UnattendedApprover.from_settings(prof.policy),
+                mode=options.get("mode"),
             )
         except BaseException:  # e.g. the audit log cannot be opened (full disk): leave nothing running
             with anyio.CancelScope(shield=True):
@@ -254,23 +249,22 @@ class Sandbox:
         assert auth.decision.target is not None
         return auth.decision.target.canonical
 
-    def _file_result(self, call: ToolCall, auth: Authorization, reply: dict[str, Any], target: str) -> ToolResult:
-        details = dict(reply.get("details") or {})
-        content = str(reply.get("content", ""))
+    def _file_result(self, call: ToolCall, auth: Authorization, reply: RunnerReply, target: str) -> ToolResult:
+        details, content = reply["details"], reply["content"]
         if "paths" in details:
             content, details = _listing(self.gate, details)
         elif "hits" in details:
             content, details = _hits(self.gate, details, call.params)
         result_root = auth.decision.root
         record = None
-        if reply.get("ok") and call.name in ("Write", "Edit") and result_root == "workspace":
-            record = review.record(self.snapshots, call.tool_call_id, call.name.lower(), target, details)
+        if reply["ok"] and call.name in _REVIEWED and result_root == "workspace":
+            record = review.record(self.snapshots, call.tool_call_id, _REVIEWED[call.name], target, details)
         for key in ("before", "after"):
             details.pop(key, None)
         return ToolResult(
-            ok=bool(reply.get("ok")),
+            ok=reply["ok"],
             content=content,
-            error_code=reply.get("error_code"),
+            error_code=reply["error_code"],
             details=details,
             root=result_root,
             review=record,
@@ -300,12 +294,12 @@ class Sandbox:
         }
         async with self._write_lock:
             reply = await run_in_jail(self.jail, request)
-        if not reply.get("ok"):
-            raise Conflict(str(reply.get("content")), snapshot_id=snapshot_id, path=snap.path)
+        if not reply["ok"]:
+            raise Conflict(reply["content"], snapshot_id=snapshot_id, path=snap.path)
         self.snapshots.mark(snap, "rolledBack")
         return ToolResult(
             ok=True,
-            content=str(reply["content"]),
+            content=reply["content"],
             root="workspace",
             details={"snapshot_id": snapshot_id, "path": snap.path},
         )
@@ -377,14 +371,30 @@ class Sandbox:
             self.audit.close()
 
 
-def _error(exc: SandboxError, root: str | None = None) -> ToolResult:
-    return ToolResult(
-        ok=False,
-        error_code=exc.code,
-        content=exc.message,
-        details=exc.data,
-        root=root if root in ("workspace", "scratch", "external") else None,
-    )
+def _error(exc: SandboxError, root: Root | None = None) -> ToolResult:
+    return ToolResult(ok=False, error_code=exc.code, content=exc.message, details=exc.data, root=root)
+
+
+def _profile(options: SessionOptions) -> profiles.Profile:
+    """The options' profile with their overrides, validated as the profile's own values."""
+    unknown = sorted(set(options) - SessionOptions.__optional_keys__)
+    if unknown:  # what Python says of a keyword no signature names
+        raise TypeError(f"Sandbox.open() got an unexpected keyword argument {unknown[0]!r}")
+    named = options.get("profile", "default")
+    profile = named if isinstance(named, profiles.Profile) else profiles.load(named)
+    overrides = {
+        "backend": options.get("backend"),
+        "mount.strategy": options.get("mount"),
+        "policy.operating_mode": options.get("operating_mode"),
+    }
+    return profile.with_overrides(**overrides)
+
+
+def _session_id(given: str | None) -> str:
+    sid = given or uuid.uuid4().hex[:16]
+    if not sid.replace("-", "").isalnum():
+        raise InvalidArgument(f"session id {sid!r} must be letters, digits and dashes", session_id=sid)
+    return sid
 
 
 def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -59,6 +59,9 @@ Guarantee = Literal[
     "overlay",
 ]
 Stream = Literal["stdout", "stderr"]
+LimitScope = Literal["call", "process", ""]
+"""Over what one limit is enforced: each call as a whole, or each process; ``""`` where nothing
+enforces it on this host."""
 
 # -- the permission layer ---------------------------------------------------------------------
 PermissionMode = Literal["ask", "accept-edits", "auto"]
@@ -78,10 +81,17 @@ Risk = Literal["read", "write", "execute"]
 Operation = Literal["read", "write", "execute"]
 Root = Literal["workspace", "scratch", "external"]
 Escape = Literal["absolute", "parent", "symlink", "home"]
+"""How a path left the session roots."""
+External = Literal[Escape, "command", "none"]
+"""What the audit says of a call that reached outside the roots: the path's escape, ``command``
+for a Bash command that names an outside path, ``none`` when it stayed inside."""
 
-# -- changesets -------------------------------------------------------------------------------
+# -- changesets and review snapshots ----------------------------------------------------------
 ChangeStatus = Literal["added", "modified", "deleted"]
 EntryKind = Literal["file", "dir", "symlink", "special"]
+ReviewOperation = Literal["write", "edit"]
+"""The tool call a review snapshot was kept for (Write or Edit, in the workspace)."""
+SnapshotState = Literal["active", "rolledBack"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host")  # the real ones: offered, checked

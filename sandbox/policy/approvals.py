@@ -15,14 +15,18 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TextIO, get_args
+from typing import TYPE_CHECKING, TextIO, get_args
 
 import anyio
 import anyio.to_thread
 
-Answer = Literal["allow-once", "allow-session", "deny"]
+# Operation and Root at run time: the server reads ApprovalRequest's fields for its schema.
+from sandbox.vocabulary import Answer, Operation, Root
+
+if TYPE_CHECKING:
+    from sandbox.vocabulary import ApprovalDecidedBy
+
 ANSWERS: frozenset[str] = frozenset(get_args(Answer))
-DecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
 
 USER_DENIED = "the user denied permission"
 
@@ -39,11 +43,11 @@ class ApprovalRequest:
     turn_id: str
     tool_call_id: str
     tool: str
-    operation: str
+    operation: Operation
     resource: str
     reason: str
     rule_id: str
-    root: str | None = None
+    root: Root | None = None
     external: bool = False
     allow_session: bool = True  # whether "allow for this session" may be offered
 
@@ -51,7 +55,7 @@ class ApprovalRequest:
 @dataclass(frozen=True, slots=True)
 class ApprovalOutcome:
     answer: Answer
-    decided_by: DecidedBy
+    decided_by: ApprovalDecidedBy
     reason: str
     wait_ms: float
 
@@ -61,7 +65,7 @@ class ApprovalOutcome:
 
 
 class Approver(abc.ABC):
-    who: DecidedBy = "user"
+    who: ApprovalDecidedBy = "user"
 
     @abc.abstractmethod
     async def ask(self, request: ApprovalRequest) -> Answer:
@@ -71,7 +75,7 @@ class Approver(abc.ABC):
 class UnattendedApprover(Approver):
     """No one is there: every confirmation is denied, unless a profile says ``unattended = "allow"``."""
 
-    who: DecidedBy = "unattended"
+    who: ApprovalDecidedBy = "unattended"
 
     def __init__(self, allow: bool = False) -> None:
         self.allow = allow
@@ -80,7 +84,7 @@ class UnattendedApprover(Approver):
     def from_settings(cls, settings: object) -> UnattendedApprover:
         return cls(allow=getattr(settings, "unattended", "deny") == "allow")
 
-    async def ask(self, request: ApprovalRequest) -> Answer:
+    async def ask(self, _request: ApprovalRequest) -> Answer:
         return "allow-once" if self.allow else "deny"
 
 
@@ -171,7 +175,7 @@ def _approver_cancelled_itself() -> bool:
     return task is not None and task.cancelling() == 0
 
 
-def _denied(by: DecidedBy, reason: str, start: float) -> ApprovalOutcome:
+def _denied(by: ApprovalDecidedBy, reason: str, start: float) -> ApprovalOutcome:
     return ApprovalOutcome("deny", by, reason, _ms(start))
 
 

@@ -10,15 +10,16 @@ from sandbox.policy.approvals import ApprovalRequest, Approver, decide
 
 if TYPE_CHECKING:
     from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
+    from sandbox.vocabulary import Answer, DecidedBy
 
 
 @dataclass(frozen=True, slots=True)
 class Authorization:
     decision: Decision  # what the policy said before anyone was asked
     allowed: bool
-    decided_by: str  # rule | mode | grant | turn-denial | user | unattended | timeout | error | …
+    decided_by: DecidedBy  # the gate's word, or the approval's when someone was asked
     reason: str
-    answer: str | None = None
+    answer: Answer | None = None
     prompted: bool = False
     wait_ms: float = 0.0
 

@@ -27,12 +27,13 @@ from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
 from sandbox.policy.shell import Simple, Unparseable, Word, parse
-from sandbox.policy.verdict import Finding, Layer, strongest
+from sandbox.policy.verdict import Finding, strongest
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sandbox.policy.paths import PathPolicy, ResolvedPath
+    from sandbox.vocabulary import Layer
 
 MAX_DEPTH = 6
 SENSITIVE_VAR = re.compile(

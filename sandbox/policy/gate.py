@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sandbox import datadir
 from sandbox.errors import ToolDenied
 from sandbox.policy import commands
-from sandbox.policy.paths import Escape, PathPolicy, ResolvedPath, Root
+from sandbox.policy.paths import PathPolicy, ResolvedPath
 from sandbox.policy.rules import CompiledRule, RuleSet
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
 
@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
-    from sandbox.policy.verdict import Finding, Level, Mode
+    from sandbox.policy.verdict import Finding
+    from sandbox.vocabulary import Escape, GateDecidedBy, Level, Operation, PermissionMode, Root, RuleAction
 
-DecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
 _GLOB_CHARS = frozenset("*?[{")
-_RULE_LEVEL: dict[str, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
+_RULE_LEVEL: dict[RuleAction, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +48,10 @@ class Decision:
     root: Root | None
     external: bool
     tool: str
-    operation: str  # "read" | "write" | "execute"
-    mode: Mode
+    operation: Operation
+    mode: PermissionMode
     grantable: bool = True  # False: an allow-session grant never covers this confirmation
-    decided_by: DecidedBy = "rule"
+    decided_by: GateDecidedBy = "rule"
     escape: Escape | None = None
     target: ResolvedPath | None = None
 
@@ -61,7 +61,7 @@ class SessionState:
     """Grants and denials of one session; never shared with, nor inherited by, another session."""
 
     session_id: str
-    mode: Mode | None = None
+    mode: PermissionMode | None = None
     grants: set[str] = field(default_factory=set)
     _denied: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
 
@@ -88,7 +88,7 @@ class Gate:
         scratch: Path,
         settings: Any,
         rules: RuleSet | None = None,
-        global_mode: Mode | None = None,
+        global_mode: PermissionMode | None = None,
         *,
         data_dir: Path | None = None,
     ) -> None:
@@ -107,9 +107,9 @@ class Gate:
         self.policy_version = self.rules.version
         self._file_rules = [r for r in self.rules.compiled(self.paths.homes) if r.paths is not None]
 
-    def mode_for(self, state: SessionState) -> Mode:
+    def mode_for(self, state: SessionState) -> PermissionMode:
         """Session setting, then the profile, then the global default, then ``ask``."""
-        mode: Mode = state.mode or self.settings.mode or self.global_mode or "ask"
+        mode: PermissionMode = state.mode or self.settings.mode or self.global_mode or "ask"
         return mode
 
     def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
@@ -119,7 +119,7 @@ class Gate:
 
     # -- per risk class -----------------------------------------------------------------------
 
-    def _decide(self, call: ToolCall, state: SessionState, mode: Mode) -> Decision:
+    def _decide(self, call: ToolCall, state: SessionState, mode: PermissionMode) -> Decision:
         base = Decision("deny", "", "", call.name, None, False, call.name, "execute", mode)
         if state.session_id != call.session_id:
             return replace(base, reason="this call belongs to another session", rule_id="session.mismatch")
@@ -139,9 +139,9 @@ class Gate:
             return self._by_mode(replace(base, resource=call.name), mode, "mode.execute", f"{call.name} runs code")
         return self._file(spec, call, mode)
 
-    def _file(self, spec: ToolSpec, call: ToolCall, mode: Mode) -> Decision:
+    def _file(self, spec: ToolSpec, call: ToolCall, mode: PermissionMode) -> Decision:
         target = self.target(spec, call.params)
-        operation: Literal["read", "write"] = "write" if spec.risk == "write" else "read"
+        operation: Operation = "write" if spec.risk == "write" else "read"
         base = Decision(
             "allow",
             "",
@@ -180,7 +180,7 @@ class Gate:
             base, reason=f"{mode} mode allows edits in the workspace", rule_id=f"mode.{mode}", decided_by="mode"
         )
 
-    def _external(self, base: Decision, mode: Mode) -> Decision:
+    def _external(self, base: Decision, mode: PermissionMode) -> Decision:
         what = f"{base.resource} is outside the workspace and scratch roots ({base.escape} path)"
         if mode == "auto":
             return replace(
@@ -199,7 +199,7 @@ class Gate:
         level = _RULE_LEVEL[rule.rule.action]
         return replace(base, level=level, reason=text, rule_id=rule.rule.id, grantable=level != "confirm")
 
-    def _bash(self, call: ToolCall, mode: Mode) -> Decision:
+    def _bash(self, call: ToolCall, mode: PermissionMode) -> Decision:
         assert isinstance(call.params, BashParams)
         verdict = commands.judge(call.params.command, self.paths, self.rules)
         base = Decision(
@@ -215,7 +215,7 @@ class Gate:
         )
         return self._from_finding(base, verdict.finding, mode)
 
-    def _from_finding(self, base: Decision, finding: Finding, mode: Mode) -> Decision:
+    def _from_finding(self, base: Decision, finding: Finding, mode: PermissionMode) -> Decision:
         if finding.layer == "deny":
             return replace(base, level="deny")
         if finding.layer == "ask":
@@ -225,7 +225,7 @@ class Gate:
         return self._by_mode(base, mode, finding.rule_id, finding.reason)
 
     @staticmethod
-    def _by_mode(base: Decision, mode: Mode, rule_id: str, reason: str) -> Decision:
+    def _by_mode(base: Decision, mode: PermissionMode, rule_id: str, reason: str) -> Decision:
         if mode == "auto":
             return replace(base, level="allow", reason=f"auto mode: {reason}", rule_id=rule_id, decided_by="mode")
         return replace(base, level="confirm", reason=reason, rule_id=rule_id, decided_by="mode")

@@ -13,34 +13,34 @@ from sandbox.policy.flags import Shape
 Predicate = Callable[[Shape, Sequence[str]], bool]
 
 
-def _always(shape: Shape, args: Sequence[str]) -> bool:
+def _always(_shape: Shape, _args: Sequence[str]) -> bool:
     return True
 
 
 def _no_flags(*bad: str) -> Predicate:
-    def check(shape: Shape, args: Sequence[str]) -> bool:
+    def check(shape: Shape, _args: Sequence[str]) -> bool:
         return not any(flag in shape.flags for flag in bad)
 
     return check
 
 
-def _uniq(shape: Shape, args: Sequence[str]) -> bool:
+def _uniq(shape: Shape, _args: Sequence[str]) -> bool:
     return len(shape.positionals) <= 1  # "uniq in out" writes out
 
 
-def _date(shape: Shape, args: Sequence[str]) -> bool:
+def _date(shape: Shape, _args: Sequence[str]) -> bool:
     setting = {"-s", "--set"} & shape.flags
     return not setting and all(p.startswith("+") for p in shape.positionals)
 
 
-def _hostname(shape: Shape, args: Sequence[str]) -> bool:
+def _hostname(shape: Shape, _args: Sequence[str]) -> bool:
     return not shape.positionals and not {"-F", "--file", "-b", "--boot"} & shape.flags
 
 
 FIND_ACTIONS = frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"})
 
 
-def _find(shape: Shape, args: Sequence[str]) -> bool:
+def _find(_shape: Shape, args: Sequence[str]) -> bool:
     return not FIND_ACTIONS.intersection(args)
 
 
@@ -89,7 +89,7 @@ def git_subcommand(args: Sequence[str]) -> tuple[str | None, list[str]]:
     return args[index], list(args[index + 1 :])
 
 
-def _git(shape: Shape, args: Sequence[str]) -> bool:
+def _git(_shape: Shape, args: Sequence[str]) -> bool:
     sub, rest = git_subcommand(args)
     if sub not in GIT_READ or any(arg.startswith(_GIT_WRITING) for arg in rest):
         return False

@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -22,21 +22,22 @@ from sandbox import datadir
 from sandbox.errors import InvalidArgument
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.paths import PatternSet
+from sandbox.vocabulary import PERMISSION_MODES, RuleAction
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
-    from sandbox.policy.verdict import Mode
+    from sandbox.vocabulary import Layer, PermissionMode
 
-Action = Literal["allow", "block", "ask"]
+
 POLICY_VERSION = "1"
 
 
 @dataclass(frozen=True, slots=True)
 class BuiltinRule:
     id: str
-    layer: Literal["deny", "ask", "exempt"]
+    layer: Layer
     description: str
 
 
@@ -58,7 +59,7 @@ BUILTIN_IDS = frozenset(rule.id for rule in BUILTIN_RULES)
 class UserRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    action: Action
+    action: RuleAction
     id: str = ""
     text: str | None = None
     tool: str = "Bash"
@@ -211,9 +212,6 @@ def parse_rules(items: Iterable[dict[str, Any]], source: str) -> list[UserRule]:
     return rules
 
 
-MODES: tuple[Mode, ...] = ("ask", "accept-edits", "auto")
-
-
 class RuleStore:
     """The user's rules, one JSON file under the data directory, replaced atomically."""
 
@@ -232,18 +230,18 @@ class RuleStore:
         return {
             "rules": list(data.get("rules", [])),
             "removed": list(data.get("removed", [])),
-            **({"mode": data["mode"]} if data.get("mode") in MODES else {}),
+            **({"mode": data["mode"]} if data.get("mode") in PERMISSION_MODES else {}),
         }
 
     def _save(self, data: dict[str, Any]) -> None:
         atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
-    def mode(self) -> Mode | None:
+    def mode(self) -> PermissionMode | None:
         """The global default permission mode (``sandbox policy mode``), if one was set."""
-        found: Mode | None = self._load().get("mode")
+        found: PermissionMode | None = self._load().get("mode")
         return found
 
-    def set_mode(self, mode: Mode | None) -> None:
+    def set_mode(self, mode: PermissionMode | None) -> None:
         data = self._load()
         data.pop("mode", None)
         if mode is not None:
@@ -255,7 +253,7 @@ class RuleStore:
         check_removable(data["removed"])
         return RuleSet(user=tuple(parse_rules(data["rules"], str(self.path))), removed=frozenset(data["removed"]))
 
-    def add(self, action: Action, text: str, tool: str = "Bash") -> UserRule:
+    def add(self, action: RuleAction, text: str, tool: str = "Bash") -> UserRule:
         if not text.strip():
             raise InvalidArgument("a rule's text cannot be empty")
         rule = UserRule(action=action, text=text.strip(), tool=tool)

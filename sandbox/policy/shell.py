@@ -175,11 +175,11 @@ class _Walker:
             raise Unparseable(f"unsupported shell construct: {kind}")
         handler(node, pipeline, stage)
 
-    def _visit_list(self, node: Any, pipeline: int, stage: int) -> None:
+    def _visit_list(self, node: Any, _pipeline: int, _stage: int) -> None:
         for part in node.parts:
             self.visit(part)
 
-    def _visit_pipeline(self, node: Any, pipeline: int, stage: int) -> None:
+    def _visit_pipeline(self, node: Any, _pipeline: int, _stage: int) -> None:
         pipe_id, self._pipes = self._pipes, self._pipes + 1
         position = 0
         for part in node.parts:
@@ -209,11 +209,11 @@ class _Walker:
 
     _visit_for = _visit_while = _visit_until = _visit_if = _visit_loop
 
-    def _visit_function(self, node: Any, pipeline: int, stage: int) -> None:
+    def _visit_function(self, node: Any, _pipeline: int, _stage: int) -> None:
         self.functions.append(node.name.word)
         self.visit(node.body)
 
-    def _visit_reservedword(self, node: Any, pipeline: int, stage: int) -> None:
+    def _visit_reservedword(self, _node: Any, _pipeline: int, _stage: int) -> None:
         return None
 
     _visit_operator = _visit_pipe = _visit_reservedword

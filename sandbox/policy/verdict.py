@@ -1,18 +1,16 @@
-"""The small vocabulary every policy module speaks."""
+"""What one policy rule finds, and which finding decides; the words are :mod:`sandbox.vocabulary`'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
-Level = Literal["allow", "confirm", "deny"]
-Mode = Literal["ask", "accept-edits", "auto"]
-MODES: tuple[Mode, ...] = ("ask", "accept-edits", "auto")
+if TYPE_CHECKING:
+    from sandbox.vocabulary import Layer
 
 # How a Bash command is judged before the permission mode is applied, weakest first:
 # "exempt" runs silently, "mode" follows the permission mode, "ask" is confirmed in every mode,
 # "deny" never runs and is never asked.
-Layer = Literal["exempt", "mode", "ask", "deny"]
 LAYER_RANK: dict[Layer, int] = {"exempt": 0, "mode": 1, "ask": 2, "deny": 3}
 
 

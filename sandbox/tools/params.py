@@ -10,16 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.profile import MAX_TIMEOUT_S
 
-DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
+if TYPE_CHECKING:
+    from sandbox.vocabulary import Risk
 
-Risk = Literal["read", "write", "execute"]
+DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
 
 
 class _Params(BaseModel):

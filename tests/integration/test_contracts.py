@@ -108,7 +108,7 @@ SURVIVORS = (
 )
 
 
-async def _assert_all_dead(marker: str, proc_pids: list[int] | None = None) -> None:
+async def _assert_all_dead(marker: str) -> None:
     assert survivors(marker) == [], "a process of the call outlived it"
 
 
@@ -201,7 +201,8 @@ async def test_file_size_limit(open_jail: JailFactory) -> None:
     assert result.stdout.strip() == str(1024 * 1024)
 
 
-async def test_tmp_is_private_and_bounded(open_jail: JailFactory, workspace: Path) -> None:
+@pytest.mark.usefixtures("workspace")
+async def test_tmp_is_private_and_bounded(open_jail: JailFactory) -> None:
     jail = await open_jail(make_profile(**{"limits.tmp_size": "8MiB"}))
     name = f"sandbox-probe-{os.getpid()}"
     result = await sh(jail, f"echo x > /tmp/{name} && head -c 33554432 /dev/zero > /tmp/fill; echo rc=$?")

@@ -44,7 +44,7 @@ class Client:
         rid = self.next_id
         await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
         while True:
-            msg = json.loads(await self.lines.receive_until(b"\n", 1 << 26))
+            msg: dict[str, Any] = json.loads(await self.lines.receive_until(b"\n", 1 << 26))
             if msg.get("id") == rid and "method" not in msg:
                 return msg
             if msg.get("method") == "tool.output":
@@ -59,7 +59,7 @@ class Client:
 
 
 @pytest.fixture
-async def client(workspace: Path) -> AsyncIterator[Client]:
+async def client(workspace: Path) -> AsyncIterator[Client]:  # noqa: ARG001 - the server opens it by path
     backend_or_skip("bwrap")
     proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
     c = Client(proc)
@@ -193,3 +193,19 @@ def test_committed_schema_is_current() -> None:
     out = subprocess.run([SANDBOX, "serve", "--schema"], capture_output=True, text=True, check=True)
     committed = Path(__file__).resolve().parents[2] / "integrations" / "protocol.schema.json"
     assert json.loads(committed.read_text()) == json.loads(out.stdout)
+
+
+def test_one_registry_serves_and_describes_the_methods() -> None:
+    """Every registered method is in the schema, in order, and its choices are the vocabulary's."""
+    from typing import get_args
+
+    from sandbox import server
+    from sandbox.vocabulary import Answer, BackendChoice, MountStrategy, PermissionMode
+
+    schema = server.schema()
+    assert list(schema["requests"]) == list(server.METHODS) and "session.open" in server.METHODS
+    opened = schema["requests"]["session.open"]["properties"]
+    for key, words in (("backend", BackendChoice), ("mount", MountStrategy), ("mode", PermissionMode)):
+        assert opened[key]["anyOf"][0]["enum"] == list(get_args(words)), key
+    answer = schema["server_requests"]["approval.request"]["result"]["properties"]["decision"]
+    assert answer["enum"] == list(get_args(Answer))

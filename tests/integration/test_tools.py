@@ -135,7 +135,7 @@ async def test_planted_symlink_outside_is_external_for_every_file_tool(
     async with Sandbox.open(
         workspace, profile=_profile(backend), mode="accept-edits", approver=CallbackApprover(deny)
     ) as s:
-        calls = [
+        calls: list[tuple[str, dict[str, Any]]] = [
             ("Read", {"path": "escape/secret.txt"}),
             ("Write", {"path": "escape/new.txt", "content": "x"}),
             ("Edit", {"path": "escape/secret.txt", "edits": [{"old_text": "s3cret", "new_text": "x"}]}),

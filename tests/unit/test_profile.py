@@ -42,7 +42,7 @@ def test_sizes(text: object, expected: int) -> None:
 
 @pytest.mark.parametrize("bad", ["lots", "-1", "1 XB", True, -5, "0.1", "1.3k", 1.5])
 def test_bad_sizes(bad: object) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="size|byte"):
         profiles.parse_size(bad)
 
 

@@ -6,9 +6,9 @@ import os
 from typing import TYPE_CHECKING
 
 import pytest
-from policy_world import World
 
 from sandbox.policy.gate import SessionState
+from tests.unit.policy.policy_world import World
 
 if TYPE_CHECKING:
     from pathlib import Path

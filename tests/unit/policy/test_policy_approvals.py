@@ -13,7 +13,6 @@ import pytest
 from sandbox.errors import ToolDenied
 from sandbox.policy.approvals import (
     USER_DENIED,
-    Answer,
     ApprovalRequest,
     ApprovalUnavailable,
     Approver,
@@ -26,7 +25,8 @@ from sandbox.policy.authorize import authorize
 from sandbox.policy.gate import SessionState, ToolCall
 
 if TYPE_CHECKING:
-    from policy_world import World
+    from sandbox.vocabulary import Answer
+    from tests.unit.policy.policy_world import World
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +44,7 @@ class Fixed(Approver):
 
 
 class Slow(Approver):
-    async def ask(self, request: ApprovalRequest) -> Answer:
+    async def ask(self, _request: ApprovalRequest) -> Answer:
         await anyio.sleep(10)
         return "allow-once"
 
@@ -53,7 +53,7 @@ class Raising(Approver):
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    async def ask(self, request: ApprovalRequest) -> Answer:
+    async def ask(self, _request: ApprovalRequest) -> Answer:
         raise self.exc
 
 
@@ -114,11 +114,11 @@ async def test_unattended_and_callback_approvers() -> None:
     assert (await decide(UnattendedApprover(), REQUEST, 1)).decided_by == "unattended"
     assert (await decide(UnattendedApprover(allow=True), REQUEST, 1)).answer == "allow-once"
 
-    async def async_cb(request: ApprovalRequest) -> str:
+    async def async_cb(_request: ApprovalRequest) -> str:
         return "allow-session"
 
     assert (await decide(CallbackApprover(async_cb), REQUEST, 1)).answer == "allow-session"
-    assert (await decide(CallbackApprover(lambda r: "deny"), REQUEST, 1)).answer == "deny"
+    assert (await decide(CallbackApprover(lambda _r: "deny"), REQUEST, 1)).answer == "deny"
 
 
 async def test_terminal_approver_reads_a_line_and_eof_denies() -> None:

@@ -18,7 +18,7 @@ from sandbox.policy.authorize import Authorization
 from sandbox.policy.gate import SessionState
 
 if TYPE_CHECKING:
-    from policy_world import World
+    from tests.unit.policy.policy_world import World
 
 SECRETS = [
     ("export GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdef"),

@@ -27,7 +27,7 @@ import pytest
 from sandbox.policy.gate import SessionState
 
 if TYPE_CHECKING:
-    from policy_world import World
+    from tests.unit.policy.policy_world import World
 
 CASES_DIR = Path(__file__).parent / "cases"
 ALL_MODES = ("ask", "accept-edits", "auto")

@@ -13,7 +13,7 @@ from sandbox.policy.rules import RuleSet, UserRule
 from sandbox.tools.params import REGISTRY, BashParams, lookup, validate
 
 if TYPE_CHECKING:
-    from policy_world import World
+    from tests.unit.policy.policy_world import World
 
 
 def test_unknown_tool_is_denied_with_a_readable_reason() -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import cli_policy
+from sandbox.cli import policy as cli_policy
 from sandbox.errors import InvalidArgument
 from sandbox.policy import load_ruleset
 from sandbox.policy.rules import RuleStore
@@ -20,7 +20,7 @@ from sandbox.profile import Policy
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from policy_world import World
+    from tests.unit.policy.policy_world import World
 
 PROJECT_FILE = """
 mode = "auto"
