@@ -93,8 +93,10 @@ compare: setup
 schema: setup
 	$(BIN)/sandbox serve --schema > integrations/protocol.schema.json
 
+# The style gate CI runs first: lint, formatting and mypy --strict over sandbox/ and tests/.
 lint: setup
 	$(BIN)/ruff check sandbox tests bench demo
+	$(BIN)/ruff format --check sandbox tests bench demo
 	$(BIN)/mypy
 
 clean:

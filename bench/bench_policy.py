@@ -62,17 +62,17 @@ def main() -> None:
             for i in range(ROUNDS + 200)
         ]
         results = {
-            "Read (file tool)": _median_us(lambda i: gate.evaluate(read, state)),
-            "Write (file tool)": _median_us(lambda i: gate.evaluate(write, state)),
-            "Grep (file tool)": _median_us(lambda i: gate.evaluate(grep, state)),
+            "Read (file tool)": _median_us(lambda _i: gate.evaluate(read, state)),
+            "Write (file tool)": _median_us(lambda _i: gate.evaluate(write, state)),
+            "Grep (file tool)": _median_us(lambda _i: gate.evaluate(grep, state)),
             f"Bash cold: {bash!r}": _median_us(lambda i: gate.evaluate(cold[i], state)),
-            f"Bash warm: {bash!r}": _median_us(lambda i: gate.evaluate(warm, state)),
+            f"Bash warm: {bash!r}": _median_us(lambda _i: gate.evaluate(warm, state)),
             "Bash cold, bashlex path (loop + $(…) + redirect)": _median_us(
                 lambda i: gate.evaluate(complex_cmd[i], state)
             ),
         }
     for name, value in results.items():
-        print(f"{value:9.1f} µs  median  {name}")  # noqa: T201
+        print(f"{value:9.1f} µs  median  {name}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -77,7 +77,7 @@ def workspace(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     return ws
 
 
-def make_profile(name: str = "default", **overrides: Any) -> profiles.Profile:
+def make_profile(name: str = "default", /, **overrides: Any) -> profiles.Profile:
     """A shipped profile with dotted-key overrides and no guarantee requirements of its own.
 
     (Tests take a profile for its mounts and limits; what it requires is checked where that is
@@ -116,9 +116,9 @@ async def open_jail(backend: base.Backend, workspace: Path) -> AsyncIterator[Jai
 
 
 @pytest.fixture
-def marker() -> Iterator[str]:
+def marker() -> str:
     """A unique number to find a test's processes host-wide (sleep <marker>)."""
-    yield str(100000 + secrets.randbelow(899999))
+    return str(100000 + secrets.randbelow(899999))
 
 
 def survivors(marker: str) -> list[int]:
