@@ -33,7 +33,7 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='*/node_modules'
   | as_user tar -C "$work/src" -xf -
 as_user cp -r "$work/src/tests" "$work/run/tests"
 # Checkout files some tests read beside tests/ (never the package: that is the installed one).
-for extra in images integrations/protocol.schema.json; do
+for extra in images integrations/protocol.schema.json integrations/pi/src/protocol.ts; do
   if [ -e "$work/src/$extra" ]; then (cd "$work/src" && as_user cp -r --parents "$extra" "$work/run/"); fi
 done
 # The suite's pytest settings, with nothing of the checkout on sys.path.
