@@ -1,7 +1,7 @@
 """Per-call cost of two revisions of the code, side by side in one run.
 
-A refactor must not make a call slower. This checks out ``REV`` (default: the commit before the
-current branch's restructuring, ``SANDBOX_BENCH_BEFORE``) into a temporary git worktree and
+A refactor must not make a call slower. This checks out ``REV`` (default: ``SANDBOX_BENCH_BEFORE``, else
+``HEAD~1``) into a temporary git worktree and
 measures the same per-call workloads with each tree first on ``sys.path``, alternating rounds
 (before, after, before, after, …) so the noise of a shared machine falls on both alike:
 
@@ -72,6 +72,7 @@ async def session_calls(ws):
 
 async def main():
     ws = Path(tempfile.mkdtemp(prefix="bench-ba-"))
+    ws.chmod(0o755)  # a container's command uid (1000 for a root-owned workspace) must enter it
     prof = profiles.load("default")
     timed("exec.run true (bwrap jail)", await jail_calls("bwrap", prof, ws))
     await session_calls(ws)
@@ -119,8 +120,8 @@ def measure(tree: Path, calls: int, docker: bool) -> dict[str, list[float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rev", nargs="?", default=os.environ.get("SANDBOX_BENCH_BEFORE", "HEAD"))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("rev", nargs="?", default=os.environ.get("SANDBOX_BENCH_BEFORE", "HEAD~1"))
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
     docker = docker_answers()

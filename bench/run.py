@@ -6,6 +6,7 @@ same run and reports the ratio. A benchmark whose backend is unavailable says wh
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,10 @@ BENCHES = [
     ("permission layer", "bench_policy.py"),
     ("docker backend", "bench_docker.py"),
     ("mount strategies", "bench_mounts.py"),
+    ("per-call cost, two revisions side by side (SANDBOX_BENCH_BEFORE=<rev>)", "before_after.py"),
 ]
+# before_after.py needs a revision to compare with; without one it is skipped and says so.
+NEEDS_ENV = {"before_after.py": "SANDBOX_BENCH_BEFORE"}
 
 
 def main() -> int:
@@ -27,6 +31,10 @@ def main() -> int:
         if not path.exists():
             continue
         print(f"\n== {title} ({script})", flush=True)
+        needed = NEEDS_ENV.get(script)
+        if needed and not os.environ.get(needed):
+            print(f"skipped: set {needed} to the revision to compare with (e.g. {needed}=v0.1.0)")
+            continue
         done = subprocess.run([sys.executable, str(path)], check=False)
         if done.returncode != 0:
             failed.append(f"{script} (exit {done.returncode})")
