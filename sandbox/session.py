@@ -139,19 +139,18 @@ class Sandbox:
         sweep_scratch(keep=sid)
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
-        scratch.mkdir(mode=0o700, exist_ok=True)
-        leftovers.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
-        try:
+        async with contextlib.AsyncExitStack() as cleanup_on_fail:
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            leftovers.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
+            cleanup_on_fail.callback(leftovers.release, scratch)
+            cleanup_on_fail.callback(shutil.rmtree, scratch, ignore_errors=True)
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
             rules = load_ruleset(prof.policy, ws, trust_override=options.get("trust_project"))
             gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            leftovers.release(scratch)
-            raise
-        try:
-            return cls(
+            # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
+            cleanup_on_fail.push_async_callback(jail.aclose)
+            sandbox = cls(
                 session_id=sid,
                 workspace=ws,
                 scratch=scratch,
@@ -161,12 +160,8 @@ class Sandbox:
                 approver=options.get("approver") or UnattendedApprover.from_settings(prof.policy),
                 mode=options.get("mode"),
             )
-        except BaseException:  # e.g. the audit log cannot be opened (full disk): leave nothing running
-            with anyio.CancelScope(shield=True):
-                await jail.aclose()
-            shutil.rmtree(scratch, ignore_errors=True)
-            leftovers.release(scratch)
-            raise
+            cleanup_on_fail.pop_all()
+        return sandbox
 
     # -- the five boundaries ----------------------------------------------------------------------
 

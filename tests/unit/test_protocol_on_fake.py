@@ -140,6 +140,24 @@ async def test_policy_denial_runs_nothing(session: Sandbox) -> None:
     assert (denied.ok, denied.error_code) == (False, "TOOL_DENIED") and processes(session) == []
 
 
+async def test_a_session_that_fails_to_open_leaves_nothing(
+    fake: FakeBackend, workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jail is open and the scratch directory made when the session itself fails (here the
+    audit log cannot be opened: a full disk): the jail is closed and the directory removed."""
+
+    def full_disk(*_args: object, **_kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Sandbox, "__init__", full_disk)
+    opened = len(fake.jails)
+    with pytest.raises(OSError, match="No space left"):
+        await Sandbox.create(workspace, profile="default", backend="fake", session_id="s-full-disk")
+    assert len(fake.jails) == opened + 1
+    assert fake.jails[-1]._closed
+    assert not (data_dir / "scratch" / "s-full-disk").exists()
+
+
 @pytest.mark.usefixtures("fake")
 async def test_unattended_confirmation_is_a_denial(workspace: Path) -> None:
     async with Sandbox.open(workspace, profile="default", backend="fake", mode="ask") as s:
