@@ -19,8 +19,6 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Any
 
-from sandbox._jailside.glob import glob_regex
-
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -212,6 +210,8 @@ def op_glob(req: dict[str, Any]) -> dict[str, Any]:
     _must_exist(base)
     if not os.path.isdir(base):
         raise Failure("INVALID_ARGUMENT", f"{base} is not a directory")
+    from sandbox._jailside.glob import glob_regex  # shipped only with Glob and Grep requests
+
     rel_pattern = os.path.relpath(pattern, base) if os.path.isabs(pattern) else pattern
     regex = glob_regex(rel_pattern)
     matches = [p for p in _walk(base) if regex.fullmatch(os.path.relpath(p, base))]
@@ -225,6 +225,8 @@ def op_grep(req: dict[str, Any]) -> dict[str, Any]:
     except re.error as exc:
         raise Failure("INVALID_ARGUMENT", f"invalid regular expression: {exc}") from exc
     root, context, limit = req["path"], req.get("context", 0), req.get("limit", 100)
+    from sandbox._jailside.glob import glob_regex  # shipped only with Glob and Grep requests
+
     include = glob_regex(req["include"]) if req.get("include") else None
     _must_exist(root)
     files = [root] if os.path.isfile(root) else _walk(root)
