@@ -2,8 +2,9 @@
 
 ``ro`` and ``rw`` bind the workspace itself. ``copy`` copies it into a private tree the jail
 writes to; :meth:`CopyTree.changes` then reports what the jail did, and :meth:`CopyTree.apply`
-brings approved changes back, one file at a time, atomically, without following symlinks, and
-only where the host file is still the one that was copied in.
+brings approved changes back as one unit through a journal (:mod:`sandbox.journal`: all of them
+or none, across a crash), without following symlinks, and only where the host file is still the
+one that was copied in.
 
 Change detection costs a ``stat`` per file, not a read: the kernel updates a file's ctime on
 every write, chmod or rename and nobody can set it back, so an entry whose (inode, ctime) in the
@@ -11,6 +12,10 @@ private tree is unchanged since copy-in is unchanged. The same fingerprint of th
 (device, inode, size, mtime, ctime) guards ``apply``: any write to the host file since copy-in
 changes it, and that file is refused with CONFLICT. Content hashes (SHA-256) of changed files
 are in the changeset for review.
+
+A profile's ``mount.exclude`` (``.venv``, ``node_modules``) keeps paths out of the private tree:
+the jail binds the host's own read-only at the same place, so it can use them without their
+being copied, cannot change them, and the changeset lists them as ``untracked``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Collection, Iterable, Iterator
 
     from sandbox.vocabulary import ChangeStatus as Status
     from sandbox.vocabulary import EntryKind as Kind
@@ -87,19 +92,82 @@ class Stamp:
     def same_version(self, other: Stamp) -> bool:
         return (self.kind, self.dev, self.ino, self.ctime_ns) == (other.kind, other.dev, other.ino, other.ctime_ns)
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-def walk(root: Path) -> Iterator[tuple[str, Stamp]]:
-    """Every entry below ``root`` as (posix relative path, Stamp), never following symlinks."""
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stamp:
+        return cls(**data)
+
+
+def walk(root: Path, skip: Collection[str] = ()) -> Iterator[tuple[str, Stamp]]:
+    """Every entry below ``root`` as (posix relative path, Stamp), never following symlinks.
+
+    Entries in ``skip`` (relative paths) are neither reported nor entered.
+    """
     stack = [""]
     while stack:
         rel = stack.pop()
         with os.scandir(root / rel if rel else root) as it:
             for entry in it:
                 path = f"{rel}/{entry.name}" if rel else entry.name
+                if path in skip:
+                    continue
                 stamp = Stamp.of(entry.path, entry.stat(follow_symlinks=False))
                 yield path, stamp
                 if stamp.kind == "dir":
                     stack.append(path)
+
+
+def untracked_paths(workspace: Path, exclude: Iterable[str]) -> list[str]:
+    """The profile's ``mount.exclude`` entries this workspace has, as the jail will bind them.
+
+    An entry counts when it is a directory or a regular file reached through real directories
+    only: one behind a symlink, or a symlink itself, would bind whatever the link names, so it is
+    copied like any other entry instead. A missing entry is skipped; one inside another is
+    covered by it already.
+    """
+    found: list[str] = []
+    for rel in sorted(set(exclude)):
+        if any(rel.startswith(f"{outer}/") for outer in found):
+            continue
+        if _plain_entry(workspace, PurePosixPath(rel).parts):
+            found.append(rel)
+    return found
+
+
+def _plain_entry(workspace: Path, parts: tuple[str, ...]) -> bool:
+    path = workspace
+    for depth, part in enumerate(parts, 1):
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        last = depth == len(parts)
+        if not (stat.S_ISDIR(mode) or (last and stat.S_ISREG(mode))):
+            return False
+    return True
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == root or path.startswith(f"{root}/") for root in roots)
+
+
+def _mount_point(entry: os.DirEntry[str], target: Path) -> None:
+    """An empty stand-in for an untracked entry, of its kind (a bind needs a directory for a directory)."""
+    if entry.is_dir(follow_symlinks=False):
+        target.mkdir(mode=0o755)
+    else:
+        target.touch(mode=0o644)
+
+
+def _copy_attributes(source: Path, target: Path) -> None:
+    """What ``cp -a`` keeps of a directory it did not copy itself: mode, times, xattrs, owner (as root)."""
+    shutil.copystat(source, target, follow_symlinks=False)
+    if os.geteuid() == 0:
+        st = os.lstat(source)
+        os.lchown(target, st.st_uid, st.st_gid)
 
 
 RISKY_FLAGS = (
@@ -135,10 +203,22 @@ class Change:
                 data[key] = oct(data[key])
         return {k: v for k, v in data.items() if v not in (None, "")}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Change:
+        """The inverse of :meth:`to_dict` (keys it does not know are refused by the constructor)."""
+        values = dict(data)
+        for key in ("mode_before", "mode_after"):
+            if isinstance(values.get(key), str):
+                values[key] = int(values[key], 8)
+        return cls(**values)
+
 
 @dataclass
 class Changeset:
+    """What the jail changed in its private tree; ``untracked``: paths kept out of it (bound read-only)."""
+
     changes: list[Change] = field(default_factory=list)
+    untracked: list[str] = field(default_factory=list)
 
     @property
     def risky(self) -> list[Change]:
@@ -159,6 +239,7 @@ class ApplyReport:
     applied: list[str] = field(default_factory=list)
     conflicts: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    held_back: list[dict[str, Any]] = field(default_factory=list)  # flagged, not consented: path, flags
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,30 +307,58 @@ def _same_content(a: Path, b: Path) -> bool:
 class CopyTree:
     """A private copy of a workspace that a jail writes to instead of the workspace."""
 
-    def __init__(self, workspace: Path, root: Path) -> None:
+    def __init__(self, workspace: Path, root: Path, exclude: Iterable[str] = ()) -> None:
         self.workspace = workspace
         self.root = root
+        self.exclude = tuple(exclude)
+        self.untracked: list[str] = []  # the excluded paths found: the jail binds them read-only
         self.host: dict[str, Stamp] = {}
         self.copy: dict[str, Stamp] = {}
         self.bytes_copied = 0
 
     @classmethod
-    async def prepare(cls, workspace: Path, parent: Path | None = None) -> CopyTree:
+    async def prepare(cls, workspace: Path, parent: Path | None = None, exclude: Iterable[str] = ()) -> CopyTree:
         base = parent or datadir.subdir("copies")
         root = base / private_tree_name("copy")
-        return await _set_up(cls(workspace, root), "_copy_in")
+        return await _set_up(cls(workspace, root, exclude), "_copy_in")
 
     def _copy_in(self) -> None:
         with map_errors(f"cannot copy the workspace {self.workspace}"):
-            self.host = dict(walk(self.workspace))
+            self.untracked = untracked_paths(self.workspace, self.exclude)
+            self.host = dict(walk(self.workspace, set(self.untracked)))
             self.root.mkdir(mode=0o700)
-            # cp -a keeps modes, times, symlinks (unfollowed) and hardlinks; --reflink makes the
-            # copy O(1) per file on filesystems that share extents.
-            result = _run(["cp", "-a", "--reflink=auto", f"{self.workspace}/.", str(self.root)])
+            result = self._copy_level("", set(self.untracked))
             if result:
                 raise ToolFailed(f"copying the workspace failed: {result}", workspace=str(self.workspace))
             self.copy = dict(walk(self.root))
             self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
+
+    def _copy_level(self, rel: str, untracked: set[str]) -> str:
+        """Copy ``rel``'s entries; ``""`` when done, else why not.
+
+        cp -a keeps modes, times, symlinks (unfollowed) and hardlinks; --reflink makes the copy
+        O(1) per file on filesystems that share extents. Only a directory holding an untracked
+        path is copied entry by entry, and the untracked path itself becomes an empty mount point
+        (made now, so the changeset's baseline has it and the jail's bind creates nothing).
+        """
+        source, target = self.workspace / rel, self.root / rel
+        if not untracked:
+            return _run(["cp", "-a", "--reflink=auto", f"{source}/.", str(target)])
+        whole: list[str] = []
+        for entry in sorted(os.scandir(source), key=lambda e: e.name):
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if path in untracked:
+                _mount_point(entry, target / entry.name)
+            elif any(u.startswith(f"{path}/") for u in untracked):
+                (target / entry.name).mkdir(mode=0o700)
+                inner = {u for u in untracked if u.startswith(f"{path}/")}
+                if failed := self._copy_level(path, inner):
+                    return failed
+            else:
+                whole.append(entry.path)
+        failed = _run(["cp", "-a", "--reflink=auto", "--", *whole, str(target)]) if whole else ""
+        _copy_attributes(source, target)
+        return failed
 
     def hand_to(self, uid: int, gid: int) -> None:
         """Give the private copy to the jail's uid (we are root, it is not) and re-baseline.
@@ -266,7 +375,13 @@ class CopyTree:
             self.copy = dict(walk(self.root))
 
     async def changes(self) -> Changeset:
-        return await off_loop(self._changes)
+        return self._untracked_out(await off_loop(self._changes))
+
+    def _untracked_out(self, changeset: Changeset) -> Changeset:
+        """No change under an untracked path is the jail's to report (their mount points included)."""
+        changeset.changes = [c for c in changeset.changes if not _under(c.path, self.untracked)]
+        changeset.untracked = list(self.untracked)
+        return changeset
 
     def _changes(self) -> Changeset:
         with map_errors("cannot read the private copy"):
@@ -318,38 +433,28 @@ class CopyTree:
         return await off_loop(self._apply, changeset, set(paths) if paths is not None else None)
 
     def _apply(self, changeset: Changeset, only: set[str] | None) -> ApplyReport:
-        report = ApplyReport()
-        ordered = sorted(changeset.changes, key=_apply_order)
-        for change in ordered:
-            if only is not None and change.path not in only:
-                continue
-            if not change.applicable:
-                report.skipped.append({"path": change.path, "reason": change.reason})
-                continue
-            try:
-                self._apply_one(change)
-            except Conflict as exc:
-                report.conflicts.append({"path": change.path, "reason": exc.message})
-            except OSError as exc:
-                report.skipped.append({"path": change.path, "reason": f"{exc.strerror or exc}"})
-            else:
-                report.applied.append(change.path)
-        return report
+        """Guard every change, then apply those that pass as one unit through a journal.
 
-    def _apply_one(self, change: Change) -> None:
-        parts = PurePosixPath(change.path).parts
-        if not parts or any(p in ("", ".", "..") for p in parts) or PurePosixPath(change.path).is_absolute():
-            raise Conflict("not a relative path inside the workspace", path=change.path)
-        with _open_parent(self.workspace, parts[:-1], create=change.status != "deleted") as pfd:
-            self._guard(change, pfd, parts[-1])
-            if change.status == "deleted":
-                _remove(pfd, parts[-1], change.kind)
-            elif change.kind == "dir":
-                _ensure_dir(pfd, parts[-1], (change.mode_after or 0o755) & ~_SPECIAL_BITS)
-            elif change.kind == "symlink":
-                _replace_symlink(pfd, parts[-1], change.target or "")
-            else:
-                _replace_file(pfd, parts[-1], self.root / change.path, (change.mode_after or 0o644) & ~_SPECIAL_BITS)
+        An interrupted apply to this workspace is recovered first. See :mod:`sandbox.journal`.
+        """
+        from sandbox import journal  # it builds on this module: imported here, not at the top
+
+        with journal.locked(self.workspace):
+            journal.recover_locked(self.workspace)
+            plan = journal.Plan(self)
+            for change in sorted(changeset.changes, key=_apply_order):
+                if only is not None and change.path not in only:
+                    continue
+                if not change.applicable:
+                    plan.report.skipped.append({"path": change.path, "reason": change.reason})
+                    continue
+                plan.add(change)
+            kept_back = journal.execute(self.workspace, plan.steps)
+        report = plan.report
+        lost = {p["path"] for p in kept_back}
+        report.applied += [p for step in plan.steps for p in step.paths if p not in lost]
+        report.conflicts += kept_back
+        return report
 
     def _guard(self, change: Change, pfd: int, name: str) -> None:
         """The host entry must still be what was copied in (or still absent for an addition)."""
@@ -416,10 +521,14 @@ async def _set_up(tree: _T, step: str) -> _T:
 
 
 def _apply_order(change: Change) -> tuple[int, int, str]:
+    """Deletions first, children before their directory, then the rest, directories before their children.
+
+    A directory replaced by a file (or deleted) must hold only planned deletions when it is checked.
+    """
     depth = change.path.count("/")
     if change.status == "deleted":
-        return (1, -depth, change.path)  # children before their directory
-    return (0, depth, change.path)  # directories before their children
+        return (0, -depth, change.path)
+    return (1, depth, change.path)
 
 
 @contextlib.contextmanager
@@ -459,65 +568,6 @@ def _owner_for(pfd: int, name: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         st = os.fstat(pfd)
     return st.st_uid, st.st_gid
-
-
-def _temp_name(name: str) -> str:
-    return f".{name}.sandbox-{uuid.uuid4().hex[:8]}"
-
-
-def _replace_file(pfd: int, name: str, source: Path, mode: int) -> None:
-    tmp = _temp_name(name)
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(src).st_mode):
-            raise OSError(0, "the changed entry is no longer a regular file")
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
-        try:
-            while chunk := os.read(src, _CHUNK):
-                os.write(dst, chunk)
-            owner = _owner_for(pfd, name)
-            if owner is not None:
-                os.fchown(dst, *owner)
-            os.fchmod(dst, mode)
-            os.fsync(dst)
-        finally:
-            os.close(dst)
-        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=pfd)
-        raise
-    finally:
-        os.close(src)
-
-
-def _replace_symlink(pfd: int, name: str, target: str) -> None:
-    tmp = _temp_name(name)
-    owner = _owner_for(pfd, name)
-    os.symlink(target, tmp, dir_fd=pfd)
-    if owner is not None:
-        os.chown(tmp, *owner, dir_fd=pfd, follow_symlinks=False)
-    os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-
-
-def _ensure_dir(pfd: int, name: str, mode: int) -> None:
-    owner = _owner_for(pfd, name)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, mode, dir_fd=pfd)
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=pfd)
-    try:
-        if owner is not None:
-            os.fchown(fd, *owner)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _remove(pfd: int, name: str, kind: Kind) -> None:
-    if kind == "dir":
-        os.rmdir(name, dir_fd=pfd)
-    else:
-        os.unlink(name, dir_fd=pfd)
 
 
 def run_command(argv: list[str]) -> str:
@@ -577,14 +627,17 @@ class OverlayTree(CopyTree):
         self.mounted = False
 
     @classmethod
-    async def prepare(cls, workspace: Path, parent: Path | None = None) -> OverlayTree:
+    async def prepare(cls, workspace: Path, parent: Path | None = None, exclude: Iterable[str] = ()) -> OverlayTree:
         reason = overlay_support()
         if reason:
             raise InvalidArgument(f"overlay mount unavailable: {reason}")
         if any(c in str(workspace) for c in ",:\\"):
             raise InvalidArgument(f"overlay cannot mount a workspace whose path has ',' ':' or '\\': {workspace}")
         base = (parent or datadir.subdir("copies")) / private_tree_name("overlay")
-        return await _set_up(cls(workspace, base), "_mount")
+        tree = cls(workspace, base)
+        # The merged view shows the host's entries already: they only need binding read-only.
+        tree.untracked = await off_loop(untracked_paths, workspace, exclude)
+        return await _set_up(tree, "_mount")
 
     def _mount(self) -> None:
         with map_errors("cannot prepare the overlay"):
@@ -599,7 +652,7 @@ class OverlayTree(CopyTree):
     def _changes(self) -> Changeset:
         found: dict[str, Change] = {}
         with map_errors("cannot read the overlay's upper layer"):
-            for rel, up in walk(self.upper):
+            for rel, up in walk(self.upper, set(self.untracked)):
                 for change in self._overlay_changes(rel, up):
                     found[change.path] = change
         for rel in found:

@@ -14,7 +14,7 @@ import importlib.resources
 import re
 import tomllib
 from fractions import Fraction
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -91,8 +91,35 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_GLOB_CHARS = frozenset("*?[]{}")
+
+
+def _workspace_entry(value: str) -> str:
+    """An ``exclude`` entry: a plain path relative to the workspace, returned normalised."""
+    path = PurePosixPath(value)
+    if not value.strip() or not path.parts:
+        raise ValueError("an empty path names the whole workspace; name a directory inside it")
+    if path.is_absolute():
+        raise ValueError(f"{value!r} is absolute; give a path relative to the workspace (e.g. '.venv')")
+    if ".." in path.parts:
+        raise ValueError(f"{value!r} leaves the workspace ('..'); give a path inside it")
+    if _GLOB_CHARS & set(value) or "\\" in value:
+        raise ValueError(f"{value!r} is a pattern; exclude takes plain paths, not globs")
+    return str(path)
+
+
 class Mount(_Model):
+    """How the workspace is shown; ``exclude`` only matters to the private trees (copy, overlay).
+
+    Each excluded path (``.venv``, ``node_modules``: plain paths inside the workspace, no globs)
+    is kept out of the private copy and bound read-only from the host at the same place instead,
+    so the jail can use it but not change it, and the changeset lists it as untracked. A path
+    missing from the workspace is skipped. ``ro`` and ``rw`` bind the workspace itself: nothing
+    is copied there, so they ignore it.
+    """
+
     strategy: MountStrategy = "rw"
+    exclude: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
 
 
 class Network(_Model):

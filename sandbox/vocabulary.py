@@ -89,6 +89,11 @@ for a Bash command that names an outside path, ``none`` when it stayed inside.""
 # -- changesets and review snapshots ----------------------------------------------------------
 ChangeStatus = Literal["added", "modified", "deleted"]
 EntryKind = Literal["file", "dir", "symlink", "special"]
+ChangesetState = Literal["kept", "partial", "applied"]
+"""A kept changeset (:mod:`sandbox.changes`): nothing applied yet, some entries applied (others
+held back or refused), every applicable entry applied."""
+ChangesetSource = Literal["run", "session"]
+"""What kept a changeset: ``sandbox run``, or a server session's copy mount."""
 ReviewOperation = Literal["write", "edit"]
 """The tool call a review snapshot was kept for (Write or Edit, in the workspace)."""
 SnapshotState = Literal["active", "rolledBack"]

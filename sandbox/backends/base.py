@@ -196,9 +196,13 @@ class Backend(ABC):
 
         ``scratch``, when given, is an existing host directory shown read-write at the same path.
         """
+        from sandbox import journal  # here: the journal reads trees through mounts, which imports us
+
         self.check(profile)
         _check_scratch(scratch)
-        return await self._open(check_workspace(workspace), profile, scratch=scratch)
+        ws = check_workspace(workspace)
+        await off_loop(journal.recover, ws)  # an apply a crash interrupted is finished or undone first
+        return await self._open(ws, profile, scratch=scratch)
 
     @abstractmethod
     async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> Jail:

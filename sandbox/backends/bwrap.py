@@ -46,7 +46,8 @@ class BwrapJail(local.LocalJail):
         self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None, scratch: Path | None = None
     ) -> None:
         super().__init__(workspace, profile, tree)
-        self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch)]
+        untracked = tree.untracked if tree is not None else ()
+        self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch, untracked)]
 
     async def _launch(
         self,
@@ -162,7 +163,8 @@ class BwrapBackend(Backend):
         tree: CopyTree | None = None
         source = workspace
         if profile.mount.strategy in ("copy", "overlay"):
-            tree = await (OverlayTree if profile.mount.strategy == "overlay" else CopyTree).prepare(workspace)
+            kind = OverlayTree if profile.mount.strategy == "overlay" else CopyTree
+            tree = await kind.prepare(workspace, exclude=profile.mount.exclude)
             source = tree.root
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.

@@ -20,6 +20,7 @@ from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID,
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from sandbox.profile import Profile
@@ -89,8 +90,25 @@ def host_paths_shown(workspace: Path) -> tuple[str, ...]:
     return (str(workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
 
 
-def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | None = None) -> list[str]:
-    """The bwrap arguments shared by every call of a jail (everything but fds, env and argv)."""
+def untracked_binds(workspace: Path, untracked: Sequence[str]) -> list[str]:
+    """Paths kept out of a private copy (``mount.exclude``), bound read-only from the host at their place.
+
+    They come after the workspace's bind, so they cover their (empty) mount points in the copy.
+    """
+    args: list[str] = []
+    for rel in untracked:
+        path = str(workspace / rel)
+        args += ["--ro-bind", path, path]
+    return args
+
+
+def jail_args(
+    profile: Profile, workspace: Path, source: Path, scratch: Path | None = None, untracked: Sequence[str] = ()
+) -> list[str]:
+    """The bwrap arguments shared by every call of a jail (everything but fds, env and argv).
+
+    ``untracked``: the workspace paths a private tree left out, bound read-only from the host.
+    """
     ws = str(workspace)
     args = [
         "--unshare-all",
@@ -121,6 +139,7 @@ def jail_args(profile: Profile, workspace: Path, source: Path, scratch: Path | N
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind",
         str(source),
         ws,
+        *untracked_binds(workspace, untracked),
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         "--remount-ro",
         "/",

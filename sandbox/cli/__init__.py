@@ -73,9 +73,10 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     if only_run:
         return parser
     # Imported here: a quick ``sandbox run`` loads none of the other commands' modules.
-    from sandbox.cli import compare, image, inventory, policy, tools
+    from sandbox.cli import changes, compare, image, inventory, policy, tools
 
     inventory.register(sub)
+    changes.register(sub)
     policy.register(sub)
     tools.register(sub)
     compare.register(sub)

@@ -52,6 +52,13 @@ def register(sub: Subparsers) -> None:
     cmd.add_argument(
         "--timeout", help="seconds per run, 1 to the profile's timeouts.max_s (default: its timeouts.default_s)"
     )
+    cmd.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also add a host/baseline cell that runs the command on the host, unsandboxed, to measure its own "
+        "time: only for commands you trust (each run on a fresh copy of the workspace); every cell gets a "
+        "'vs host' ratio of wall times",
+    )
     options.add_argv(cmd)
     cmd.set_defaults(func=guard(cmd_compare, EXIT_SANDBOX, who=WHO))
 
@@ -73,9 +80,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         profile=args.profile,
         timeout=args.timeout,
+        baseline=args.baseline,
     )
     cells = len(plan.backends) * len(plan.mounts)
-    _progress(f"{cells} cells x {plan.repeat} run(s) + a destructive probe each, on fresh copies of {plan.workspace}")
+    host = " + an unsandboxed baseline on the host" if plan.baseline else ""
+    _progress(
+        f"{cells} cells x {plan.repeat} run(s) + a destructive probe each{host}, on fresh copies of {plan.workspace}"
+    )
     report = anyio.run(compare.compare, plan, _progress)
     paths = compare.write(report, args.report)
     sys.stdout.write(compare.table(report))

@@ -232,6 +232,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
         return None
     args.timeout_s = calls.check_timeout(args.timeout, prof)
     ws = calls.check_workspace(args.workspace or Path.cwd())
+    if any((datadir.data_dir() / "journal").glob("*.json")):
+        return None  # an interrupted apply: the full path finishes or undoes it before the jail opens
     host_files(prof)  # a file that became a secret is refused here too
     shown = _Shown(ws, prof, bwrap_argv.host_paths_shown(ws))
     env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]

@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
     import anyio
 
+    from sandbox import changes as kept_changes
     from sandbox import exec as executor
     from sandbox import profile as profiles
+    from sandbox.backends import base
     from sandbox.cli import launch
     from sandbox.cli.options import Subparsers
     from sandbox.errors import SandboxError
@@ -61,7 +63,12 @@ def register(sub: Subparsers) -> None:
     run.add_argument("--pids", type=int, help="process limit (at least 8)")
     options.add_network(run)
     options.add_json(run, help="one JSON object on stdout at the end")
-    run.add_argument("--apply", action="store_true", help="copy mount: apply the changeset to the workspace")
+    run.add_argument(
+        "--apply",
+        action="store_true",
+        help="copy/overlay mount: apply the kept changeset to the workspace, except flagged entries (git hooks, "
+        "dotfiles, new executables…), which are held back until `sandbox changes apply ID --include-flagged`",
+    )
     options.add_argv(run)
     run.set_defaults(func=guard(cmd_run, EXIT_SANDBOX, answer=_json_refusal))
 
@@ -139,12 +146,24 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
                     on_stderr=None if args.json else err.write,
                 )
                 changes = await jail.changes()
-                applied = await jail.apply(changes) if changes is not None and args.apply else None
+                kept = await _keep(jail, changes, prof)
+                applied = await kept.apply() if kept is not None and args.apply else None
             tg.cancel_scope.cancel()
     finally:
         out.close()
         err.close()
-    return _report(args, prof, result, changes, applied, received, backend.probe().limits_in_force(prof))
+    if kept is not None and changes is not None:
+        changes.changes = kept.changeset.changes  # as kept: an entry that could not be is never applicable
+    return _report(args, prof, result, changes, kept, applied, received, backend.probe().limits_in_force(prof))
+
+
+async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_changes.Kept | None:
+    """Keep a non-empty changeset under an id before the jail's close removes its private tree."""
+    if jail.tree is None or changes is None or not changes.changes:
+        return None
+    from sandbox import changes as kept_changes
+
+    return await kept_changes.keep(jail.tree, changes, source="run", profile=prof.name, backend=jail.backend)
 
 
 async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
@@ -171,6 +190,7 @@ def _report(
     prof: profiles.Profile,
     result: executor.ExecResult,
     changes: Any,
+    kept: kept_changes.Kept | None,
     applied: Any,
     received: list[int],
     enforced: dict[str, Any],
@@ -186,32 +206,56 @@ def _report(
                 "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
                 "timeout_s": args.timeout_s,
                 "changes": changes.to_list() if changes is not None else None,
+                "untracked": changes.untracked if changes is not None else None,
+                "changeset_id": kept.id if kept is not None else None,
                 "applied": applied.to_dict() if applied is not None else None,
                 "exit_status": code,
             }
         )
         return code if emitted else EXIT_SIGPIPE
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
-        _review(result, changes, applied, args.apply)
+        _review(result, changes, applied, args.apply, kept.id if kept is not None else None)
     return code
 
 
-def _review(result: executor.ExecResult | launch.Outcome, changes: Any, applied: Any, apply: bool) -> None:
+def _review(
+    result: executor.ExecResult | launch.Outcome, changes: Any, applied: Any, apply: bool, kept: str | None = None
+) -> None:
     if result.timed_out:
         say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
     if result.oom_killed:
         say("the memory limit killed a process of the call")
     if changes is None:
         return
+    if changes.untracked:
+        say(f"not tracked (bound read-only from the host, mount.exclude): {', '.join(changes.untracked)}")
     if not changes.changes:
         say("no changes in the private copy")
         return
-    state = "applied" if apply else "not applied; rerun with --apply to apply"
-    say(f"changes in the private copy ({state}):")
+    say(f"changes in the private copy ({'applied, except as said below' if apply else 'not applied'}):")
     for change in changes.changes:
         flags = f"  [{', '.join(change.flags)}]" if change.flags else ""
         skip = f"  (never applied: {change.reason})" if not change.applicable else ""
         print(f"  {change.status[0].upper()} {change.path}{flags}{skip}", file=sys.stderr)
     if applied is not None:
-        for conflict in applied.conflicts:
-            say(f"CONFLICT {conflict['path']}: {conflict['reason']}")
+        _applied(applied)
+    if kept is not None:
+        _kept(kept, applied)
+
+
+def _applied(applied: Any) -> None:
+    for conflict in applied.conflicts:
+        say(f"CONFLICT {conflict['path']}: {conflict['reason']}")
+    for held in applied.held_back:
+        say(f"held back {held['path']} [{', '.join(held['flags'])}]: flagged entries need consent")
+
+
+def _kept(changeset_id: str, applied: Any) -> None:
+    done = applied is not None and not (applied.conflicts or applied.held_back)
+    review = f"review: sandbox changes show {changeset_id}"
+    if done:
+        say(f"changes kept as {changeset_id} (applied); {review}")
+        return
+    say(f"changes kept as {changeset_id}; {review}; apply: sandbox changes apply {changeset_id}")
+    if applied is not None and applied.held_back:
+        say(f"apply what was held back: sandbox changes apply {changeset_id} --include-flagged (or --only PATH)")

@@ -7,7 +7,9 @@ keeps modes, owners and symlinks, so a cell sees what it would see on the real w
 What is measured, per run (each repetition is a fresh copy *and* a fresh jail, so setup is
 measured as often as the command):
 
-- setup: ``backend.open_jail`` (includes the copy-in of ``copy`` and the mount of ``overlay``);
+- setup: ``backend.open_jail`` (includes the copy-in of ``copy`` and the mount of ``overlay``),
+  and for ``copy`` the bytes copied and the bytes the profile's ``mount.exclude`` kept out of
+  the copy (bound read-only from the host instead: the setup that saved);
 - wall: ``exec.run``'s duration of the command;
 - changeset: ``jail.changes()`` (``copy``/``overlay`` only);
 - teardown: ``jail.aclose()`` (removes a private copy, unmounts an overlay, removes containers);
@@ -19,6 +21,10 @@ copy with a seeded ``.git/hooks``; the workspace *survived* when its manifest is
 Timings are medians over the repetitions; a cell the backend cannot run (``overlay`` on a
 backend without it, a missing guarantee) is skipped with the probe's reason. Walking, hashing
 and copying trees is :mod:`sandbox.mounts`' own code, as the ``copy`` strategy uses it.
+
+With ``baseline``, a first cell ``host/baseline`` runs the command on the host backend (no
+isolation) on fresh copies like the others, without the probe: the time the sandboxes are
+compared with. It is as unsandboxed as the host backend: only for commands the user trusts.
 """
 
 from __future__ import annotations
@@ -42,9 +48,9 @@ from sandbox import profile as profiles
 from sandbox.backends import DEFAULT_COMPARE_REPEAT, base
 from sandbox.calls import check_workspace
 from sandbox.compare.render import progress_line
-from sandbox.compare.results import PROBE_SCRIPT, Cell, Plan, Report, Run, Safety
+from sandbox.compare.results import BASELINE, PROBE_SCRIPT, Cell, Plan, Report, Run, Safety
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
-from sandbox.mounts import CopyTree, run_command, sha256_file, walk
+from sandbox.mounts import CopyTree, OverlayTree, run_command, sha256_file, walk
 from sandbox.vocabulary import AUTO_ORDER, BACKENDS, MOUNT_STRATEGIES
 
 if TYPE_CHECKING:
@@ -100,8 +106,12 @@ def make_plan(
     repeat: int | str = DEFAULT_REPEAT,
     profile: str | None = None,
     timeout: float | str | None = None,
+    baseline: bool = False,
 ) -> Plan:
-    """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs."""
+    """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs.
+
+    ``baseline`` adds a cell that runs ``argv`` on the host itself, unsandboxed (each run on a
+    fresh copy of the workspace), whose median wall time every other cell is compared with."""
     if not argv:
         raise InvalidArgument("no command given: sandbox compare [options] -- ARGV...")
     names, explicit = _names(backends, DEFAULT_BACKENDS, BACKENDS, "backends")
@@ -109,7 +119,7 @@ def make_plan(
     prof = profiles.load(profile)
     limit = None if timeout is None else calls.check_timeout(_float(timeout), prof)
     ws = check_workspace(workspace or Path.cwd())
-    return Plan(tuple(argv), ws, names, strategies, _repeat(repeat), prof, limit, explicit)
+    return Plan(tuple(argv), ws, names, strategies, _repeat(repeat), prof, limit, explicit, baseline)
 
 
 def _float(value: float | str) -> float:
@@ -201,6 +211,21 @@ def _bytes_copied(jail: base.Jail) -> int | None:
     return tree.bytes_copied if isinstance(tree, CopyTree) else None
 
 
+def _bytes_untracked(jail: base.Jail) -> int | None:
+    """The bytes of the paths a private copy left out (``mount.exclude``); ``None`` where nothing was."""
+    tree = getattr(jail, "tree", None)
+    if not isinstance(tree, CopyTree) or isinstance(tree, OverlayTree) or not tree.untracked:
+        return None
+    with map_errors("cannot read the excluded paths"):
+        return sum(_bytes_below(tree.workspace / rel) for rel in tree.untracked)
+
+
+def _bytes_below(path: Path) -> int:
+    if not path.is_dir():
+        return path.lstat().st_size
+    return sum(stamp.size for _rel, stamp in walk(path) if stamp.kind == "file")
+
+
 @dataclass
 class _Outcome:
     result: executor.ExecResult
@@ -209,6 +234,7 @@ class _Outcome:
     changeset_ms: float | None
     teardown_ms: float
     bytes_copied: int | None
+    bytes_untracked: int | None
 
 
 async def _jailed(
@@ -223,12 +249,13 @@ async def _jailed(
         changes = await jail.changes()
         changeset_ms = _ms(started) if changes is not None else None
         copied = _bytes_copied(jail)
+        untracked = await anyio.to_thread.run_sync(_bytes_untracked, jail)
     finally:
         started = time.perf_counter()
         with anyio.CancelScope(shield=True):
             await jail.aclose()
         teardown_ms = _ms(started)
-    return _Outcome(result, changes, setup_ms, changeset_ms, teardown_ms, copied)
+    return _Outcome(result, changes, setup_ms, changeset_ms, teardown_ms, copied, untracked)
 
 
 def _tails(result: executor.ExecResult) -> tuple[str, str]:
@@ -279,6 +306,7 @@ class _Engine:
             res.peak_memory_bytes,
             changes,
             *_tails(res),
+            out.bytes_untracked,
         )
 
     async def safety(self, backend: base.Backend, prof: profiles.Profile) -> Safety:
@@ -313,6 +341,33 @@ class _Engine:
             cell.status, cell.reason = "error", str(exc)
         return cell
 
+    async def baseline(self) -> Cell:
+        """The command on the host backend (no isolation), a fresh copy per run, and no safety
+        probe: the time the command takes by itself, for the ratios (``Report.vs_host``)."""
+        cell = Cell("host", BASELINE, baseline=True)
+        try:
+            backend = base.get("host")
+            prof, cell.reason = await anyio.to_thread.run_sync(_host_profile, self.plan.profile, backend)
+            for _ in range(self.plan.repeat):
+                cell.runs.append(await self.run_once(backend, prof))
+        except SandboxError as exc:
+            cell.status, cell.reason = "error", str(exc)
+        return cell
+
+
+def _host_profile(profile: profiles.Profile, host: base.Backend) -> tuple[profiles.Profile, str]:
+    """The profile for the baseline, and which of its limits the host cannot enforce (dropped).
+
+    The host gives none of the profile's guarantees, so the baseline requires none; it keeps
+    the limits the host can enforce and the environment, so that mostly isolation differs."""
+    prof = profile.with_overrides(**{"mount.strategy": "rw", "backend": "host", "requires": []})
+    refused = host.probe().refused_limits(prof)
+    if not refused:
+        return prof, ""
+    limits = prof.limits.model_copy(update={key.removeprefix("limits."): None for key in refused})
+    dropped = "; ".join(f"{key} ({why})" for key, why in refused.items())
+    return prof.model_copy(update={"limits": limits}), f"ran without {dropped}"
+
 
 async def _availability(name: str) -> tuple[base.Backend | None, dict[str, Any]]:
     try:
@@ -331,8 +386,11 @@ async def compare(plan: Plan, progress: Callable[[str], None] | None = None) -> 
     report.workspace_stats = await anyio.to_thread.run_sync(_workspace_stats, plan.workspace)
     scratch = Path(tempfile.mkdtemp(prefix="sandbox-compare-"))
     engine = _Engine(plan, scratch)
-    total = len(plan.backends) * len(plan.mounts)
+    total = len(plan.backends) * len(plan.mounts) + plan.baseline
     try:
+        if plan.baseline:
+            report.cells.append(await engine.baseline())
+            say(f"[1/{total}] {progress_line(report.cells[0], plan.repeat)}")
         for name in plan.backends:
             backend, report.backends[name] = await _availability(name)
             for mount in plan.mounts:

@@ -13,7 +13,7 @@ import math
 import shlex
 from typing import TYPE_CHECKING
 
-from sandbox.compare.results import PROBE_SCRIPT
+from sandbox.compare.results import BASELINE, PROBE_SCRIPT
 from sandbox.errors import map_errors
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ def progress_line(cell: Cell, repeat: int) -> str:
     if cell.status != "ran":
         return f"{cell.label}: {cell.status}: {cell.reason}"
     survived = {"yes": "survived", "NO": "host DAMAGED"}.get(_survived(cell), _survived(cell))
+    survived = "not run on the host" if cell.baseline else survived
     why = f" ({cell.failure})" if cell.failure else ""
     return (
         f"{cell.label}: exit {_exits(cell)}{why}, wall {_num(cell.median('wall_ms'))} ms "
@@ -55,11 +56,39 @@ def _size(value: float | None) -> str:
     return "n/a"  # unreachable
 
 
+def _copied(copied: int | None, untracked: int | None) -> str:
+    """Bytes copied, and what ``mount.exclude`` saved: ``1.2 KiB (+35.0 MiB bound)``."""
+    return f"{_size(copied)} (+{_size(untracked)} bound)" if untracked else _size(copied)
+
+
 def _exits(cell: Cell) -> str:
     if any(r.timed_out for r in cell.runs):
         return "timeout"
     codes = cell.exit_codes
     return str(codes[0]) if len(set(codes)) == 1 else "/".join(map(str, codes))
+
+
+def _failed_why(cell: Cell) -> str:
+    """``exit 2`` / ``timeout`` for a cell whose command failed, else ``""``."""
+    if not cell.failed:
+        return ""
+    exits = _exits(cell)
+    return exits if exits == "timeout" else f"exit {exits}"
+
+
+def _failed_mark(cell: Cell) -> str:
+    return f"✗ {_failed_why(cell)}" if cell.failed else ""
+
+
+def _wall(cell: Cell, value: float | None) -> str:
+    mark = _failed_mark(cell)
+    return f"{_num(value)} {mark}" if mark else _num(value)
+
+
+def _ratio(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}x" if value < 10 else f"{value:.0f}x"
 
 
 def _changes(summary: dict[str, int] | None) -> str:
@@ -96,6 +125,29 @@ HEADERS = (
     "changes",
     "survives probe",
 )
+VS_HOST = "vs host"  # the column --baseline adds, after "wall ms"
+
+
+def headers(report: Report) -> list[str]:
+    """The table's columns: ``HEADERS``, with ``vs host`` after the wall time under ``--baseline``."""
+    names = list(HEADERS)
+    if report.plan.baseline:
+        names.insert(names.index("wall ms") + 1, VS_HOST)
+    return names
+
+
+def notes(report: Report) -> list[str]:
+    """The lines explaining the table's markers: failed cells, the baseline's ratio."""
+    out = []
+    if any(c.failed for c in report.ran):
+        out.append("✗ exit N / ✗ timeout: the command failed in this cell; its times are those of a failing run.")
+    if report.plan.baseline:
+        out.append(
+            f"{VS_HOST}: the cell's median wall time over host/{BASELINE}'s, the command run on the host, "
+            "unsandboxed, on a fresh copy (setup and teardown not included)."
+        )
+    out += [f"host/{BASELINE} {c.reason}." for c in report.ran if c.baseline and c.reason]
+    return out
 
 
 def rows(report: Report) -> list[list[str]]:
@@ -110,11 +162,11 @@ def rows(report: Report) -> list[list[str]]:
                 cell.backend,
                 cell.mount,
                 _exits(cell),
-                _num(s["wall_ms"]),
+                _wall(cell, s["wall_ms"]),
                 _num(s["setup_ms"]),
                 _num(s["teardown_ms"]),
                 _num(s["changeset_ms"]),
-                _size(s["bytes_copied"]),
+                _copied(s["bytes_copied"], s["bytes_untracked"]),
                 str(s["files_changed"]),
                 _yes_no(s["host_changed"]),
                 _size(s["peak_memory_bytes"]),
@@ -122,17 +174,21 @@ def rows(report: Report) -> list[list[str]]:
                 _survived(cell),
             ]
         )
+    if report.plan.baseline:
+        at = HEADERS.index("wall ms") + 1
+        for row, cell in zip(out, report.cells, strict=True):
+            row.insert(at, _ratio(report.vs_host(cell)) if cell.status == "ran" else "-")
     return out
 
 
 def table(report: Report) -> str:
     """The plain-text table for a terminal: aligned columns, skipped cells' reasons below."""
-    body = [list(HEADERS), *rows(report)]
-    widths = [max(len(r[i]) for r in body) for i in range(len(HEADERS))]
+    body = [headers(report), *rows(report)]
+    widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines += [f"{c.label} {c.status}: {c.reason}" for c in report.cells if c.status != "ran"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes(report)) + "\n"
 
 
 def _md_cell(text: str) -> str:
@@ -149,11 +205,13 @@ def markdown(report: Report, chart: str | None = "chart.svg") -> str:
         f"({stats.get('files', 0)} files, {_size(stats.get('bytes', 0))}) per run, profile `{plan.profile.name}`, "
         f"{plan.repeat} run(s) per cell (times are medians, in ms). {report.started} - {report.finished}.",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "|".join("---" for _ in HEADERS) + "|",
+        "| " + " | ".join(headers(report)) + " |",
+        "|" + "|".join("---" for _ in headers(report)) + "|",
         *("| " + " | ".join(_md_cell(v) for v in r) + " |" for r in rows(report)),
         "",
     ]
+    if notes(report):
+        lines += [*(f"- {_md_cell(n)}" for n in notes(report)), ""]
     skipped = [c for c in report.cells if c.status != "ran"]
     if skipped:
         lines += ["Not run:", "", *(f"- `{c.label}` {c.status}: {_md_cell(c.reason)}" for c in skipped), ""]
@@ -200,7 +258,9 @@ def _md_legend() -> list[str]:
         "",
         "- **setup**: opening the jail (the copy-in for `copy`, the mount for `overlay`); **teardown**: closing it;",
         "  **changeset**: computing what a `copy`/`overlay` jail changed; **wall**: the command itself.",
-        "- **copied**: bytes copied into a private tree; **files changed**: entries the command added, modified or",
+        "- **copied**: bytes copied into a private tree; `(+N bound)`: the bytes the profile's `mount.exclude`",
+        "  kept out of the copy and bound read-only from the host instead (the setup it saved);",
+        "  **files changed**: entries the command added, modified or",
         "  deleted (the changeset for `copy`/`overlay`, the workspace itself for `ro`/`rw`); **host changed**:",
         "  whether the workspace the user would have was modified; **changes**: `+added ~modified -deleted !flagged`.",
         "- **peak mem**: the call's peak memory (cgroup), `n/a` where the backend cannot tell.",
@@ -217,6 +277,12 @@ SERIES = (
     ("teardown_ms", "teardown", "#59a14f"),
 )
 _BAR_W, _GAP, _LEFT, _TOP, _PLOT_H = 22, 26, 64, 76, 240
+_FAILED = "#d62728"  # the outline and label of a cell whose command failed
+_HATCH = (
+    '<defs><pattern id="failed-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="white" stroke-width="2.5" '
+    'stroke-opacity="0.8"/></pattern></defs>'
+)
 
 
 def _scale(value: float) -> tuple[float, int]:
@@ -232,7 +298,8 @@ def _scale(value: float) -> tuple[float, int]:
 def svg(report: Report) -> str:
     """Grouped bars, one group per backend/mount, hand-written SVG (no plotting dependency)."""
     group_w = len(SERIES) * _BAR_W + _GAP
-    width = max(600, _LEFT + len(report.cells) * group_w + 40)
+    legend = _legend(report)
+    width = max(600, _LEFT + len(report.cells) * group_w + 40, _LEFT + len(legend) // 2 * 120 + 20)
     height = _TOP + _PLOT_H + 50
     step, ticks = _scale(max([c.median(k) or 0.0 for c in report.ran for k, _, _ in SERIES] + [0.0]))
     top = step * ticks
@@ -242,14 +309,16 @@ def svg(report: Report) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
+        *([_HATCH] if any(c.failed for c in report.ran) else []),
         f'<text x="{_LEFT}" y="20" font-size="14" font-weight="bold">sandbox compare: median ms per '
         f"backend and mount strategy ({report.plan.repeat} run(s) each)</text>",
         f'<text x="{_LEFT}" y="37" fill="#555">{command} on {files} files</text>',
         *_axis(step, ticks, width),
-        *_legend(),
+        *legend,
     ]
     for index, cell in enumerate(report.cells):
-        parts += _group(cell, _LEFT + 14 + index * group_w, top)
+        parts += _group(cell, _LEFT + 14 + index * group_w, top, report.vs_host(cell))
+    parts += _baseline_line(report, top, width)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -273,18 +342,55 @@ def _axis(step: float, ticks: int, width: int) -> list[str]:
     return out
 
 
-def _legend() -> list[str]:
+def _legend(report: Report) -> list[str]:
+    """The series' swatches, then the failed one and the baseline's dashed line when the chart has
+    them: two elements (mark, name) per entry."""
+    marks = [f'<rect class="legend" x="{{x}}" y="47" width="10" height="10" fill="{c}"/>' for _, _, c in SERIES]
+    names = [name for _, name, _ in SERIES]
+    if any(c.failed for c in report.ran):
+        marks.append(
+            '<rect class="legend" x="{x}" y="47" width="10" height="10" fill="#888" '
+            f'stroke="{_FAILED}" stroke-width="1.5"/>'
+            '<rect x="{x}" y="47" width="10" height="10" fill="url(#failed-hatch)"/>'
+        )
+        names.append("command failed")
+    if report.baseline:
+        marks.append('<line class="legend" x1="{x}" y1="52" x2="{x10}" y2="52" stroke="#333" stroke-dasharray="4 2"/>')
+        names.append("host, unsandboxed")
     out = []
-    for i, (_key, name, color) in enumerate(SERIES):
+    for i, (mark, name) in enumerate(zip(marks, names, strict=True)):
         x = _LEFT + i * 120
-        out += [
-            f'<rect class="legend" x="{x}" y="47" width="10" height="10" fill="{color}"/>',
-            f'<text x="{x + 14}" y="56">{name}</text>',
-        ]
+        out += [mark.format(x=x, x10=x + 10), f'<text x="{x + 14}" y="56">{name}</text>']
     return out
 
 
-def _group(cell: Cell, x: float, top: float) -> list[str]:
+def _baseline_line(report: Report, top: float, width: int) -> list[str]:
+    """A dashed line across the plot at the unsandboxed host's median wall time."""
+    wall = report.baseline.median("wall_ms") if report.baseline else None
+    if wall is None:
+        return []
+    y = _y(wall, top)
+    return [
+        f'<line class="baseline" data-value="{wall}" x1="{_LEFT}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" '
+        f'stroke="#333" stroke-width="1.2" stroke-dasharray="6 4"><title>host, unsandboxed: {wall} ms</title></line>',
+        f'<text x="{width - 22}" y="{y - 4:.1f}" text-anchor="end" font-size="10">'
+        f"host, unsandboxed: {_num(wall)} ms</text>",
+    ]
+
+
+def _failed_label(cell: Cell, mid: float) -> list[str]:
+    """``failed (exit N)`` under a failed cell's name, in the outline's red."""
+    if not cell.failed:
+        return []
+    why = _failed_why(cell)
+    return [
+        f'<text class="failed" x="{mid}" y="{_TOP + _PLOT_H + 44}" text-anchor="middle" fill="{_FAILED}">'
+        f"failed ({why})</text>"
+    ]
+
+
+def _group(cell: Cell, x: float, top: float, vs_host: float | None = None) -> list[str]:
+    """One cell's bars, hatched and outlined in red when its command failed, and its labels."""
     base_y = _TOP + _PLOT_H
     mid = x + len(SERIES) * _BAR_W / 2
     label = [
@@ -298,19 +404,35 @@ def _group(cell: Cell, x: float, top: float) -> list[str]:
             f'<text class="skipped" x="{mid}" y="{base_y - 8}" text-anchor="middle" fill="#999">'
             f"<title>{reason}</title>{cell.status}</text>",
         ]
-    bars = []
+    bars = _failed_label(cell, mid)
+    outline = f' data-failed="true" stroke="{_FAILED}" stroke-width="1.5"' if cell.failed else ""
     for i, (key, name, color) in enumerate(SERIES):
         value = cell.median(key) or 0.0
         y = _y(value, top)
         bx = x + i * _BAR_W
+        ratio = f" ({_ratio(vs_host)} host)" if key == "wall_ms" and vs_host is not None else ""
         bars += [
             f'<rect class="bar" data-cell="{cell.label}" data-series="{key}" data-value="{value}" '
-            f'x="{bx}" y="{y:.1f}" width="{_BAR_W - 2}" height="{base_y - y:.1f}" fill="{color}">'
-            f"<title>{cell.label} {name}: {value} ms</title></rect>",
+            f'x="{bx}" y="{y:.1f}" width="{_BAR_W - 2}" height="{base_y - y:.1f}" fill="{color}"{outline}>'
+            f"<title>{cell.label} {name}: {value} ms{ratio}{_failed_title(cell)}</title></rect>",
+            *_hatch(cell, bx, y, base_y - y),
             f'<text x="{bx + (_BAR_W - 2) / 2}" y="{y - 3:.1f}" text-anchor="middle" font-size="9">'
             f"{_num(value)}</text>",
         ]
     return label + bars
+
+
+def _failed_title(cell: Cell) -> str:
+    return f", {_failed_why(cell)}" if cell.failed else ""
+
+
+def _hatch(cell: Cell, x: float, y: float, height: float) -> list[str]:
+    if not cell.failed:
+        return []
+    return [
+        f'<rect class="failed-hatch" x="{x}" y="{y:.1f}" width="{_BAR_W - 2}" height="{height:.1f}" '
+        'fill="url(#failed-hatch)" pointer-events="none"/>'
+    ]
 
 
 # ------------------------------------------------------------------------------ report files

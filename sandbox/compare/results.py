@@ -3,7 +3,9 @@ verdict and the medians the renderings show (:mod:`sandbox.compare.render`).
 
 A cell is one backend x mount strategy; it *ran*, was *skipped* for a stated reason (the
 backend is unavailable, or cannot give a guarantee the profile requires), or is an *error* (the
-sandbox refused or broke). A command failing in a cell is data, not an error.
+sandbox refused or broke). A command failing in a cell is data, not an error: the cell is
+``failed`` and the renderings mark it. Under ``--baseline`` the first cell, ``host/baseline``, ran
+the command unsandboxed, and every cell's ``vs_host`` is its median wall time over that one's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ PROBE_SCRIPT = (
     "mkdir -p .git/hooks && echo 'echo evil' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit"
 )
 CellStatus = Literal["ran", "skipped", "error"]
+BASELINE = "baseline"  # the mount column of the unsandboxed host cell (``--baseline``)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Plan:
     profile: profiles.Profile
     timeout: float | None
     explicit_backends: bool
+    baseline: bool = False  # also run the command on the host, unsandboxed, as the reference time
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Run:
     changes: dict[str, int]
     stderr_tail: str = ""  # kept when the command failed: why it failed under this strategy
     stdout_tail: str = ""
+    bytes_untracked: int | None = None  # what mount.exclude kept out of the copy: the setup it saved
 
 
 @dataclass
@@ -79,6 +84,7 @@ class Cell:
     reason: str = ""
     runs: list[Run] = field(default_factory=list)
     safety: Safety | None = None
+    baseline: bool = False  # the unsandboxed host run every other cell is compared with
 
     @property
     def label(self) -> str:
@@ -91,6 +97,11 @@ class Cell:
     @property
     def exit_codes(self) -> list[int]:
         return [r.exit_code for r in self.runs]
+
+    @property
+    def failed(self) -> bool:
+        """Whether the command failed in any run here (non-zero exit or timeout): its times are a failure's."""
+        return any(r.exit_code != 0 or r.timed_out for r in self.runs)
 
     @property
     def failure(self) -> str:
@@ -116,6 +127,7 @@ class Cell:
                 for k in ("wall_ms", "setup_ms", "teardown_ms", "changeset_ms", "spawn_ms", "peak_memory_bytes")
             },
             "bytes_copied": last.bytes_copied if last else None,
+            "bytes_untracked": last.bytes_untracked if last else None,
             "files_changed": last.files_changed if last else None,
             "host_changed": self.host_changed,
             "changes": last.changes if last else None,
@@ -130,6 +142,7 @@ class Cell:
             **(self.summary() if self.status == "ran" else {}),
             "runs": [asdict(r) for r in self.runs],
             "safety": asdict(self.safety) if self.safety else None,
+            **({"baseline": True} if self.baseline else {}),
         }
 
 
@@ -145,6 +158,21 @@ class Report:
     @property
     def ran(self) -> list[Cell]:
         return [c for c in self.cells if c.status == "ran"]
+
+    @property
+    def baseline(self) -> Cell | None:
+        """The unsandboxed host cell (``--baseline``) when it ran, else None."""
+        return next((c for c in self.ran if c.baseline), None)
+
+    def vs_host(self, cell: Cell) -> float | None:
+        """``cell``'s median wall time over the baseline's; None without a baseline or a time."""
+        host = self.baseline.median("wall_ms") if self.baseline else None
+        wall = cell.median("wall_ms") if cell.status == "ran" else None
+        return round(wall / host, 3) if wall is not None and host else None
+
+    def _cell_dict(self, cell: Cell) -> dict[str, Any]:
+        ratio = {"vs_host": self.vs_host(cell)} if self.plan.baseline else {}
+        return {**cell.to_dict(), **ratio}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,7 +190,7 @@ class Report:
             "host": _host(),
             "backends": self.backends,
             "safety_probe": PROBE_SCRIPT,
-            "cells": [c.to_dict() for c in self.cells],
+            "cells": [self._cell_dict(c) for c in self.cells],
         }
 
 

@@ -128,7 +128,8 @@ async def _new_jail(workspace: Path, profile: Profile, user: str, scratch: Path 
     with contextlib.ExitStack() as cleanup_on_fail:
         cleanup_on_fail.callback(client.close)
         await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
-        tree = await CopyTree.prepare(workspace) if profile.mount.strategy == "copy" else None
+        copy = profile.mount.strategy == "copy"
+        tree = await CopyTree.prepare(workspace, exclude=profile.mount.exclude) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch)

@@ -2,9 +2,10 @@
 
 Both process models start from :func:`container_config`: a read-only root, no capabilities,
 no new privileges, Docker's default seccomp profile, no network unless the profile opens it,
-the workspace (or its private copy) bound at its own absolute path, the profile's limits as
-cgroup settings and rlimits, and owner labels so ``sandbox gc`` can tell a leftover. The warm
-model replaces the command with the agent of :mod:`sandbox._jailside.agent`.
+the workspace (or its private copy) bound at its own absolute path, with the paths a copy
+leaves out bound read-only from the host, the profile's limits as cgroup settings and
+rlimits, and owner labels so ``sandbox gc`` can tell a leftover. The warm model replaces the
+command with the agent of :mod:`sandbox._jailside.agent`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID,
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from sandbox.profile import Profile
@@ -85,6 +87,7 @@ def container_config(
     source: Path,
     scratch: Path | None = None,
     agent_user: str | None = None,
+    untracked: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -96,6 +99,7 @@ def container_config(
     """
     ws = str(workspace)
     mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
+    mounts += _untracked_mounts(workspace, untracked)
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
     files = host_files(profile)
@@ -135,6 +139,14 @@ def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
         "detach": False,
         "command": ["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)],
     }
+
+
+def _untracked_mounts(workspace: Path, untracked: Sequence[str]) -> list[Mount]:
+    """The paths the private copy left out (``mount.exclude``, as :class:`~sandbox.mounts.CopyTree`
+    found them at copy-in), bound read-only from the host; the daemon mounts a parent before its
+    children whatever the order, so they cover their mount points."""
+    paths = [str(workspace / rel) for rel in untracked]
+    return [Mount(target=path, source=path, type="bind", read_only=True) for path in paths]
 
 
 def exec_user(profile: Profile, workspace: Path) -> str:

@@ -48,7 +48,13 @@ class DockerJail(Jail):
         self.user = user
         self.id = uuid.uuid4().hex[:12]
         self._config = container_config(
-            profile, self.id, workspace, source, scratch, agent_user=user if self.agent else None
+            profile,
+            self.id,
+            workspace,
+            source,
+            scratch,
+            agent_user=user if self.agent else None,
+            untracked=tree.untracked if tree is not None else (),
         )
 
     @property

@@ -1,0 +1,490 @@
+"""Kept changesets: what a copy or overlay run changed, kept under an id until applied or discarded.
+
+When a ``copy`` or ``overlay`` run ends with changes, :func:`keep` copies the changed entries out
+of the private tree into the data directory, ``changes/<id>/``, before the jail's close removes
+that tree::
+
+    changes/ch-0123456789ab/
+        manifest.json   id, workspace, created, source, profile, backend, state, and per entry the
+                        change (status, kind, modes, target, flags), the SHA-256 of the content as
+                        kept, the host entry's Stamp recorded at copy-in, and whether it is applied
+        tree/<path>     the content of each added or modified file, 0600, ours
+
+Only the changed files are copied, never the whole private tree: a changeset is usually a few
+files of a large workspace, an overlay's merged view is a mount point that cannot be moved, and a
+copy of our own (rather than a hard link) gives the store inodes no jail uid owns or can still
+write. A directory, symlink or deletion needs no content: the manifest says it all.
+
+Nothing leaves the store unreviewed. :meth:`Kept.diff` shows each file against the host file as
+it is *now*; :meth:`Kept.apply` re-hashes the kept content first and refuses with CONFLICT if a
+byte differs from the manifest, then hands the entries to :meth:`sandbox.mounts.CopyTree.apply`
+over the kept tree with the manifest's host Stamps, so the guard is the very one a live copy
+uses: a host entry changed since copy-in is refused. Flagged entries (git hooks, git config,
+dotfiles, new executables…) need consent: they are applied only when named in ``only`` or with
+``include_flagged``, and are otherwise reported as held back.
+
+A kept changeset stays until it is discarded or, applied or not, :data:`RETENTION_S` (14 days)
+after it was kept: the store sweeps itself on each use. A keep interrupted half-way leaves a
+``.partial-<pid>-<starttime>-<hex>`` directory, swept once its executor is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from sandbox import datadir, leftovers
+from sandbox.backends.base import off_loop
+from sandbox.errors import Conflict, InvalidArgument, map_errors
+from sandbox.mounts import ApplyReport, Change, Changeset, CopyTree, Stamp, _open_parent, sha256_file
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from sandbox.vocabulary import ChangesetSource, ChangesetState
+
+RETENTION_S = 14 * 24 * 3600
+"""How long a kept changeset stays, applied or not, unless discarded first."""
+ID = re.compile(r"^ch-[0-9a-f]{12}$")
+PARTIAL = re.compile(r"^\.partial-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+$")
+MANIFEST = "manifest.json"
+FORMAT = 1
+_CHUNK = 1 << 20
+_DIFF_MAX = 1 << 20  # larger files are summarised, not diffed
+
+
+@dataclass
+class Entry:
+    """One change as kept: the change, the host entry it must still find, whether it is applied."""
+
+    change: Change
+    host: Stamp | None = None
+    applied: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.change.to_dict(), "host": self.host.to_dict() if self.host else None, "applied": self.applied}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        values = dict(data)
+        host = values.pop("host", None)
+        applied = bool(values.pop("applied", False))
+        return cls(Change.from_dict(values), Stamp.from_dict(host) if host else None, applied)
+
+
+@dataclass
+class Kept:
+    """A changeset kept in the store; :func:`load` gives it, :func:`keep` makes it."""
+
+    id: str
+    workspace: Path
+    created: datetime
+    source: ChangesetSource
+    profile: str
+    backend: str
+    entries: list[Entry] = field(default_factory=list)
+    state: ChangesetState = "kept"
+    untracked: list[str] = field(default_factory=list)  # excluded from the copy (mount.exclude)
+
+    @property
+    def path(self) -> Path:
+        return store() / self.id
+
+    @property
+    def changeset(self) -> Changeset:
+        return Changeset([e.change for e in self.entries], untracked=list(self.untracked))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "workspace": str(self.workspace),
+            "created": self.created.isoformat(timespec="seconds"),
+            "source": self.source,
+            "profile": self.profile,
+            "backend": self.backend,
+            "state": self.state,
+            "counts": {**self.changeset.summary(), "applied": sum(e.applied for e in self.entries)},
+            "untracked": list(self.untracked),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **self.summary(), "changes": [e.to_dict() for e in self.entries]}
+
+    def diff(self, only: Iterable[str] | None = None) -> str:
+        """Each entry against the host as it is now: a unified diff for text, a summary otherwise."""
+        return "".join(_entry_diff(self, entry) for entry in self._select(only))
+
+    async def apply(self, only: Iterable[str] | None = None, *, include_flagged: bool = False) -> ApplyReport:
+        """Apply the pending entries (or those named in ``only``) that are unflagged or consented.
+
+        Flagged entries are applied only when named in ``only`` or with ``include_flagged``;
+        otherwise they are in the report's ``held_back``. Raises CONFLICT, applying nothing, when
+        the kept content no longer has the hash the manifest recorded.
+        """
+        named = _normalised(only)
+        with _exclusive(self.path):
+            await off_loop(self._reload)
+            chosen, report = self._choose(named, include_flagged)
+            await off_loop(self._verify, chosen)
+            done = await self._tree().apply(Changeset([e.change for e in chosen]))
+            await off_loop(self._record, done)
+        report.applied += done.applied
+        report.conflicts += done.conflicts
+        report.skipped += done.skipped
+        return report
+
+    def discard(self) -> None:
+        """Remove the kept changeset (its content and its manifest)."""
+        with _exclusive(self.path):
+            _remove(self.path)
+
+    def _select(self, only: Iterable[str] | None) -> list[Entry]:
+        named = _normalised(only)
+        if named is None:
+            return list(self.entries)
+        unknown = named - {e.change.path for e in self.entries}
+        if unknown:
+            raise InvalidArgument(f"not in changeset {self.id}: {', '.join(sorted(unknown))}", paths=sorted(unknown))
+        return [e for e in self.entries if e.change.path in named]
+
+    def _choose(self, named: set[str] | None, include_flagged: bool) -> tuple[list[Entry], ApplyReport]:
+        report = ApplyReport()
+        chosen = []
+        for entry in self._select(named):
+            change = entry.change
+            if entry.applied:
+                if named is not None:
+                    report.skipped.append({"path": change.path, "reason": "already applied"})
+            elif change.flags and change.applicable and not include_flagged and change.path not in (named or ()):
+                report.held_back.append({"path": change.path, "flags": list(change.flags)})
+            else:
+                chosen.append(entry)
+        return chosen, report
+
+    def _verify(self, chosen: list[Entry]) -> None:
+        """What is applied is exactly what was kept (and shown): every byte, by its hash."""
+        for entry in chosen:
+            change = entry.change
+            if _has_content(change) and change.applicable:
+                try:
+                    digest = sha256_file(self.path / "tree" / change.path)
+                except OSError as exc:
+                    raise Conflict(f"the kept content of {change.path} is unreadable: {exc.strerror}") from exc
+                if digest != change.sha256:
+                    raise Conflict(
+                        f"the kept content of {change.path} changed since it was kept; nothing applied",
+                        path=change.path,
+                        changeset=self.id,
+                    )
+
+    def _tree(self) -> CopyTree:
+        """A copy tree whose private root is the kept tree and whose host Stamps are the manifest's."""
+        tree = CopyTree(self.workspace, self.path / "tree")
+        tree.host = {e.change.path: e.host for e in self.entries if e.host is not None}
+        return tree
+
+    def _reload(self) -> None:
+        fresh = _read(self.id)
+        self.entries, self.state = fresh.entries, fresh.state
+
+    def _record(self, done: ApplyReport) -> None:
+        applied = set(done.applied)
+        for entry in self.entries:
+            entry.applied = entry.applied or entry.change.path in applied
+        pending = [e for e in self.entries if e.change.applicable and not e.applied]
+        if not pending:
+            self.state = "applied"
+        elif len(pending) < sum(e.change.applicable for e in self.entries):
+            self.state = "partial"
+        _write_manifest(self.path, self)
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def store() -> Path:
+    return datadir.subdir("changes")
+
+
+async def keep(tree: CopyTree, changeset: Changeset, *, source: ChangesetSource, profile: str, backend: str) -> Kept:
+    """Keep ``changeset`` (read from ``tree``, still present) under a new id; returns it."""
+    return await off_loop(_keep, tree, changeset, source, profile, backend)
+
+
+def load(changeset_id: str) -> Kept:
+    """The kept changeset ``changeset_id``; INVALID_ARGUMENT when there is none."""
+    sweep()
+    return _read(changeset_id)
+
+
+def listing(workspace: Path | None = None) -> list[Kept]:
+    """Every kept changeset (of ``workspace`` only, when given), oldest first."""
+    sweep()
+    found = []
+    with map_errors("cannot read the changeset store"):
+        names = sorted(p.name for p in store().iterdir() if ID.match(p.name))
+    for name in names:
+        with contextlib.suppress(InvalidArgument):
+            found.append(_read(name))
+    if workspace is not None:
+        wanted = os.path.realpath(workspace)
+        found = [k for k in found if os.path.realpath(k.workspace) == wanted]
+    return sorted(found, key=lambda k: k.created)
+
+
+def sweep(now: float | None = None) -> list[str]:
+    """Remove changesets kept longer than :data:`RETENTION_S` and what interrupted keeps left."""
+    now = time.time() if now is None else now
+    try:
+        entries = sorted(store().iterdir())
+    except OSError:
+        return []
+    return [entry.name for entry in entries if _expired(entry, now) and _remove_unless_busy(entry)]
+
+
+def _expired(entry: Path, now: float) -> bool:
+    if (partial := PARTIAL.match(entry.name)) is not None:
+        return not leftovers.owner_alive(int(partial["pid"]), int(partial["start"]))
+    if not ID.match(entry.name):
+        return False
+    try:
+        created = _read(entry.name).created.timestamp()
+    except InvalidArgument:  # an unreadable manifest: judge by the directory's age
+        try:
+            created = entry.stat().st_mtime
+        except OSError:
+            return False
+    return now - created > RETENTION_S
+
+
+def _remove_unless_busy(path: Path) -> bool:
+    try:
+        with _exclusive(path):
+            _remove(path)
+    except (Conflict, InvalidArgument, OSError):
+        return False
+    return True
+
+
+def _remove(path: Path) -> None:
+    for dirpath, _dirs, _files in os.walk(path):
+        with contextlib.suppress(OSError):
+            os.chmod(dirpath, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- keeping --------------------------------------------------------------------------------------
+
+
+def _keep(tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile: str, backend: str) -> Kept:
+    sweep()
+    changeset_id = f"ch-{uuid.uuid4().hex[:12]}"
+    partial = store() / f".partial-{leftovers.owner_tag()}-{changeset_id[3:]}"
+    created = datetime.now(UTC)
+    with map_errors(f"cannot keep the changeset in {store()}"):
+        partial.mkdir(mode=0o700)
+        try:
+            (partial / "tree").mkdir(mode=0o700)
+            entries = [_keep_entry(tree, partial / "tree", change) for change in changeset.changes]
+            kept = Kept(
+                changeset_id, tree.workspace, created, source, profile, backend, entries, untracked=changeset.untracked
+            )
+            _write_manifest(partial, kept)
+            os.rename(partial, store() / changeset_id)
+        except BaseException:
+            _remove(partial)
+            raise
+    return kept
+
+
+def _keep_entry(tree: CopyTree, kept_root: Path, change: Change) -> Entry:
+    entry = Entry(Change.from_dict(change.to_dict()), tree.host.get(change.path))
+    if not (_has_content(change) and change.applicable):
+        return entry
+    try:
+        digest = _copy_out(tree.root, kept_root, change.path)
+    except (OSError, Conflict) as exc:
+        reason = exc.message if isinstance(exc, Conflict) else exc.strerror or str(exc)
+        entry.change.applicable, entry.change.reason = False, f"could not be kept: {reason}"
+        return entry
+    if change.sha256 is not None and digest != change.sha256:
+        raise Conflict(f"{change.path} changed in the private tree after its changeset was read", path=change.path)
+    entry.change.sha256 = digest
+    return entry
+
+
+def _copy_out(root: Path, kept_root: Path, rel: str) -> str:
+    """Copy the file ``root/rel`` (reached without following a symlink) to ``kept_root/rel``; its hash."""
+    parts = PurePosixPath(rel).parts
+    target = kept_root.joinpath(*parts)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    digest = hashlib.sha256()
+    with _open_parent(root, parts[:-1], create=False) as pfd:
+        src = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise OSError(0, "no longer a regular file")
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while chunk := os.read(src, _CHUNK):
+                digest.update(chunk)
+                os.write(dst, chunk)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return digest.hexdigest()
+
+
+def _has_content(change: Change) -> bool:
+    return change.kind == "file" and change.status != "deleted"
+
+
+# -- the manifest and its lock ----------------------------------------------------------------------
+
+
+def _read(changeset_id: str) -> Kept:
+    if not ID.match(changeset_id):
+        raise InvalidArgument(f"not a changeset id: {changeset_id!r} (ch- and 12 hex digits)")
+    try:
+        data = json.loads((store() / changeset_id / MANIFEST).read_text(encoding="utf-8"))
+        return _from_manifest(data)
+    except FileNotFoundError:
+        raise InvalidArgument(f"no kept changeset {changeset_id}", changeset=changeset_id) from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise InvalidArgument(f"the manifest of {changeset_id} is unreadable: {exc}", changeset=changeset_id) from exc
+
+
+def _from_manifest(data: dict[str, Any]) -> Kept:
+    if data.get("format") != FORMAT:
+        raise ValueError(f"unknown manifest format {data.get('format')!r}")
+    return Kept(
+        data["id"],
+        Path(data["workspace"]),
+        datetime.fromisoformat(data["created"]),
+        data["source"],
+        data["profile"],
+        data["backend"],
+        [Entry.from_dict(e) for e in data["changes"]],
+        data["state"],
+        list(data.get("untracked", [])),
+    )
+
+
+def _write_manifest(directory: Path, kept: Kept) -> None:
+    tmp = directory / f".{MANIFEST}.{uuid.uuid4().hex[:8]}"
+    with open(tmp, "x", encoding="utf-8") as fh:
+        json.dump(kept.to_dict(), fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, directory / MANIFEST)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold the changeset's lock, or refuse at once: one apply or discard at a time."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InvalidArgument(f"no kept changeset {path.name}", changeset=path.name) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Conflict(f"{path.name} is being applied or discarded right now", changeset=path.name) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- diffs ----------------------------------------------------------------------------------------
+
+
+def _entry_diff(kept: Kept, entry: Entry) -> str:
+    change = entry.change
+    notes = [f"[{', '.join(change.flags)}]"] if change.flags else []
+    if entry.applied:
+        notes.append("(applied)")
+    if not change.applicable:
+        notes.append(f"(never applied: {change.reason})")
+    lines = [" ".join([change.status, change.path, *notes])]
+    if change.mode_before is not None and change.mode_after is not None and change.mode_before != change.mode_after:
+        lines.append(f"mode {oct(change.mode_before)} → {oct(change.mode_after)}")
+    lines += _body(kept, change)
+    return "\n".join(lines) + "\n"
+
+
+def _body(kept: Kept, change: Change) -> list[str]:
+    if change.kind == "dir":
+        return []
+    if change.kind == "symlink":
+        return [] if change.status == "deleted" else [f"symlink → {change.target}"]
+    if change.kind == "special":
+        return ["special file"]
+    before = _blob(kept.workspace / change.path)
+    after = None if change.status == "deleted" else _blob(kept.path / "tree" / change.path)
+    return _file_diff(change.path, before, after)
+
+
+Blob = tuple[int, bytes]
+"""A file's size and its first ``_DIFF_MAX + 1`` bytes."""
+
+
+def _file_diff(path: str, before: Blob | None, after: Blob | None) -> list[str]:
+    old, new = _text(before), _text(after)
+    if old is None or new is None:
+        return [f"binary file, {_size(before)} bytes → {_size(after)} bytes"]
+    diff = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        f"a/{path}" if before is not None else "/dev/null",
+        f"b/{path}" if after is not None else "/dev/null",
+    )
+    return [line.rstrip("\n") for line in diff]
+
+
+def _text(blob: Blob | None) -> str | None:
+    """The content as text; ``None`` when binary or too large to diff (absent is empty)."""
+    if blob is None:
+        return ""
+    size, data = blob
+    if size > _DIFF_MAX or b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _size(blob: Blob | None) -> int:
+    return 0 if blob is None else blob[0]
+
+
+def _blob(path: Path) -> Blob | None:
+    """The regular file ``path`` names (its last component not followed); ``None`` when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        return (st.st_size, fh.read(_DIFF_MAX + 1)) if stat.S_ISREG(st.st_mode) else None
+
+
+def _normalised(paths: Iterable[str] | None) -> set[str] | None:
+    if paths is None:
+        return None
+    return {PurePosixPath(p).as_posix().rstrip("/") for p in paths}
