@@ -18,6 +18,7 @@ BENCHES = [
     ("permission layer", "bench_policy.py"),
     ("docker backend", "bench_docker.py"),
     ("mount strategies", "bench_mounts.py"),
+    ("apply: per file against journalled, all or nothing", "bench_apply.py"),
     ("per-call cost, two revisions side by side (SANDBOX_BENCH_BEFORE=<rev>)", "before_after.py"),
 ]
 # before_after.py needs a revision to compare with; without one it is skipped and says so.

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import psutil
 
+from sandbox import changes as changesets
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.backends import base
@@ -115,15 +116,22 @@ async def main() -> int:
         print(f"\n-- exit code {result.exit_code} after {result.duration_ms:.0f} ms --\n\nwhat was stopped:")
         for text, ok in verdicts:
             print(f"  [{'ok' if ok else 'FAILED'}] {text}")
-        print("\nchangeset for review (private copy -> workspace):")
+        assert jail.tree is not None
+        kept = await changesets.keep(jail.tree, changes, source="run", profile="untrusted", backend=backend.name)
+        print(f"\nthe changeset is kept as {kept.id} until applied or discarded (sandbox changes show {kept.id}):")
         for change in changes.changes:
             flags = f"  <- {', '.join(change.flags)}" if change.flags else ""
             print(f"  {change.status:9} {change.path}{flags}")
-        safe = [c.path for c in changes.changes if not c.flags and c.applicable and c.status != "deleted"]
-        report = await jail.apply(changes, paths=safe)
-        print(f"\napplied the unflagged additions and edits: {', '.join(report.applied) or 'none'}")
-        held = [c.path for c in changes.changes if c.path not in report.applied]
-        print(f"held back for a human: {', '.join(held) or 'none'}")
+    review = kept.diff()
+    print(f"\n-- the review (sandbox changes show {kept.id}), first lines --")
+    print("\n".join(f"  {line}" for line in review.splitlines()[:24]))
+    report = await kept.apply()  # what `sandbox changes apply ID` does: flagged entries need consent
+    print(f"\napplied as one unit (the unflagged entries): {', '.join(report.applied) or 'none'}")
+    held = ", ".join(f"{h['path']} [{', '.join(h['flags'])}]" for h in report.held_back)
+    print(f"held back until a human names them or passes --include-flagged: {held or 'none'}")
+    held_back = ("flagged entries held back (git hook, .envrc)", not (project / ".envrc").exists())
+    verdicts.append(held_back)
+    print(f"  [{'ok' if held_back[1] else 'FAILED'}] {held_back[0]}")
     shutil.rmtree(root, ignore_errors=True)
     failed = [text for text, ok in verdicts if not ok]
     if failed:

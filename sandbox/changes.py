@@ -23,6 +23,13 @@ uses: a host entry changed since copy-in is refused. Flagged entries (git hooks,
 dotfiles, new executables…) need consent: they are applied only when named in ``only`` or with
 ``include_flagged``, and are otherwise reported as held back.
 
+A repository's ``.git`` entries are one group (:mod:`sandbox.gitreview`), applied all together or
+not at all: naming ``.git`` or any entry of it in ``only`` names the whole group; without
+consent the group is held back whole, as one ``held_back`` item (``"group": "git"``), when its
+summary found anything risky (a hook, a risky config key, an entry that is none of git's data
+files), and is otherwise applied with the rest, its ``git-config`` flag notwithstanding. The
+summary is computed from the kept files when the changeset is kept, and stored in the manifest.
+
 A kept changeset stays until it is discarded or, applied or not, :data:`RETENTION_S` (14 days)
 after it was kept: the store sweeps itself on each use. A keep interrupted half-way leaves a
 ``.partial-<pid>-<starttime>-<hex>`` directory, swept once its executor is gone.
@@ -46,10 +53,20 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sandbox import datadir, leftovers
+from sandbox import datadir, gitreview, leftovers
 from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, map_errors
-from sandbox.mounts import ApplyReport, Change, Changeset, CopyTree, Stamp, _open_parent, sha256_file
+from sandbox.gitreview import GitSummary
+from sandbox.mounts import (
+    ApplyReport,
+    Change,
+    Changeset,
+    CopyTree,
+    Stamp,
+    _apply_order,
+    _open_parent,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -98,6 +115,7 @@ class Kept:
     entries: list[Entry] = field(default_factory=list)
     state: ChangesetState = "kept"
     untracked: list[str] = field(default_factory=list)  # excluded from the copy (mount.exclude)
+    git: GitSummary | None = None  # the .git internals summarised, for a repository workspace
 
     @property
     def path(self) -> Path:
@@ -121,11 +139,20 @@ class Kept:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, **self.summary(), "changes": [e.to_dict() for e in self.entries]}
+        git = self.git.to_dict() if self.git is not None else None
+        return {"format": FORMAT, **self.summary(), "git": git, "changes": [e.to_dict() for e in self.entries]}
+
+    def git_lines(self) -> list[str]:
+        """The git summary as review lines (none when the workspace is no repository)."""
+        return self.git.lines() if self.git is not None else []
 
     def diff(self, only: Iterable[str] | None = None) -> str:
-        """Each entry against the host as it is now: a unified diff for text, a summary otherwise."""
-        return "".join(_entry_diff(self, entry) for entry in self._select(only))
+        """Each entry against the host as it is now: a unified diff for text, a summary otherwise.
+
+        A repository's ``.git`` entries are left out unless named: :meth:`git_lines` sums them up.
+        """
+        group = self._git_group() if only is None else set()
+        return "".join(_entry_diff(self, entry) for entry in self._select(only) if entry.change.path not in group)
 
     async def apply(self, only: Iterable[str] | None = None, *, include_flagged: bool = False) -> ApplyReport:
         """Apply the pending entries (or those named in ``only``) that are unflagged or consented.
@@ -134,11 +161,12 @@ class Kept:
         otherwise they are in the report's ``held_back``. Raises CONFLICT, applying nothing, when
         the kept content no longer has the hash the manifest recorded.
         """
-        named = _normalised(only)
         with _exclusive(self.path):
             await off_loop(self._reload)
+            named = self._with_group(_normalised(only))
             chosen, report = self._choose(named, include_flagged)
             await off_loop(self._verify, chosen)
+            chosen = await off_loop(self._unsplit, chosen, report)
             done = await self._tree().apply(Changeset([e.change for e in chosen]))
             await off_loop(self._record, done)
         report.applied += done.applied
@@ -160,11 +188,32 @@ class Kept:
             raise InvalidArgument(f"not in changeset {self.id}: {', '.join(sorted(unknown))}", paths=sorted(unknown))
         return [e for e in self.entries if e.change.path in named]
 
+    def _git_group(self) -> set[str]:
+        """The ``.git`` entries, one consent group, when the workspace is a repository (else none)."""
+        if self.git is None:
+            return set()
+        return {e.change.path for e in self.entries if gitreview.in_git(e.change.path)}
+
+    def _with_group(self, named: set[str] | None) -> set[str] | None:
+        """Naming ``.git`` or any entry of the git group names the whole group: it is never split."""
+        group = self._git_group()
+        if named is None or not group or not any(p == gitreview.GIT or p in group for p in named):
+            return named
+        return (named - {gitreview.GIT}) | group
+
     def _choose(self, named: set[str] | None, include_flagged: bool) -> tuple[list[Entry], ApplyReport]:
         report = ApplyReport()
         chosen = []
+        group = self._git_group()
+        held_group = bool(group) and named is None and not include_flagged and self._git_risky()
         for entry in self._select(named):
             change = entry.change
+            if change.path in group:
+                if held_group and not entry.applied:
+                    continue
+                if not entry.applied:
+                    chosen.append(entry)
+                continue
             if entry.applied:
                 if named is not None:
                     report.skipped.append({"path": change.path, "reason": "already applied"})
@@ -172,7 +221,39 @@ class Kept:
                 report.held_back.append({"path": change.path, "flags": list(change.flags)})
             else:
                 chosen.append(entry)
+        if held_group and any(not e.applied for e in self.entries if e.change.path in group):
+            report.held_back.append(self._group_held_back(group))
         return chosen, report
+
+    def _unsplit(self, chosen: list[Entry], report: ApplyReport) -> list[Entry]:
+        """Leave the git group out when the host changed any of its entries (it ran git meanwhile).
+
+        The apply guards each entry and would apply the rest: a repository half ours, half the
+        host's. Guarding the group first keeps it whole; the apply guards every entry again.
+        """
+        group = self._git_group()
+        picked = [e.change for e in chosen if e.change.path in group and e.change.applicable]
+        if not picked:
+            return chosen
+        from sandbox import journal  # it builds on mounts, as this module does: imported when used
+
+        plan = journal.Plan(self._tree())
+        for change in sorted(picked, key=_apply_order):
+            plan.add(change)
+        if not plan.report.conflicts:
+            return chosen
+        report.conflicts += plan.report.conflicts
+        reason = f"not applied: {len(plan.report.conflicts)} of its entries changed on the host since copy-in"
+        report.conflicts.append({"path": gitreview.GIT, "reason": f"the git group is {reason}"})
+        return [e for e in chosen if e.change.path not in group]
+
+    def _git_risky(self) -> bool:
+        return self.git is not None and bool(self.git.risky)
+
+    def _group_held_back(self, group: set[str]) -> dict[str, Any]:
+        flags = sorted({f for e in self.entries if e.change.path in group for f in e.change.flags})
+        risky = self.git.risky if self.git is not None else []
+        return {"path": gitreview.GIT, "flags": flags, "group": gitreview.GROUP, "entries": len(group), "risky": risky}
 
     def _verify(self, chosen: list[Entry]) -> None:
         """What is applied is exactly what was kept (and shown): every byte, by its hash."""
@@ -210,6 +291,14 @@ class Kept:
         elif len(pending) < sum(e.change.applicable for e in self.entries):
             self.state = "partial"
         _write_manifest(self.path, self)
+
+
+def held_back_line(held: dict[str, Any]) -> str:
+    """A held-back entry as a review line; the git group with why it was held back whole."""
+    flags = f"[{', '.join(held['flags'])}]"
+    if held.get("group") is None:
+        return f"{held['path']} {flags}"
+    return f"{held['path']} (the git group, {held['entries']} entries) {flags}: {'; '.join(held['risky'])}"
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -299,8 +388,17 @@ def _keep(tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile
         try:
             (partial / "tree").mkdir(mode=0o700)
             entries = [_keep_entry(tree, partial / "tree", change) for change in changeset.changes]
+            git = gitreview.summarise(tree.workspace, partial / "tree", [e.change for e in entries])
             kept = Kept(
-                changeset_id, tree.workspace, created, source, profile, backend, entries, untracked=changeset.untracked
+                changeset_id,
+                tree.workspace,
+                created,
+                source,
+                profile,
+                backend,
+                entries,
+                untracked=changeset.untracked,
+                git=git,
             )
             _write_manifest(partial, kept)
             os.rename(partial, store() / changeset_id)
@@ -381,6 +479,7 @@ def _from_manifest(data: dict[str, Any]) -> Kept:
         [Entry.from_dict(e) for e in data["changes"]],
         data["state"],
         list(data.get("untracked", [])),
+        GitSummary.from_dict(data["git"]) if data.get("git") else None,
     )
 
 

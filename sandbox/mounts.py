@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from sandbox import datadir, leftovers
+from sandbox import datadir, gitreview, leftovers
 from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 
@@ -247,6 +247,9 @@ class ApplyReport:
 
 def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path) -> list[str]:
     parts = PurePosixPath(rel).parts
+    if parts[0] == ".git" and gitreview.is_repository(workspace):
+        # A repository's own data files form one consent group (sandbox.gitreview), not dotfiles.
+        return gitreview.internal_flags(rel) + _mode_flags(rel, kind, before, after, workspace)
     flags: list[str] = []
     if parts[:2] == (".git", "hooks") and len(parts) > 2:
         flags.append("git-hook")
@@ -254,6 +257,11 @@ def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, work
         flags.append("git-config")
     if any(p.startswith(".") for p in parts) and "git-hook" not in flags and "git-config" not in flags:
         flags.append("dotfile")
+    return flags + _mode_flags(rel, kind, before, after, workspace)
+
+
+def _mode_flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path) -> list[str]:
+    flags: list[str] = []
     if after is None:
         return flags
     was_exec = before is not None and before.kind == "file" and before.mode & 0o111

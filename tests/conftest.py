@@ -69,12 +69,17 @@ def workspace(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     (ws / "README.md").write_text("# sample\n")
     (ws / "src").mkdir()
     (ws / "src" / "app.py").write_text("print('hello')\n")
-    if os.geteuid() == 0 and "backend" in request.fixturenames and request.getfixturevalue("backend").name == "docker":
-        # Docker runs commands as the workspace owner, or uid 1000 for a root-owned one (never
-        # root): give the tests a workspace owned like a developer's checkout.
-        for path in (ws, *ws.rglob("*")):
-            os.chown(path, 1000, 1000, follow_symlinks=False)
+    if "backend" in request.fixturenames and request.getfixturevalue("backend").name == "docker":
+        own_like_a_checkout(ws)
     return ws
+
+
+def own_like_a_checkout(root: Path) -> None:
+    """As root, hand ``root`` to uid 1000: Docker runs commands as the workspace owner, or uid 1000
+    for a root-owned one (never root), so docker tests get a workspace owned like a developer's."""
+    if os.geteuid() == 0:
+        for path in (root, *root.rglob("*")):
+            os.chown(path, 1000, 1000, follow_symlinks=False)
 
 
 def make_profile(name: str = "default", /, **overrides: Any) -> profiles.Profile:

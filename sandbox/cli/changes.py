@@ -1,7 +1,8 @@
 """``sandbox changes``: the changesets ``copy`` and ``overlay`` runs kept (:mod:`sandbox.changes`).
 
 ``list`` the kept changesets (of one workspace), ``show`` one (its entries and a unified diff
-of each file against the host file as it is now), ``apply`` it (flagged entries only when named
+of each file against the host file as it is now; in a repository, a summary of what changed in
+``.git`` first, its files left out of the diff), ``apply`` it (flagged entries only when named
 with ``--only`` or with ``--include-flagged``) or ``discard`` it. Results go to stdout, one line
 per entry or one JSON object with ``--json``; a refusal is one ``sandbox: …`` line on stderr.
 
@@ -110,6 +111,8 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     print(_line(kept))
     print(f"profile {kept.profile}, backend {kept.backend}, kept by {kept.source}\n")
+    for line in kept.git_lines():  # a repository's .git entries: summed up, left out of the diff
+        print(line)
     sys.stdout.write(kept.diff())
     return 0
 
@@ -131,19 +134,26 @@ def _apply(args: argparse.Namespace) -> int:
     if args.json:
         emit({"id": kept.id, "state": kept.state, **report.to_dict(), "exit_status": code})
     else:
-        _print_report(report)
+        _print_report(report, grouped=kept.git is not None)
         if report.held_back:
             say(f"flagged entries need consent: sandbox changes apply {kept.id} --include-flagged (or --only PATH)")
     return code
 
 
-def _print_report(report: ApplyReport) -> None:
+def _print_report(report: ApplyReport, *, grouped: bool) -> None:
+    from sandbox.changes import held_back_line
+    from sandbox.gitreview import in_git
+
+    git = [path for path in report.applied if grouped and in_git(path)]
     for path in report.applied:
-        print(f"applied {path}")
+        if path not in git:
+            print(f"applied {path}")
+    if git:  # a repository's .git entries: one group, one line (--json lists each)
+        print(f"applied .git (the git group, {len(git)} entries)")
     for conflict in report.conflicts:
         print(f"CONFLICT {conflict['path']}: {conflict['reason']}")
     for held in report.held_back:
-        print(f"held back {held['path']} [{', '.join(held['flags'])}]")
+        print(f"held back {held_back_line(held)}")
     for skipped in report.skipped:
         print(f"skipped {skipped['path']}: {skipped['reason']}")
 

@@ -208,18 +208,23 @@ def _report(
                 "changes": changes.to_list() if changes is not None else None,
                 "untracked": changes.untracked if changes is not None else None,
                 "changeset_id": kept.id if kept is not None else None,
+                "git": kept.git.to_dict() if kept is not None and kept.git is not None else None,
                 "applied": applied.to_dict() if applied is not None else None,
                 "exit_status": code,
             }
         )
         return code if emitted else EXIT_SIGPIPE
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
-        _review(result, changes, applied, args.apply, kept.id if kept is not None else None)
+        _review(result, changes, applied, args.apply, kept)
     return code
 
 
 def _review(
-    result: executor.ExecResult | launch.Outcome, changes: Any, applied: Any, apply: bool, kept: str | None = None
+    result: executor.ExecResult | launch.Outcome,
+    changes: Any,
+    applied: Any,
+    apply: bool,
+    kept: kept_changes.Kept | None = None,
 ) -> None:
     if result.timed_out:
         say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
@@ -233,21 +238,34 @@ def _review(
         say("no changes in the private copy")
         return
     say(f"changes in the private copy ({'applied, except as said below' if apply else 'not applied'}):")
+    git = kept.git_lines() if kept is not None else []
+    for line in git:  # a repository's .git entries: summed up, not listed
+        print(f"  {line}", file=sys.stderr)
     for change in changes.changes:
+        if git and _in_git(change.path):
+            continue
         flags = f"  [{', '.join(change.flags)}]" if change.flags else ""
         skip = f"  (never applied: {change.reason})" if not change.applicable else ""
         print(f"  {change.status[0].upper()} {change.path}{flags}{skip}", file=sys.stderr)
     if applied is not None:
         _applied(applied)
     if kept is not None:
-        _kept(kept, applied)
+        _kept(kept.id, applied)
+
+
+def _in_git(path: str) -> bool:
+    from sandbox import gitreview
+
+    return gitreview.in_git(path)
 
 
 def _applied(applied: Any) -> None:
+    from sandbox.changes import held_back_line
+
     for conflict in applied.conflicts:
         say(f"CONFLICT {conflict['path']}: {conflict['reason']}")
     for held in applied.held_back:
-        say(f"held back {held['path']} [{', '.join(held['flags'])}]: flagged entries need consent")
+        say(f"held back {held_back_line(held)}: flagged entries need consent")
 
 
 def _kept(changeset_id: str, applied: Any) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import backend_or_skip
+from tests.conftest import backend_or_skip, own_like_a_checkout
 
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 KEPT = re.compile(r"changes kept as (ch-[0-9a-f]{12})")
@@ -28,11 +28,8 @@ MAKE_HOOK = (
 def cli_backend(request: pytest.FixtureRequest, workspace: Path) -> str:
     name: str = request.param
     backend_or_skip(name)
-    if name == "docker" and os.geteuid() == 0:
-        # Docker runs commands as the workspace owner (uid 1000 for a root-owned one): a
-        # developer's checkout, as tests/conftest.py gives the docker-parametrised tests.
-        for path in (workspace, *workspace.rglob("*")):
-            os.chown(path, 1000, 1000, follow_symlinks=False)
+    if name == "docker":
+        own_like_a_checkout(workspace)
     return name
 
 
