@@ -5,6 +5,9 @@ tagged ``stdout``/``stderr``; approvals are server-to-client ``approval.request`
 closed (no answer in time, an error answer or a closed pipe: deny). When stdin closes, every
 session is closed and every process it started is killed. See integrations/pi/PROTOCOL.md.
 
+A ``copy``/``overlay`` session's changes are kept (:mod:`sandbox.changes`) when it closes, and
+``session.close`` names the changeset; ``changes.*`` review, apply and discard kept changesets.
+
 Each method is registered once, with its params model, by the ``@method`` decorator on its
 handler: :data:`METHODS` is what the server dispatches and what ``sandbox serve --schema`` lists.
 """
@@ -16,13 +19,16 @@ import json
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sandbox import changes
 from sandbox.audit import AuditLog
+from sandbox.backends.base import off_loop
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver
@@ -96,6 +102,22 @@ class RollbackParams(_Params):
 class AuditQueryParams(_Params):
     session_id: str | None = None
     limit: int = Field(100, ge=1, le=10_000)
+
+
+class ChangesListParams(_Params):
+    workspace: str | None = None
+
+
+class ChangesetParams(_Params):
+    changeset_id: str
+
+
+class ChangesShowParams(ChangesetParams):
+    paths: list[str] | None = None
+
+
+class ChangesApplyParams(ChangesShowParams):
+    include_flagged: bool = False
 
 
 class ApprovalAnswer(_Params):
@@ -325,7 +347,26 @@ class Server:
         sandbox = self._session(p.session_id)
         del self.sessions[p.session_id]
         await sandbox.aclose()
-        return {"closed": True}
+        if sandbox.jail.tree is None:
+            return {"closed": True}
+        kept = sandbox.kept  # a copy/overlay session's changes, kept for review: never discarded
+        return {
+            "closed": True,
+            "changeset_id": kept.id if kept is not None else None,
+            "counts": kept.summary()["counts"] if kept is not None else None,
+        }
+
+    @method("session.changes", SessionParams)
+    async def session_changes(self, p: SessionParams) -> dict[str, Any]:
+        sandbox = self._session(p.session_id)
+        changeset = await sandbox.changes()
+        return {
+            "session_id": p.session_id,
+            "mount": sandbox.jail.mount,
+            "counts": changeset.summary(),
+            "changes": changeset.to_list(),
+            "untracked": changeset.untracked,
+        }
 
     @method("tool.call", ToolCallParams)
     async def tool_call(self, p: ToolCallParams) -> dict[str, Any]:
@@ -382,6 +423,29 @@ class Server:
         finally:
             log.close()
         return {"records": rows[-p.limit :]}
+
+    @method("changes.list", ChangesListParams)
+    async def changes_list(self, p: ChangesListParams) -> dict[str, Any]:
+        workspace = Path(p.workspace) if p.workspace is not None else None
+        found = await off_loop(changes.listing, workspace)
+        return {"changesets": [kept.summary() for kept in found]}
+
+    @method("changes.show", ChangesShowParams)
+    async def changes_show(self, p: ChangesShowParams) -> dict[str, Any]:
+        kept = await off_loop(changes.load, p.changeset_id)
+        return {**kept.to_dict(), "diff": await off_loop(kept.diff, p.paths)}
+
+    @method("changes.apply", ChangesApplyParams)
+    async def changes_apply(self, p: ChangesApplyParams) -> dict[str, Any]:
+        kept = await off_loop(changes.load, p.changeset_id)
+        report = await kept.apply(p.paths, include_flagged=p.include_flagged)
+        return {"id": kept.id, "state": kept.state, **report.to_dict()}
+
+    @method("changes.discard", ChangesetParams)
+    async def changes_discard(self, p: ChangesetParams) -> dict[str, Any]:
+        kept = await off_loop(changes.load, p.changeset_id)
+        await off_loop(kept.discard)
+        return {}
 
     @method("shutdown", _Params)
     async def shutdown(self, _params: _Params) -> dict[str, Any]:

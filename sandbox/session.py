@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
+from sandbox import changes as kept_changes
 from sandbox import datadir, leftovers, review
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from sandbox.exec import OutputCallback
+    from sandbox.mounts import Changeset
     from sandbox.tools.replies import RunnerReply
     from sandbox.vocabulary import (
         BackendChoice,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 
 SCRATCH_MAX_AGE_S = 7 * 24 * 3600
 _REVIEWED: dict[str, ReviewOperation] = {"Write": "write", "Edit": "edit"}  # the tools a snapshot is kept for
+PRIVATE_COPY_NOTE = " (in the private copy; review and apply to keep it)"
 
 
 def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S) -> list[str]:
@@ -119,6 +122,7 @@ class Sandbox:
         self.snapshots = review.SnapshotStore(session_id)
         self._write_lock = anyio.Lock()
         self._closed = False
+        self.kept: kept_changes.Kept | None = None  # what close kept of a copy/overlay session's changes
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -256,6 +260,9 @@ class Sandbox:
             record = review.record(self.snapshots, call.tool_call_id, _REVIEWED[call.name], target, details)
         for key in ("before", "after"):
             details.pop(key, None)
+        if reply["ok"] and call.name in _REVIEWED and result_root == "workspace" and self.jail.tree is not None:
+            content += PRIVATE_COPY_NOTE  # the host workspace is untouched until the changeset is applied
+            details["private_copy"] = True
         return ToolResult(
             ok=reply["ok"],
             content=content,
@@ -353,10 +360,48 @@ class Sandbox:
     def end_turn(self, turn_id: str) -> None:
         self.state.end_turn(turn_id)
 
+    # -- the private tree of a copy/overlay session -----------------------------------------------
+
+    @property
+    def changeset_id(self) -> str | None:
+        """The id close kept this session's changes under; None before close or with nothing kept."""
+        return self.kept.id if self.kept is not None else None
+
+    async def changes(self) -> Changeset:
+        """What the session changed so far in its private tree; INVALID_ARGUMENT for rw and ro."""
+        if self.jail.tree is None:
+            mount = self.jail.mount
+            how = "writes in place" if mount == "rw" else "cannot write"
+            raise InvalidArgument(f"mount {mount} {how}; there is nothing to review", mount=mount)
+        async with self._write_lock:  # not half-way through a Write
+            changeset = await self.jail.changes()
+        assert changeset is not None  # a jail with a tree always has a changeset
+        return changeset
+
+    async def keep_changes(self) -> kept_changes.Kept | None:
+        """Keep the private tree's changes under an id (once); None when there is no tree or no change."""
+        if self.jail.tree is None or self.kept is not None:
+            return self.kept
+        changeset = await self.jail.changes()
+        if changeset is None or not changeset.changes:
+            return None
+        self.kept = await kept_changes.keep(
+            self.jail.tree, changeset, source="session", profile=self.profile.name, backend=self.jail.backend
+        )
+        return self.kept
+
     async def aclose(self) -> None:
+        """Close the jail, keeping a copy/overlay session's changes first (never discarding them)."""
         if self._closed:
             return
         self._closed = True
+        try:
+            async with self._write_lock:
+                await self.keep_changes()  # before the jail's close removes the private tree
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
         try:
             await self.jail.aclose()
         finally:
