@@ -646,7 +646,15 @@ class RecoverReport:
 
 
 def recover(workspace: Path) -> RecoverReport:
-    """Finish or undo an apply to ``workspace`` that was interrupted (a no-op when none was)."""
+    """Finish or undo an apply to ``workspace`` that was interrupted (a no-op when none was).
+
+    Every jail open calls this, so the common case (no journal, nothing torn) takes no lock: a
+    ``stat`` and a directory listing, and a command that holds an flock on the workspace (it
+    can: the jail shows the same directory) cannot stall the next open.
+    """
+    journal = journal_path(workspace)
+    if not journal.exists() and not any(journal.parent.glob(f".{journal.name}.*")):
+        return RecoverReport(str(workspace.resolve()))
     with locked(workspace):
         return recover_locked(workspace)
 

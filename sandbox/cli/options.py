@@ -38,6 +38,15 @@ def add_backend(parser: argparse.ArgumentParser, *, checked: bool = False, defau
     parser.add_argument("--backend", default=default, help=f"{_either(BACKEND_CHOICES)} (default: the profile's, auto)")
 
 
+def check_backend(name: str | None) -> None:
+    """Refuse a ``--backend`` that names no real backend (``fake`` included: the command line
+    offers only what enforces something), with the loader's own message."""
+    from sandbox.backends import base
+
+    if name not in (None, "auto"):
+        base.get(name, offered=True)
+
+
 def add_mount(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mount", help=f"{_either(MOUNT_STRATEGIES)} (default: the profile's)")
 

@@ -80,10 +80,8 @@ def _json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
 
 def _load_profile(args: argparse.Namespace) -> profiles.Profile:
     from sandbox import profile as profiles
-    from sandbox.backends import base
 
-    if args.backend not in (None, "auto"):
-        base.get(args.backend, offered=True)
+    options.check_backend(args.backend)
     prof = profiles.load(args.profile)
     values = {
         "mount.strategy": args.mount,

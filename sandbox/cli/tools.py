@@ -88,11 +88,9 @@ def cmd_tool(args: argparse.Namespace) -> int:
 
 
 async def _tool(args: argparse.Namespace, parsed: dict[str, Any]) -> ToolResult:
-    from sandbox.backends import base
     from sandbox.session import Sandbox
 
-    if args.backend not in (None, "auto"):
-        base.get(args.backend, offered=True)
+    options.check_backend(args.backend)
     stream = not args.json and args.name == "Bash"
     out = _echo(sys.stdout.buffer) if stream else None
     err = _echo(sys.stderr.buffer) if stream else None

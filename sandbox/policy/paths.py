@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Defaults a profile or a trusted project extends; a leading "!" carves an exception.
 # Bare names (".env", "*.pem") match at any depth; "~/" and "/" patterns are absolute.
-DEFAULT_DENY_READ: tuple[str, ...] = (
+HOME_SECRETS: tuple[str, ...] = (
     "~/.ssh/**",
     "~/.aws/**",
     "~/.gnupg/**",
@@ -42,6 +42,9 @@ DEFAULT_DENY_READ: tuple[str, ...] = (
     "~/.docker/config.json",
     "~/.kube/config",
     "~/.config/gcloud/**",
+)
+DEFAULT_DENY_READ: tuple[str, ...] = (
+    *HOME_SECRETS,
     ".env",
     ".env.*",
     "!.env.example",
@@ -55,16 +58,7 @@ DEFAULT_DENY_READ: tuple[str, ...] = (
     "id_ecdsa",
     "id_ed25519",
 )
-DEFAULT_DENY_WRITE: tuple[str, ...] = (
-    "~/.ssh/**",
-    "~/.aws/**",
-    "~/.gnupg/**",
-    "~/.netrc",
-    "~/.git-credentials",
-    "~/.docker/config.json",
-    "~/.kube/config",
-    "~/.config/gcloud/**",
-)
+DEFAULT_DENY_WRITE: tuple[str, ...] = HOME_SECRETS
 SHELL_RC_FILES: tuple[str, ...] = (
     ".bashrc",
     ".bash_profile",

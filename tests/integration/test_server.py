@@ -4,73 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from sandbox.profile import MAX_TIMEOUT_S
 from tests.conftest import backend_or_skip, survivors
+from tests.rpc_client import SANDBOX, Client, serve
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from anyio.abc import Process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
-SANDBOX = str(Path(sys.executable).with_name("sandbox"))
-
-
-class Client:
-    def __init__(self, proc: Process) -> None:
-        self.proc = proc
-        assert proc.stdout is not None and proc.stdin is not None
-        self.lines = BufferedByteReceiveStream(proc.stdout)
-        self.next_id = 0
-        self.notes: list[dict[str, Any]] = []
-        self.approvals: list[dict[str, Any]] = []
-        self.answer: Any = {"decision": "deny"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        await self.proc.stdin.send((json.dumps(message) + "\n").encode())
-
-    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        self.next_id += 1
-        rid = self.next_id
-        await self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        while True:
-            msg: dict[str, Any] = json.loads(await self.lines.receive_until(b"\n", 1 << 26))
-            if msg.get("id") == rid and "method" not in msg:
-                return msg
-            if msg.get("method") == "tool.output":
-                self.notes.append(msg["params"])
-            elif msg.get("method") == "approval.request":
-                self.approvals.append(msg["params"])
-                if self.answer == "close":
-                    assert self.proc.stdin is not None
-                    await self.proc.stdin.aclose()
-                    continue
-                await self.send({"jsonrpc": "2.0", "id": msg["id"], "result": self.answer})
 
 
 @pytest.fixture
 async def client(workspace: Path) -> AsyncIterator[Client]:  # noqa: ARG001 - the server opens it by path
     backend_or_skip("bwrap")
-    proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
-    c = Client(proc)
-    try:
+    async with serve() as c:
         yield c
-    finally:
-        with anyio.CancelScope(shield=True):
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-            await proc.aclose()
 
 
 async def open_session(client: Client, workspace: Path, mode: str = "auto") -> str:

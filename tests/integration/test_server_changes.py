@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import pytest
 
 from tests.conftest import backend_or_skip
-from tests.integration.test_server import SANDBOX, Client
+from tests.rpc_client import Client, serve
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -22,16 +20,8 @@ SANDBOX_ERROR = -32000
 @pytest.fixture
 async def client() -> AsyncIterator[Client]:
     backend_or_skip("bwrap")
-    proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
-    c = Client(proc)
-    try:
+    async with serve() as c:
         yield c
-    finally:
-        with anyio.CancelScope(shield=True):
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-            await proc.aclose()
 
 
 async def open_session(client: Client, workspace: Path, mount: str) -> str:

@@ -160,3 +160,21 @@ async def test_recover_without_a_journal_does_nothing(tree: CopyTree) -> None:
         "steps": 0,
         "problems": [],
     }
+
+
+def test_a_lock_held_on_the_workspace_cannot_stall_a_jail_open(tmp_path: Path) -> None:
+    """A command in a jail can flock the workspace it is shown; with no journal, ``recover`` (run
+    at every jail open) must not wait for that lock."""
+    import fcntl
+    import threading
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        done: list[str] = []
+        worker = threading.Thread(target=lambda: done.append(journal.recover(tmp_path).action), daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert done == ["none"], "recover waited for a lock it did not need"
+    finally:
+        os.close(fd)
