@@ -65,6 +65,7 @@ from sandbox.mounts import (
     Stamp,
     _apply_order,
     _open_parent,
+    needs_consent,
     sha256_file,
 )
 
@@ -167,7 +168,8 @@ class Kept:
             chosen, report = self._choose(named, include_flagged)
             await off_loop(self._verify, chosen)
             chosen = await off_loop(self._unsplit, chosen, report)
-            done = await self._tree().apply(Changeset([e.change for e in chosen]))
+            consented = Changeset([e.change for e in chosen])  # _choose held back what needs consent
+            done = await self._tree().apply(consented, include_flagged=True)
             await off_loop(self._record, done)
         report.applied += done.applied
         report.conflicts += done.conflicts
@@ -217,7 +219,7 @@ class Kept:
             if entry.applied:
                 if named is not None:
                     report.skipped.append({"path": change.path, "reason": "already applied"})
-            elif change.flags and change.applicable and not include_flagged and change.path not in (named or ()):
+            elif needs_consent(change, named, include_flagged):
                 report.held_back.append({"path": change.path, "flags": list(change.flags)})
             else:
                 chosen.append(entry)

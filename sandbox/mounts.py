@@ -245,6 +245,13 @@ class ApplyReport:
         return asdict(self)
 
 
+def needs_consent(change: Change, named: Collection[str] | None, include_flagged: bool) -> bool:
+    """Whether a flagged change waits for consent: it is applied only when named or when flagged
+    changes are included explicitly (``--include-flagged``)."""
+    named_it = named is not None and change.path in named
+    return bool(change.flags) and change.applicable and not include_flagged and not named_it
+
+
 def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path) -> list[str]:
     parts = PurePosixPath(rel).parts
     if parts[0] == ".git" and gitreview.is_repository(workspace):
@@ -437,12 +444,16 @@ class CopyTree:
             change.applicable, change.reason = False, "the symlink points outside the workspace"
         return change
 
-    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        return await off_loop(self._apply, changeset, set(paths) if paths is not None else None)
+    async def apply(
+        self, changeset: Changeset, paths: Iterable[str] | None = None, *, include_flagged: bool = False
+    ) -> ApplyReport:
+        named = set(paths) if paths is not None else None
+        return await off_loop(self._apply, changeset, named, include_flagged)
 
-    def _apply(self, changeset: Changeset, only: set[str] | None) -> ApplyReport:
+    def _apply(self, changeset: Changeset, only: set[str] | None, include_flagged: bool) -> ApplyReport:
         """Guard every change, then apply those that pass as one unit through a journal.
 
+        A flagged change is held back unless named in ``only`` or ``include_flagged`` (consent).
         An interrupted apply to this workspace is recovered first. See :mod:`sandbox.journal`.
         """
         from sandbox import journal  # it builds on this module: imported here, not at the top
@@ -455,6 +466,9 @@ class CopyTree:
                     continue
                 if not change.applicable:
                     plan.report.skipped.append({"path": change.path, "reason": change.reason})
+                    continue
+                if needs_consent(change, only, include_flagged):
+                    plan.report.held_back.append({"path": change.path, "flags": list(change.flags)})
                     continue
                 plan.add(change)
             kept_back = journal.execute(self.workspace, plan.steps)

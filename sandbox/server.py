@@ -433,7 +433,7 @@ class Server:
     @method("changes.show", ChangesShowParams)
     async def changes_show(self, p: ChangesShowParams) -> dict[str, Any]:
         kept = await off_loop(changes.load, p.changeset_id)
-        return {**kept.to_dict(), "diff": await off_loop(kept.diff, p.paths)}
+        return {**kept.to_dict(), "git_lines": kept.git_lines(), "diff": await off_loop(kept.diff, p.paths)}
 
     @method("changes.apply", ChangesApplyParams)
     async def changes_apply(self, p: ChangesApplyParams) -> dict[str, Any]:

@@ -139,11 +139,17 @@ class Jail(ABC):
         """For ``copy``/``overlay`` mounts: what the jail changed, else ``None``."""
         return await self.tree.changes() if self.tree is not None else None
 
-    async def apply(self, changeset: Changeset, paths: Iterable[str] | None = None) -> ApplyReport:
-        """Copy approved changes back to the host workspace (``copy``/``overlay`` mounts only)."""
+    async def apply(
+        self, changeset: Changeset, paths: Iterable[str] | None = None, *, include_flagged: bool = False
+    ) -> ApplyReport:
+        """Copy approved changes back to the host workspace (``copy``/``overlay`` mounts only).
+
+        Flagged changes (git hooks and config, dotfiles, new executables…) are applied only when
+        named in ``paths`` or with ``include_flagged``; otherwise they are in ``held_back``.
+        """
         if self.tree is None:
             raise InvalidArgument(f"mount {self.mount!r} writes in place; there is nothing to apply")
-        return await self.tree.apply(changeset, paths)
+        return await self.tree.apply(changeset, paths, include_flagged=include_flagged)
 
     _closed: bool = False
 

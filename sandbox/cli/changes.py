@@ -107,7 +107,7 @@ def _show(args: argparse.Namespace) -> int:
 
     kept = changes.load(args.id)
     if args.json:
-        emit({**kept.to_dict(), "diff": kept.diff()})
+        emit({**kept.to_dict(), "git_lines": kept.git_lines(), "diff": kept.diff()})
         return 0
     print(_line(kept))
     print(f"profile {kept.profile}, backend {kept.backend}, kept by {kept.source}\n")

@@ -281,6 +281,21 @@ async def test_copy_mount_leaves_host_untouched_until_apply(open_jail: JailFacto
     assert not (workspace / ".git").exists()
 
 
+async def test_copy_apply_holds_flagged_changes_back_without_consent(open_jail: JailFactory, workspace: Path) -> None:
+    jail = await open_jail(make_profile("untrusted"))
+    await sh(jail, "echo ok > ok.txt; mkdir -p .git/hooks; echo : > .git/hooks/pre-commit; chmod +x .git/hooks/*")
+    changes = await jail.changes()
+    assert changes is not None
+    report = await jail.apply(changes)
+    assert report.applied == ["ok.txt"]
+    assert {h["path"] for h in report.held_back} == {".git", ".git/hooks", ".git/hooks/pre-commit"}
+    assert not (workspace / ".git").exists()
+    hook = [".git", ".git/hooks", ".git/hooks/pre-commit"]
+    consented = await jail.apply(changes, paths=hook)  # naming a flagged change is consent
+    assert consented.applied == hook and consented.conflicts == [] and consented.held_back == []
+    assert (workspace / ".git" / "hooks" / "pre-commit").stat().st_mode & 0o111
+
+
 async def test_copy_apply_refuses_a_file_changed_on_the_host(open_jail: JailFactory, workspace: Path) -> None:
     jail = await open_jail(make_profile("untrusted"))
     await sh(jail, "echo from-jail > README.md")
@@ -297,7 +312,7 @@ async def test_copy_special_files_and_outside_symlinks_never_come_back(open_jail
     await sh(jail, "mkfifo fifo; ln -s /etc/passwd pw; ln -s ../../.. up; cp /bin/sh suid; chmod 4755 suid")
     changes = await jail.changes()
     assert changes is not None
-    report = await jail.apply(changes)
+    report = await jail.apply(changes, include_flagged=True)  # consent: even then, no setuid bit comes back
     assert {s["path"] for s in report.skipped} >= {"fifo", "pw", "up"}
     assert not (workspace / "fifo").exists() and not (workspace / "pw").is_symlink()
     assert not (workspace / "up").is_symlink()

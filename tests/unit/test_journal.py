@@ -123,7 +123,7 @@ async def test_two_hard_links_to_one_changed_file_are_both_applied(tmp_path: Pat
     os.link(ws / "a.txt", ws / "b.txt")
     tree = await CopyTree.prepare(ws, tmp_path)
     (tree.root / "a.txt").write_text("new\n")  # in place: the copy's b.txt is the same inode
-    report = await tree.apply(await tree.changes())
+    report = await tree.apply(await tree.changes(), include_flagged=True)  # both are flagged "hardlink"
     assert (sorted(report.applied), report.conflicts) == (["a.txt", "b.txt"], [])
     assert (ws / "a.txt").read_text() == (ws / "b.txt").read_text() == "new\n"
 

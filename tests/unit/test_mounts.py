@@ -70,7 +70,10 @@ async def test_apply_is_atomic_per_file_and_strips_setuid(tree: CopyTree) -> Non
     path.chmod(0o4755)
     changes = await tree.changes()
     assert {"setuid", "new-executable"} <= set(changes.changes[0].flags)
-    report = await tree.apply(changes)
+    held = await tree.apply(changes)
+    assert held.applied == [] and held.held_back == [{"path": "tool", "flags": changes.changes[0].flags}]
+    assert not (tree.workspace / "tool").exists()
+    report = await tree.apply(changes, paths=["tool"])  # named: consented
     assert report.applied == ["tool"]
     assert (tree.workspace / "tool").stat().st_mode & 0o7777 == 0o755
     assert not [p for p in tree.workspace.iterdir() if ".sandbox-" in p.name]

@@ -38,7 +38,8 @@ import {
 	createSandboxWriteOperations,
 	type SandboxCallContext,
 } from "./operations.ts";
-import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, PermissionMode } from "./protocol.ts";
+import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, PermissionMode, SessionCloseResult } from "./protocol.ts";
+import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
 import { type Approver, defaultSandboxBin, SandboxSession } from "./session.ts";
 
 export { SandboxClient } from "./client.ts";
@@ -46,6 +47,7 @@ export * from "./errors.ts";
 export { executeSandboxGrep } from "./grep.ts";
 export * from "./operations.ts";
 export type * from "./protocol.ts";
+export { countsLine, keptMessage, type ReviewContext, type ReviewOutcome, reviewChangeset, reviewText } from "./review.ts";
 export { type Approver, denyAll, SandboxSession, type SandboxSessionOptions } from "./session.ts";
 
 export interface SandboxExtensionConfig {
@@ -163,13 +165,27 @@ class SandboxManager {
 		return session;
 	}
 
-	async stop(): Promise<void> {
+	/** Stop the server; a copy/overlay session's changes are kept first (`changeset_id`). */
+	async stop(): Promise<SessionCloseResult | undefined> {
 		const session = this.session;
 		this.session = undefined;
 		const starting = this.starting;
 		this.starting = undefined;
+		const ended = await session?.end();
 		await session?.close();
 		await starting?.then((s) => s.close()).catch(() => undefined);
+		return ended;
+	}
+
+	/**
+	 * End the live session for a review and keep its server (which serves the review); the next
+	 * call starts a fresh session, whose private copy starts from the workspace as it is then.
+	 */
+	async endForReview(): Promise<{ session: SandboxSession; ended: SessionCloseResult | undefined } | undefined> {
+		const session = this.session;
+		if (!session?.alive) return undefined;
+		this.session = undefined;
+		return { session, ended: await session.end() };
 	}
 
 	async restart(ctx: ExtensionContext): Promise<SandboxSession> {
@@ -177,6 +193,59 @@ class SandboxManager {
 		this.lost = undefined;
 		return this.ensure(ctx);
 	}
+}
+
+const COPYING = new Set(["copy", "overlay"]);
+/** Said to the model after a write or edit in a copy/overlay session (the server's Write says the same). */
+export const PRIVATE_COPY_NOTE =
+	"(Written in the sandbox's private copy of the workspace, not the workspace itself: the user reviews the session's changes and applies them to keep them.)";
+
+/** `/sandbox review`: this session's private copy, or a changeset kept earlier, reviewed and applied. */
+async function reviewCommand(manager: SandboxManager, ctx: ExtensionContext): Promise<void> {
+	const session = manager.current;
+	if (!session?.alive) {
+		ctx.ui.notify("Sandbox: not running; `/sandbox restart` first (kept changesets also: sandbox changes list).", "warning");
+		return;
+	}
+	const live = COPYING.has(session.info.mount) ? await session.pending() : undefined;
+	const kept = (await session.listChanges()).filter((c) => c.state !== "applied");
+	const LIVE = live && live.changes.length > 0 ? `This session's private copy: ${countsLine(live.counts)} (ends the copy; the next call starts a fresh one)` : undefined;
+	const choices = new Map(kept.map((c) => [`${c.id}  ${c.created.replace("T", " ").slice(0, 16)}  ${c.state}  (${countsLine(c.counts)})`, c.id]));
+	const options = [...(LIVE ? [LIVE] : []), ...choices.keys()];
+	if (options.length === 0) {
+		ctx.ui.notify("Sandbox: nothing to review; no changes wait in a private copy or a kept changeset.", "info");
+		return;
+	}
+	if (!ctx.hasUI) {
+		for (const c of kept) process.stderr.write(keptMessage(c.id, c.counts));
+		return;
+	}
+	const choice = options.length === 1 ? options[0] : await ctx.ui.select("Sandbox: review which changes?", options);
+	if (choice === undefined) return;
+	if (choice !== LIVE) {
+		await reviewChangeset(session, choices.get(choice) ?? choice, ctx);
+		return;
+	}
+	const frozen = await manager.endForReview();
+	try {
+		const id = frozen?.ended?.changeset_id;
+		if (!id) ctx.ui.notify("Sandbox: the session ended but the server kept no changeset (nothing changed, or it failed: see sandbox changes list).", "warning");
+		else await reviewChangeset(frozen.session, id, ctx);
+	} finally {
+		await frozen?.session.close();
+		await manager.ensure(ctx).catch(() => undefined);
+	}
+}
+
+/** After an agent run: say, once per new count, that changes wait in the private copy. */
+async function remindPending(manager: SandboxManager, ctx: ExtensionContext, last: { count: number }): Promise<void> {
+	const session = manager.current;
+	if (!ctx.hasUI || !session?.alive || !COPYING.has(session.info.mount)) return;
+	const pending = await session.pending();
+	const count = pending.changes.length;
+	if (count === 0 || count === last.count) return;
+	last.count = count;
+	ctx.ui.notify(`Sandbox: ${countsLine(pending.counts)} wait in the private copy, not in the workspace. /sandbox review shows and applies them.`, "info");
 }
 
 // -- the extension --------------------------------------------------------------------------------
@@ -215,8 +284,18 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	};
 
 	register(createReadToolDefinition(cwd), (c, ctx) => createReadToolDefinition(ctx.cwd, { operations: createSandboxReadOperations(c) }));
-	register(createWriteToolDefinition(cwd), (c, ctx) => createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(c) }));
-	register(createEditToolDefinition(cwd), (c, ctx) => createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(c) }));
+	// pi's own write and edit say "Successfully wrote…"; in a copy/overlay session the model is told where.
+	const inCopy = <TParams extends TSchema, TDetails, TState>(
+		tool: Pick<ToolDefinition<TParams, TDetails, TState>, "execute">,
+	): Pick<ToolDefinition<TParams, TDetails, TState>, "execute"> => ({
+		execute: async (...args) => {
+			const result = await tool.execute(...args);
+			if (!COPYING.has(manager.current?.info.mount ?? "")) return result;
+			return { ...result, content: [...result.content, { type: "text", text: PRIVATE_COPY_NOTE }] };
+		},
+	});
+	register(createWriteToolDefinition(cwd), (c, ctx) => inCopy(createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(c) })));
+	register(createEditToolDefinition(cwd), (c, ctx) => inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(c) })));
 	register(createLsToolDefinition(cwd), (c, ctx) => createLsToolDefinition(ctx.cwd, { operations: createSandboxLsOperations(c) }));
 	register(createFindToolDefinition(cwd), (c, ctx) => createFindToolDefinition(ctx.cwd, { operations: createSandboxFindOperations(c) }));
 	// PI_* variables are not forwarded into the jail, so pi's hint about them is left out.
@@ -233,15 +312,38 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.on("session_start", async (_event, ctx) => {
 		try {
-			await manager.ensure(ctx);
+			const session = await manager.ensure(ctx);
+			const kept = (await session.listChanges().catch(() => [])).filter((c) => c.state !== "applied");
+			if (kept.length > 0 && ctx.hasUI) {
+				ctx.ui.notify(`Sandbox: ${kept.length} changeset(s) kept from earlier sessions of this workspace wait for review: /sandbox review`, "info");
+			}
 		} catch (error) {
 			ctx.ui.setStatus("sandbox", "sandbox: DOWN");
 			if (ctx.hasUI) ctx.ui.notify(`Sandbox unavailable; the sandboxed tools will fail until it starts.\n${(error as Error).message}`, "error");
 		}
 	});
 
+	// pi has stopped its UI by now (quit) or is switching sessions: nothing is asked here. The
+	// server keeps a copy/overlay session's changes; say where, on stderr, which outlives the TUI.
 	pi.on("session_shutdown", async () => {
-		await manager.stop();
+		const ended = await manager.stop();
+		if (ended?.changeset_id) process.stderr.write(keptMessage(ended.changeset_id, ended.counts));
+	});
+
+	// Before /new, /resume or a fork the UI is still up: offer the review of the private copy.
+	const offerReview = async (_event: unknown, ctx: ExtensionContext): Promise<undefined> => {
+		const session = manager.current;
+		if (!ctx.hasUI || !session?.alive || !COPYING.has(session.info.mount)) return undefined;
+		const pending = await session.pending().catch(() => undefined);
+		if (pending && pending.changes.length > 0) await reviewCommand(manager, ctx).catch((error: Error) => ctx.ui.notify(`Sandbox review failed: ${error.message}`, "error"));
+		return undefined;
+	};
+	pi.on("session_before_switch", offerReview);
+	pi.on("session_before_fork", offerReview);
+
+	const reminded = { count: 0 };
+	pi.on("agent_settled", async (_event, ctx) => {
+		await remindPending(manager, ctx, reminded).catch(() => undefined);
 	});
 
 	pi.on("before_agent_start", (event) => {
@@ -249,13 +351,20 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		if (!info) return undefined;
 		const note =
 			`Tools run inside an OS-level sandbox (profile ${info.profile}, ${info.backend}, workspace ${info.workspace} mounted ${info.mount}). ` +
-			"Paths outside the workspace and network access may be refused; a refusal is a policy decision, not a bug to work around.";
+			"Paths outside the workspace and network access may be refused; a refusal is a policy decision, not a bug to work around." +
+			(COPYING.has(info.mount)
+				? " Your changes land in a private copy of the workspace; the user reviews them and applies them to the workspace to keep them."
+				: "");
 		return { systemPrompt: `${event.systemPrompt}\n\n${note}` };
 	});
 
 	pi.registerCommand("sandbox", {
-		description: "Sandbox status; `/sandbox restart` starts a new sandbox server",
+		description: "Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
+			if (args.trim() === "review") {
+				await reviewCommand(manager, ctx).catch((error: Error) => ctx.ui.notify(`Sandbox review failed: ${error.message}`, "error"));
+				return;
+			}
 			if (args.trim() === "restart") {
 				try {
 					const session = await manager.restart(ctx);

@@ -64,6 +64,79 @@ export interface SessionOpenResult {
 	mode: string;
 }
 
+/** What `session.close` answers; a copy/overlay session's changes are kept under `changeset_id`. */
+export interface SessionCloseResult {
+	closed: boolean;
+	changeset_id?: string | null;
+	counts?: ChangeCounts | null;
+}
+
+export interface ChangeCounts {
+	added: number;
+	modified: number;
+	deleted: number;
+	flagged: number;
+	applied?: number;
+}
+
+/** One changed path of a changeset (the server's `Change`, plus `applied` once kept). */
+export interface ChangeEntry {
+	path: string;
+	status: "added" | "modified" | "deleted";
+	kind: string;
+	flags?: string[];
+	applicable?: boolean;
+	reason?: string;
+	applied?: boolean;
+}
+
+/** `session.changes`: what a live copy/overlay session has changed so far. */
+export interface PendingChanges {
+	session_id: string;
+	mount: string;
+	counts: ChangeCounts;
+	changes: ChangeEntry[];
+	untracked: string[];
+}
+
+/** A kept changeset as `changes.list` lists it. */
+export interface ChangesetSummary {
+	id: string;
+	workspace: string;
+	created: string;
+	source: "run" | "session";
+	profile: string;
+	backend: string;
+	state: "kept" | "partial" | "applied";
+	counts: ChangeCounts;
+	untracked: string[];
+}
+
+/** `changes.show`: the summary, its entries, the git summary lines and a unified diff against the host now. */
+export interface ChangesetView extends ChangesetSummary {
+	changes: ChangeEntry[];
+	git_lines: string[];
+	diff: string;
+}
+
+export interface HeldBack {
+	path: string;
+	flags: string[];
+	group?: string;
+	entries?: number;
+	risky?: string[];
+}
+
+/** `changes.apply`: what was applied, and what was not with why. */
+export interface ApplyReport {
+	id: string;
+	state: ChangesetSummary["state"];
+	applied: string[];
+	conflicts: Array<{ path: string; reason: string }>;
+	skipped: Array<{ path: string; reason: string }>;
+	held_back: HeldBack[];
+}
+
 export type ToolErrorCode =
 	| "INVALID_ARGUMENT"
 	| "TOOL_DENIED"

@@ -8,9 +8,12 @@ import { SandboxClient, type SandboxClientOptions } from "./client.ts";
 import { SandboxError, SandboxProtocolError } from "./errors.ts";
 import {
 	APPROVAL_DECISIONS,
+	type ApplyReport,
 	type ApprovalDecision,
 	type ApprovalRequest,
 	type Backend,
+	type ChangesetSummary,
+	type ChangesetView,
 	type InitializeResult,
 	type MountStrategy,
 	type OutputStream,
@@ -19,6 +22,8 @@ import {
 	parseApprovalRequest,
 	parseToolOutput,
 	parseToolResult,
+	type PendingChanges,
+	type SessionCloseResult,
 	type SessionOpenParams,
 	type SessionOpenResult,
 	type ToolResult,
@@ -75,6 +80,10 @@ const DEFAULT_STARTUP_TIMEOUT_MS = 60_000;
 const DEFAULT_CALL_TIMEOUT_MS = 8 * 60_000;
 /** After `tool.cancel`, how long the server may take to confirm that the call's processes are dead. */
 const CANCEL_CONFIRM_MS = 15_000;
+/** `session.close` of a copy/overlay session keeps its changes first: a large tree takes a while. */
+const END_TIMEOUT_MS = 120_000;
+/** Reading, applying or discarding a kept changeset (an apply of thousands of files included). */
+const CHANGES_TIMEOUT_MS = 10 * 60_000;
 
 export function defaultSandboxBin(env: NodeJS.ProcessEnv = process.env): string {
 	return env.SANDBOX_BIN?.trim() || "sandbox";
@@ -87,6 +96,7 @@ export class SandboxSession {
 	private readonly routes = new Map<string, Route>();
 	private readonly defaultApprover: Approver;
 	private counter = 0;
+	private ending: Promise<SessionCloseResult | undefined> | undefined;
 	private closing: Promise<void> | undefined;
 
 	private constructor(client: SandboxClient, server: InitializeResult, info: SessionOpenResult, approver: Approver) {
@@ -129,8 +139,9 @@ export class SandboxSession {
 		}
 	}
 
+	/** The session takes calls: its server runs and it was neither ended nor closed. */
 	get alive(): boolean {
-		return this.client.alive && this.closing === undefined;
+		return this.client.alive && this.ending === undefined;
 	}
 
 	get pid(): number | undefined {
@@ -176,15 +187,54 @@ export class SandboxSession {
 		}
 	}
 
-	/** Close the session and stop the server; idempotent. */
+	/**
+	 * End the session and keep the server, e.g. to review the changeset it kept: a copy/overlay
+	 * session's changes are kept by the server (`changeset_id`), never discarded. Idempotent;
+	 * resolves to undefined when the server could not answer.
+	 */
+	end(timeoutMs = END_TIMEOUT_MS): Promise<SessionCloseResult | undefined> {
+		this.ending ??= this.client.alive
+			? this.client.request<SessionCloseResult>("session.close", { session_id: this.info.session_id }, { timeoutMs }).catch(() => undefined)
+			: Promise.resolve(undefined);
+		return this.ending;
+	}
+
+	/** End the session (keeping its changes) and stop the server; idempotent. */
 	close(graceMs = 3000): Promise<void> {
 		this.closing ??= (async () => {
-			if (this.client.alive) {
-				await this.client.request("session.close", { session_id: this.info.session_id }, { timeoutMs: graceMs }).catch(() => undefined);
-			}
+			await this.end();
 			await this.client.shutdown(graceMs);
 		})();
 		return this.closing;
+	}
+
+	/** What this live copy/overlay session has changed so far (nothing is kept yet). */
+	pending(): Promise<PendingChanges> {
+		return this.client.request<PendingChanges>("session.changes", { session_id: this.info.session_id }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	/** The kept changesets of this session's workspace (of every session and run), oldest first. */
+	async listChanges(): Promise<ChangesetSummary[]> {
+		const answer = await this.client.request<{ changesets: ChangesetSummary[] }>(
+			"changes.list",
+			{ workspace: this.info.workspace },
+			{ timeoutMs: CHANGES_TIMEOUT_MS },
+		);
+		return answer.changesets;
+	}
+
+	showChanges(id: string): Promise<ChangesetView> {
+		return this.client.request<ChangesetView>("changes.show", { changeset_id: id }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	/** Apply a kept changeset: flagged entries only when named in `paths` or with `includeFlagged`. */
+	applyChanges(id: string, options: { paths?: string[]; includeFlagged?: boolean } = {}): Promise<ApplyReport> {
+		const params = { changeset_id: id, include_flagged: options.includeFlagged ?? false, ...(options.paths ? { paths: options.paths } : {}) };
+		return this.client.request<ApplyReport>("changes.apply", params, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	async discardChanges(id: string): Promise<void> {
+		await this.client.request("changes.discard", { changeset_id: id }, { timeoutMs: CHANGES_TIMEOUT_MS });
 	}
 
 	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision }> {
