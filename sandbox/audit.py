@@ -1,4 +1,5 @@
-"""The audit log: one SQLite row per tool call, secrets redacted before they are written.
+"""The audit log: one SQLite row per tool call, secrets redacted before they are written, and one
+per connection an allowlist refused (table ``network_denials``).
 
 WAL journal and one transaction per record: a crash (even SIGKILL mid-write) leaves either the
 whole row or nothing, never half a record. Columns are NOT NULL where a value always exists.
@@ -189,6 +190,14 @@ _COLUMNS = tuple(f.name for f in fields(AuditRecord))
 _SQL_TYPES = {"bool": "INTEGER", "float": "REAL"}  # every other field is text: a str or a Literal of them
 
 
+_DENIAL_COLUMNS = ("session_id", "tool_call_id", "host", "port", "reason", "rule", "message", "ts")
+_DENIALS = (
+    "CREATE TABLE IF NOT EXISTS network_denials (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+    "tool_call_id TEXT NOT NULL, host TEXT NOT NULL, port INTEGER NOT NULL, reason TEXT NOT NULL, rule TEXT, "
+    "message TEXT NOT NULL, ts REAL NOT NULL)"
+)
+
+
 def _schema() -> str:
     cols = []
     for f in fields(AuditRecord):
@@ -214,6 +223,7 @@ class AuditLog:
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic, survives process crashes
             db.execute(_schema())
             db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
+            db.execute(_DENIALS)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             db.close()
@@ -231,6 +241,27 @@ class AuditLog:
             except sqlite3.Error as exc:
                 self._rollback()
                 raise OSError(str(exc)) from exc
+
+    def record_denial(self, session_id: str, tool_call_id: str, denial: Mapping[str, Any]) -> None:
+        """One refused connection: ``denial`` carries host, port, reason, rule and message."""
+        values = [session_id, tool_call_id, *(denial[k] for k in _DENIAL_COLUMNS[2:-1]), time.time()]
+        values[6] = redact(values[6])  # the message may quote a URL with credentials
+        sql = f"INSERT INTO network_denials ({', '.join(_DENIAL_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
+        with self._lock, map_errors("cannot write the audit log"):
+            try:
+                self._db.execute(sql, values)
+            except sqlite3.Error as exc:
+                raise OSError(str(exc)) from exc
+
+    def denials(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The refused connections, oldest first (of one session when given)."""
+        where, args = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
+        with self._lock:
+            cursor = self._db.execute(
+                f"SELECT id, {', '.join(_DENIAL_COLUMNS)} FROM network_denials {where} ORDER BY id", args
+            )
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # no transaction was open

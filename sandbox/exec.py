@@ -16,7 +16,7 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pydantic import BaseModel
@@ -90,6 +90,7 @@ class ExecResult(BaseModel):
     mount: str
     oom_killed: bool = False
     peak_memory_bytes: int | None = None
+    network: dict[str, Any] | None = None  # allowlist: {mode, allow, deny, ask, denials} of this call
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
@@ -155,10 +156,13 @@ async def run(
     cwd: str | None = None,
     stdin: Stdin = None,
     capture_bytes: int | None = None,
+    network: bool = True,
 ) -> ExecResult:
     """Run ``argv`` in ``jail``; see the module docstring for the guarantees.
 
     ``capture_bytes`` overrides the profile's per-stream capture (for machine-read output).
+    ``network=False``: no forwarder to the allowlist proxy beside it (the file tools need none).
+    In an allowlist jail the result's ``network`` lists the connections refused during the call.
     """
     profile = jail.profile
     limit = check_timeout(timeout, profile)
@@ -166,7 +170,9 @@ async def run(
     keep = capture_bytes or profile.limits.capture_bytes
     out, err = Capture(keep), Capture(keep)
     started = time.monotonic()
-    proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin)
+    egress = jail.egress if network else None
+    mark = egress.mark() if egress is not None else 0
+    proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network)
     spawned = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
@@ -208,4 +214,5 @@ async def run(
         mount=jail.mount,
         oom_killed=oom,
         peak_memory_bytes=peak,
+        network=egress.summary(egress.denials_since(mark)) if egress is not None else None,
     )

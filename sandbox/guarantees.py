@@ -23,6 +23,10 @@ DESCRIPTIONS: dict[Guarantee, str] = {
     "fs-write-confined": "writes land only in the workspace (per mount strategy) and a private /tmp",
     "fs-hidden-home": "home directories, /root, /var/run and host secrets are absent",
     "net-none": "no network but a private loopback",
+    "net-confined": "no network but a private loopback, or only the hosts an allowlist names (network.mode "
+    "none or allowlist, never host)",
+    "net-allowlist": "network.mode = allowlist: no route out but the host-side filtering proxy, which lets "
+    "through only the allowed hosts (checked by name and address, never TLS-intercepted)",
     "tree-kill": "every process a call starts is killed on timeout, abort or close (pid namespace)",
     "memory-limit": "the call's memory use is capped as a whole (cgroup)",
     "pids-limit": "the call's number of processes is capped as a whole (cgroup, or RLIMIT_NPROC in its user namespace)",
@@ -93,6 +97,8 @@ class Report:
         needed = list(requires)
         if profile is not None and profile.mount.strategy == "overlay":
             needed.append("overlay")
+        if profile is not None and profile.network.mode == "allowlist":
+            needed.append("net-allowlist")
         return {
             name: self.reasons.get(name, "not provided by this backend")
             for name in needed

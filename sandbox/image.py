@@ -61,7 +61,20 @@ REPOSITORY = "sandbox-runtime"
 ROOTFS_REPOSITORY = "sandbox-rootfs"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Keep in sync with the apt-get line of images/Dockerfile.
-PACKAGES = ("bash", "coreutils", "findutils", "grep", "git", "python3", "ripgrep", "tini", "procps", "ca-certificates")
+PACKAGES = (
+    "bash",
+    "coreutils",
+    "findutils",
+    "grep",
+    "git",
+    "python3",
+    "python3-pip",  # pip install and curl through an allowlist (network.mode = "allowlist")
+    "curl",
+    "ripgrep",
+    "tini",
+    "procps",
+    "ca-certificates",
+)
 # What each variant adds on top of the base image (images/Dockerfile.variant installs them).
 VARIANTS: dict[str, tuple[str, ...]] = {"base": (), "node": ("nodejs", "npm")}
 MODES = ("auto", "online", "offline")

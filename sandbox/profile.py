@@ -122,8 +122,30 @@ class Mount(_Model):
     exclude: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
 
 
+def _egress_pattern(pattern: str) -> str:
+    from sandbox.network.policy import parse_rule
+
+    try:
+        parse_rule(pattern)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None
+    return pattern
+
+
+EgressPattern = Annotated[str, AfterValidator(_egress_pattern)]
+
+
 class Network(_Model):
+    """``none``: a private loopback only. ``host``: the host's network. ``allowlist``: no route
+    out but the host-side filtering proxy (:mod:`sandbox.network`), which lets through only what
+    ``allow`` names and ``deny`` does not: ``host``, ``*.host`` (subdomains only), ``host:port``,
+    an IP literal or a CIDR; a pattern without a port means 80 and 443. ``ask``: a destination
+    no rule names is put to the session's approver instead of refused."""
+
     mode: NetworkMode = "none"
+    allow: tuple[EgressPattern, ...] = ()
+    deny: tuple[EgressPattern, ...] = ()
+    ask: bool = False
 
 
 class Limits(_Model):
@@ -228,14 +250,16 @@ class Profile(_Model):
         return _validate(data, self.source or "<overrides>", given)
 
 
-# Which setting would silently void a required guarantee, and the value the guarantee needs there.
-_NEEDED: dict[Guarantee, tuple[str, str]] = {
-    "net-none": ("network.mode", "none"),
-    "memory-limit": ("limits.memory", "a limit"),
-    "pids-limit": ("limits.pids", "a limit"),
-    "cpu-limit": ("limits.cpu_time_s", "a limit"),
-    "fsize-limit": ("limits.file_size", "a limit"),
-    "tmp-size-limit": ("limits.tmp_size", "a limit"),
+# Which setting would silently void a required guarantee, and the values the guarantee allows
+# there (none listed: any limit, but a limit).
+_NEEDED: dict[Guarantee, tuple[str, tuple[str, ...]]] = {
+    "net-none": ("network.mode", ("none",)),
+    "net-confined": ("network.mode", ("none", "allowlist")),
+    "memory-limit": ("limits.memory", ()),
+    "pids-limit": ("limits.pids", ()),
+    "cpu-limit": ("limits.cpu_time_s", ()),
+    "fsize-limit": ("limits.file_size", ()),
+    "tmp-size-limit": ("limits.tmp_size", ()),
 }
 
 
@@ -253,7 +277,7 @@ def _contradiction(profile: Profile) -> tuple[Guarantee, str] | None:
             continue
         key, needed = _NEEDED[guarantee]
         value = _setting(profile, key)
-        if (value != needed) if needed != "a limit" else value is None:
+        if (value not in needed) if needed else value is None:
             return guarantee, key
     return None
 
@@ -281,13 +305,19 @@ def _problem(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
+def _flag(loc: tuple[int | str, ...], labels: Mapping[str, str]) -> str | None:
+    """The flag that set an error's key; an item of a list is blamed on the flag that gave the list."""
+    return labels.get(".".join(str(p) for p in loc if not isinstance(p, int)))
+
+
 def _format_error(exc: ValidationError, source: str, labels: Mapping[str, str]) -> str:
     keyed, flagged = [], []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if key in labels:
+        flag = _flag(err["loc"], labels)
+        if flag is not None:
             given = f", got {err['input']!r}" if isinstance(err.get("input"), int | float | str) else ""
-            flagged.append(f"{labels[key]}: {_problem(err)}{given} (sets {key})")
+            flagged.append(f"{flag}: {_problem(err)}{given} (sets {key})")
         else:
             keyed.append(f"{key}: {_problem(err)}")
     parts = ([f"invalid profile {source}: " + "; ".join(keyed)] if keyed else []) + flagged
@@ -301,8 +331,8 @@ def _validate(data: dict[str, Any], source: str, labels: Mapping[str, str] | Non
     except ValidationError as exc:
         errors = []
         for e in exc.errors():
-            key = ".".join(map(str, e["loc"]))
-            errors.append({"key": key, "problem": _problem(e), **({"flag": labels[key]} if key in labels else {})})
+            key, flag = ".".join(map(str, e["loc"])), _flag(e["loc"], labels)
+            errors.append({"key": key, "problem": _problem(e), **({"flag": flag} if flag is not None else {})})
         raise InvalidArgument(_format_error(exc, source, labels), file=source, errors=errors) from exc
     _refuse_contradiction(profile, source, labels)
     return profile

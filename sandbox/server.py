@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -40,10 +40,14 @@ from sandbox.vocabulary import (
     Answer,
     BackendChoice,
     MountStrategy,
+    NetworkMode,
     OperatingMode,
     PermissionMode,
     Stream,
 )
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
 
 MAX_LINE = 64 * 1024 * 1024
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
@@ -65,6 +69,8 @@ class SessionOpenParams(_Params):
     operating_mode: OperatingMode | None = None
     mount: MountStrategy | None = None
     trust_project: bool | None = None
+    network: NetworkMode | None = None
+    allow_hosts: list[str] | None = None
 
     def options(self, approver: Approver) -> SessionOptions:
         return SessionOptions(
@@ -75,6 +81,8 @@ class SessionOpenParams(_Params):
             mode=self.mode,
             operating_mode=self.operating_mode,
             trust_project=self.trust_project,
+            network=self.network,
+            allow_hosts=self.allow_hosts,
         )
 
 
@@ -222,6 +230,7 @@ class Server:
         self.by_request: dict[Any, str] = {}
         self.pending: dict[str, Any] = {}
         self.stop = anyio.Event()
+        self.tasks: TaskGroup | None = None  # serve()'s, for notifications no request awaits
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -332,6 +341,8 @@ class Server:
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
         sandbox = await Sandbox.create(p.workspace, **p.options(RpcApprover(self)))
         self.sessions[sandbox.session_id] = sandbox
+        if sandbox.jail.egress is not None:
+            sandbox.on_denial = self._denied
         return {
             "session_id": sandbox.session_id,
             "workspace": str(sandbox.workspace),
@@ -402,6 +413,14 @@ class Server:
             )
 
         return send
+
+    def _denied(self, event: dict[str, Any]) -> None:
+        """A connection an allowlist refused: ``network.denied`` goes out as it happens."""
+        if self.tasks is not None:
+            self.tasks.start_soon(self._notify, "network.denied", event)
+
+    async def _notify(self, method: str, params: dict[str, Any]) -> None:
+        await self.writer.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     @method("tool.cancel", ToolCancelParams)
     async def tool_cancel(self, p: ToolCancelParams) -> dict[str, Any]:
@@ -478,6 +497,7 @@ async def serve(stdin_fd: int = 0, stdout_fd: int = 1, pending: bytes = b"") -> 
     lines.feed_data(pending)
     try:
         async with anyio.create_task_group() as tg:
+            server.tasks = tg
 
             async def read_lines() -> None:
                 try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import shutil
 import time
 import uuid
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from sandbox import changes as kept_changes
 from sandbox import datadir, leftovers, review
@@ -31,7 +34,7 @@ from sandbox.backends import base
 from sandbox.calls import check_workspace
 from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
 from sandbox.policy import load_ruleset
-from sandbox.policy.approvals import Approver, UnattendedApprover
+from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, UnattendedApprover, decide
 from sandbox.policy.authorize import Authorization, authorize
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.rules import RuleStore
@@ -39,17 +42,20 @@ from sandbox.tools import params as tool_params
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from pydantic import BaseModel
     from typing_extensions import Unpack
 
     from sandbox.exec import OutputCallback
     from sandbox.mounts import Changeset
+    from sandbox.network.proxy import Denial
     from sandbox.tools.replies import RunnerReply
     from sandbox.vocabulary import (
+        Answer,
         BackendChoice,
         MountStrategy,
+        NetworkMode,
         OperatingMode,
         PermissionMode,
         ReviewOperation,
@@ -82,7 +88,9 @@ class SessionOptions(TypedDict, total=False):
     validated as the profile's own. ``mode`` is the session's permission mode (else the profile's,
     else the user's global one, else ``ask``); ``approver`` answers confirmations (else the
     profile's unattended answer); ``trust_project`` overrides the stored trust of the workspace
-    for this session; ``session_id`` names the session (letters, digits and dashes).
+    for this session; ``session_id`` names the session (letters, digits and dashes). ``network``
+    overrides the profile's mode; ``allow_hosts`` adds allowlist patterns (and implies
+    ``allowlist``), as ``sandbox run --allow-host`` does.
     """
 
     profile: str | profiles.Profile
@@ -90,6 +98,8 @@ class SessionOptions(TypedDict, total=False):
     mount: MountStrategy | None
     mode: PermissionMode | None
     operating_mode: OperatingMode | None
+    network: NetworkMode | None
+    allow_hosts: list[str] | None
     approver: Approver | None
     session_id: str | None
     trust_project: bool | None
@@ -123,6 +133,8 @@ class Sandbox:
         self._write_lock = anyio.Lock()
         self._closed = False
         self.kept: kept_changes.Kept | None = None  # what close kept of a copy/overlay session's changes
+        self._commands: dict[str, str] = {}  # the Bash calls running now: tool_call_id -> turn_id
+        self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -164,8 +176,56 @@ class Sandbox:
                 approver=options.get("approver") or UnattendedApprover.from_settings(prof.policy),
                 mode=options.get("mode"),
             )
+            sandbox._watch_egress()
             cleanup_on_fail.pop_all()
         return sandbox
+
+    # -- the network allowlist's proxy ------------------------------------------------------------
+
+    def _watch_egress(self) -> None:
+        """Hear the jail's proxy (on its own thread): each denial is audited and passed on, and with
+        ``network.ask`` each unknown destination is put to this session's approver."""
+        egress = self.jail.egress
+        if egress is None:
+            return
+        token = anyio.lowlevel.current_token()
+        egress.listeners.append(lambda denial: anyio.from_thread.run_sync(self._denied, denial, token=token))
+        if self.profile.network.ask:
+            egress.ask_with(lambda host, port: anyio.from_thread.run(self._ask_connect, host, port, token=token))
+
+    def _denied(self, denial: Denial) -> None:
+        """A connection the proxy refused: the audit row, and ``on_denial`` (the server's notification)."""
+        call_id = self._running_command()[0]
+        event = {"session_id": self.session_id, "tool_call_id": call_id, **dataclasses.asdict(denial)}
+        with contextlib.suppress(SandboxError):  # an unwritable log must not hide the denial itself
+            self.audit.record_denial(self.session_id, call_id, event)
+        if self.on_denial is not None:
+            self.on_denial({**event, "line": denial.line()})
+
+    def _running_command(self) -> tuple[str, str]:
+        """The Bash call a connection belongs to when exactly one runs, else ``("", "")``."""
+        return next(iter(self._commands.items())) if len(self._commands) == 1 else ("", "")
+
+    async def _ask_connect(self, host: str, port: int) -> Answer:
+        call_id, turn_id = self._running_command()
+        request = ApprovalRequest(
+            session_id=self.session_id,
+            turn_id=turn_id,
+            tool_call_id=call_id,
+            tool="Network",
+            operation="connect",
+            resource=f"{host}:{port}",
+            reason=f"the command connects to {host}:{port}, which no network rule names",
+            rule_id="network.ask",
+            external=True,
+        )
+        outcome = await decide(self.approver, request, float(self.profile.policy.approval_timeout_s))
+        # Who refused, told apart (the proxy's ask-timeout and ask-unavailable): only a user says no.
+        if outcome.decided_by == "timeout":
+            raise TimeoutError(outcome.reason)
+        if not outcome.allowed and outcome.decided_by != "user":
+            raise ApprovalUnavailable(outcome.reason)
+        return outcome.answer
 
     # -- the five boundaries ----------------------------------------------------------------------
 
@@ -220,14 +280,18 @@ class Sandbox:
     ) -> ToolResult:
         params = call.params
         if isinstance(params, tool_params.BashParams):
-            return await run_bash(
-                self.jail,
-                params,
-                env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-                abort=abort,
-            )
+            self._commands[call.tool_call_id] = call.turn_id
+            try:
+                return await run_bash(
+                    self.jail,
+                    params,
+                    env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
+                    abort=abort,
+                )
+            finally:
+                self._commands.pop(call.tool_call_id, None)
         target = self._runner_target(params, auth)
         if call.name in ("Write", "Edit") and auth.decision.root == "external":
             # Outside the workspace and scratch, the jail's filesystem is read-only or private
@@ -422,10 +486,16 @@ def _profile(options: SessionOptions) -> profiles.Profile:
         raise TypeError(f"Sandbox.open() got an unexpected keyword argument {unknown[0]!r}")
     named = options.get("profile", "default")
     profile = named if isinstance(named, profiles.Profile) else profiles.load(named)
+    hosts = options.get("allow_hosts") or []
+    network = options.get("network")
+    if hosts and network not in (None, "allowlist"):
+        raise InvalidArgument(f"allow_hosts needs the allowlist network, not {network!r}", network=network)
     overrides = {
         "backend": options.get("backend"),
         "mount.strategy": options.get("mount"),
         "policy.operating_mode": options.get("operating_mode"),
+        "network.mode": "allowlist" if hosts else network,
+        "network.allow": [*profile.network.allow, *hosts] if hosts else None,
     }
     return profile.with_overrides(**overrides)
 

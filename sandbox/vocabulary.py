@@ -37,13 +37,43 @@ name (``session.open``), never chosen by ``auto``, not offered by the CLI nor li
 BackendChoice = Literal["auto", BackendName]
 """A backend as a profile or a call names it: ``auto`` picks bwrap, then docker, never host."""
 MountStrategy = Literal["ro", "rw", "copy", "overlay"]
-NetworkMode = Literal["none", "host"]
+NetworkMode = Literal["none", "allowlist", "host"]
+"""``allowlist``: the jail keeps no network of its own and reaches named hosts through the filtering proxy."""
+DenialReason = Literal[
+    "not-allowed",
+    "denied",
+    "private-address",
+    "sni-mismatch",
+    "host-mismatch",
+    "bad-request",
+    "resolve-failed",
+    "connect-failed",
+    "upstream-failed",
+    "ask-denied",
+    "ask-timeout",
+    "ask-unavailable",
+]
+"""Why a connection was refused; stable codes, shown to users and recorded in the audit.
+
+``not-allowed``: no rule names the destination; ``denied``: a deny rule does; ``private-address``:
+the name resolves to a loopback, private, link-local, metadata, multicast or reserved address
+not allowed explicitly; ``sni-mismatch``: the TLS ClientHello names another host than the tunnel;
+``host-mismatch``: an HTTP request's Host header disagrees with its URI; ``bad-request``: not a
+request the proxy understands; ``resolve-failed``, ``connect-failed``, ``upstream-failed``: the
+name did not resolve, no checked address accepted the connection, the upstream proxy refused;
+``ask-denied``, ``ask-timeout``, ``ask-unavailable``: the approver said no, did not answer in
+time, or there was none (or it failed)."""
+VerdictReason = Literal["allowed", DenialReason]
+EgressRuleKind = Literal["name", "subdomains", "address"]
+ProxyProtocol = Literal["connect", "http", "socks5"]
 Lifecycle = Literal["session", "call"]
 Guarantee = Literal[
     "fs-readonly-root",
     "fs-write-confined",
     "fs-hidden-home",
     "net-none",
+    "net-confined",
+    "net-allowlist",
     "tree-kill",
     "memory-limit",
     "pids-limit",
@@ -78,7 +108,8 @@ GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
 ApprovalDecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
 DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]
 Risk = Literal["read", "write", "execute"]
-Operation = Literal["read", "write", "execute"]
+Operation = Literal["read", "write", "execute", "connect"]
+"""``connect``: a jail's connection to a host no network rule names (``network.ask``)."""
 Root = Literal["workspace", "scratch", "external"]
 Escape = Literal["absolute", "parent", "symlink", "home"]
 """How a path left the session roots."""

@@ -34,6 +34,7 @@ class Client:
         self.next_id = 0
         self.notes: list[dict[str, Any]] = []
         self.approvals: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
         self.answer: Any = {"decision": "deny"}
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -51,6 +52,8 @@ class Client:
                 return message
             if message.get("method") == "tool.output":
                 self.notes.append(message["params"])
+            elif "method" in message and "id" not in message:
+                self.events.append(message)  # other notifications (network.denied ...)
             elif message.get("method") == "approval.request":
                 self.approvals.append(message["params"])
                 if self.answer == "close":

@@ -12,6 +12,8 @@ it), and nothing outside this package imports them except to ship them or to tes
   Grep, LS and rollback's restore, one JSON request per run.
 - :mod:`~sandbox._jailside.agent` -- the warm Docker jail's PID 1, which the host drives over a
   unix socket.
+- :mod:`~sandbox._jailside.netfwd` -- an allowlist jail's forwarder: the jail's loopback port
+  relayed to the host-side filtering proxy's unix socket (:mod:`sandbox.network.egress`).
 
 :func:`program` builds the ``-c`` text: the modules a program imports, then the program.
 """

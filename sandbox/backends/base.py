@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from sandbox.guarantees import Report
     from sandbox.mounts import ApplyReport, Changeset, CopyTree
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 Stdin: TypeAlias = "bytes | ByteReceiveStream | None"
@@ -101,6 +102,7 @@ class Jail(ABC):
     profile: Profile
     workspace: Path  # host path of the workspace; the jail shows it at the same absolute path
     tree: CopyTree | None = None  # the private copy or overlay (copy/overlay mounts)
+    egress: Egress | None = None  # the filtering proxy (network.mode = "allowlist")
 
     @property
     def mount(self) -> str:
@@ -119,14 +121,25 @@ class Jail(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: Stdin = None,
+        network: bool = True,
     ) -> Process:
         """Start ``argv`` inside the jail. ``env`` is added to the scrubbed base; ``stdin`` is fed
         to the command and then closed (``None``: stdin is closed from the start). A stream is
-        copied through a pipe of ours as it arrives, never handed over: the jail gets no host fd."""
+        copied through a pipe of ours as it arrives, never handed over: the jail gets no host fd.
+
+        In an allowlist jail the command starts beside the forwarder to the filtering proxy, with
+        the proxy variables set; ``network=False`` (the file tools) spares it that.
+        """
         if self._closed:
             raise InvalidArgument("the jail is closed")
         if not argv:
             raise InvalidArgument("empty argv: name a command to run")
+        if self.egress is not None and network:
+            from sandbox.network.egress import proxy_env
+
+            if not self.egress.alive:
+                raise BackendUnavailable("the jail's egress proxy has stopped; open a new jail (session)")
+            argv, env = self.egress.wrap(argv), {**proxy_env(), **(env or {})}
         return await self._start(argv, env=env, cwd=cwd, stdin=stdin)
 
     @abstractmethod
@@ -162,6 +175,8 @@ class Jail(ABC):
             try:
                 await self._shutdown()
             finally:
+                if self.egress is not None:
+                    await off_loop(self.egress.close)
                 if self.tree is not None:
                     await off_loop(self.tree.remove)
 
@@ -208,11 +223,24 @@ class Backend(ABC):
         _check_scratch(scratch)
         ws = check_workspace(workspace)
         await off_loop(journal.recover, ws)  # an apply a crash interrupted is finished or undone first
-        return await self._open(ws, profile, scratch=scratch)
+        if profile.network.mode != "allowlist":
+            return await self._open(ws, profile, scratch=scratch, egress=None)
+        from sandbox.network.egress import Egress
+
+        # The proxy's bound on a question outlasts the approver's own timeout, which answers first.
+        egress = await off_loop(Egress.start, profile.network, profile.policy.approval_timeout_s + 10)
+        try:
+            jail = await self._open(ws, profile, scratch=scratch, egress=egress)
+        except BaseException:
+            egress.close()
+            raise
+        jail.egress = egress  # the jail closes it
+        return jail
 
     @abstractmethod
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> Jail:
-        """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical."""
+    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None) -> Jail:
+        """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical,
+        ``egress`` the running proxy of an allowlist profile (its socket directory to bind)."""
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""

@@ -30,6 +30,7 @@ from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 START_TIMEOUT_S = 30.0
@@ -43,11 +44,18 @@ class BwrapJail(local.LocalJail):
         return bwrap_argv.host_paths_shown(self.workspace)
 
     def __init__(
-        self, workspace: Path, profile: Profile, source: Path, tree: CopyTree | None, scratch: Path | None = None
+        self,
+        workspace: Path,
+        profile: Profile,
+        source: Path,
+        tree: CopyTree | None,
+        scratch: Path | None = None,
+        egress_dir: Path | None = None,
     ) -> None:
         super().__init__(workspace, profile, tree)
         untracked = tree.untracked if tree is not None else ()
-        self._prefix = [require_bwrap(), *jail_args(profile, workspace, source, scratch, untracked)]
+        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir)
+        self._prefix = [require_bwrap(), *args]
 
     async def _launch(
         self,
@@ -158,7 +166,9 @@ class BwrapBackend(Backend):
     def _probe(self) -> Report:
         return _report()
 
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> BwrapJail:
+    async def _open(
+        self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None
+    ) -> BwrapJail:
         host_files(profile)  # a file that became a secret is refused before a copy exists
         tree: CopyTree | None = None
         source = workspace
@@ -169,7 +179,7 @@ class BwrapBackend(Backend):
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
-        return BwrapJail(workspace, profile, source, tree, scratch)
+        return BwrapJail(workspace, profile, source, tree, scratch, egress.socket_dir if egress else None)
 
 
 _ALWAYS = (
@@ -177,6 +187,8 @@ _ALWAYS = (
     "fs-write-confined",
     "fs-hidden-home",
     "net-none",
+    "net-confined",
+    "net-allowlist",
     "tree-kill",
     "no-new-privs",
     "non-root",

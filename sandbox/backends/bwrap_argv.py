@@ -103,12 +103,20 @@ def untracked_binds(workspace: Path, untracked: Sequence[str]) -> list[str]:
 
 
 def jail_args(
-    profile: Profile, workspace: Path, source: Path, scratch: Path | None = None, untracked: Sequence[str] = ()
+    profile: Profile,
+    workspace: Path,
+    source: Path,
+    scratch: Path | None = None,
+    untracked: Sequence[str] = (),
+    egress_dir: Path | None = None,
 ) -> list[str]:
     """The bwrap arguments shared by every call of a jail (everything but fds, env and argv).
 
     ``untracked``: the workspace paths a private tree left out, bound read-only from the host.
+    ``egress_dir``: the filtering proxy's socket directory (allowlist), bound at its jail path.
     """
+    from sandbox.network.egress import JAIL_DIR
+
     ws = str(workspace)
     args = [
         "--unshare-all",
@@ -141,6 +149,7 @@ def jail_args(
         ws,
         *untracked_binds(workspace, untracked),
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
+        *(["--ro-bind", str(egress_dir), JAIL_DIR] if egress_dir is not None else []),
         "--remount-ro",
         "/",
     ]

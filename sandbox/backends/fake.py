@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox.backends.base import Stdin
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 Step: TypeAlias = "tuple[Stream, bytes] | float"
@@ -405,7 +406,14 @@ class FakeBackend(Backend):
     def _probe(self) -> Report:
         return probe()
 
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> FakeJail:
+    async def _open(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        egress: Egress | None,  # noqa: ARG002 - the toy shell has no network to filter
+    ) -> FakeJail:
         jail = FakeJail(workspace, profile, self.script_for, scratch)
         self.jails.append(jail)
         return jail

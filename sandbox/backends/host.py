@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 
@@ -73,7 +74,14 @@ class HostBackend(Backend):
     def _probe(self) -> Report:
         return _report()
 
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> HostJail:  # noqa: ARG002
+    async def _open(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,  # noqa: ARG002 - shown where it is, as every host path
+        egress: Egress | None,  # noqa: ARG002 - the host shares our network: check refuses allowlist
+    ) -> HostJail:
         # ``scratch`` needs no binding: the host shows every path where it is, scratch included.
         if profile.mount.strategy != "rw":
             # Without a mount namespace a copy could not appear at the workspace's own path, and
@@ -95,6 +103,8 @@ def _report() -> Report:
         "fs-write-confined",
         "fs-hidden-home",
         "net-none",
+        "net-confined",
+        "net-allowlist",
         "no-new-privs",
         "non-root",
         "no-caps",

@@ -90,7 +90,7 @@ def _key(args: argparse.Namespace) -> str | None:
     except OSError:
         return None
     how = {name: [e.how, e.scope] for name, e in confine.enforcement("bwrap").items()}
-    flags = [args.mount, args.memory, args.pids, args.network, args.backend]
+    flags = [args.mount, args.memory, args.pids, args.network, args.allow_host, args.backend]
     return json.dumps(
         [
             __version__,
@@ -114,6 +114,8 @@ def _cache_file(key: str) -> Path:
 def remember(args: argparse.Namespace, profile: Profile) -> None:
     """Keep ``profile`` (validated, flags applied, accepted by bwrap here) for the next ``sandbox run``."""
     if profile.mount.strategy not in FAST_MOUNTS or "overlay" in profile.requires:
+        return
+    if profile.network.mode == "allowlist":  # the proxy and its forwarder: the full path's
         return
     key = _key(args)
     if key is None:

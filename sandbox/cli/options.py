@@ -14,6 +14,7 @@ import argparse
 import typing
 from pathlib import Path
 
+from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import BACKENDS, MOUNT_STRATEGIES, PERMISSION_MODES, NetworkMode
 
 Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -53,6 +54,25 @@ def add_mount(parser: argparse.ArgumentParser) -> None:
 
 def add_network(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", help=f"{_either(NETWORK_MODES)} (default: the profile's, none)")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="let the jail reach this destination through the filtering proxy (repeatable; implies "
+        "--network allowlist): host, *.host (subdomains only), host:port, an IP or a CIDR; "
+        "no port means 80 and 443",
+    )
+
+
+def network_mode(args: argparse.Namespace) -> str | None:
+    """``--network``, or ``allowlist`` when only ``--allow-host`` was given; both must agree."""
+    if args.allow_host and args.network not in (None, "allowlist"):
+        raise InvalidArgument(
+            f"--allow-host needs --network allowlist, not --network {args.network}",
+            flag="--allow-host",
+        )
+    return "allowlist" if args.allow_host else args.network
 
 
 def add_workspace(parser: argparse.ArgumentParser, default: Path | None = None) -> None:

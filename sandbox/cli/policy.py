@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -89,6 +90,10 @@ def _register_audit(subparsers: Subparsers) -> None:
     export.add_argument("--jsonl", action="store_true", required=True)
     export.add_argument("--output", type=Path)
     export.set_defaults(func=_guard(_export))
+    network = sub.add_parser("network", help="the connections an allowlist refused (host, port, rule, reason)")
+    network.add_argument("--session", help="only this session's")
+    options.add_json(network)
+    network.set_defaults(func=_guard(_network))
 
 
 class _Refused(Exception):
@@ -279,6 +284,20 @@ def _stats(args: argparse.Namespace) -> int:
     for title in ("by_decision", "by_decided_by", "by_tool", "top_denying_rules"):
         pairs = ", ".join(f"{k}={v}" for k, v in stats[title].items()) or "-"
         print(f"  {title.replace('_', ' ')}: {pairs}")
+    return 0
+
+
+def _network(args: argparse.Namespace) -> int:
+    from sandbox.audit import AuditLog
+
+    rows = AuditLog().denials(args.session)
+    if args.json:
+        print(json.dumps({"denials": rows}, indent=2))
+        return 0
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["ts"]))
+        rule = f" rule {row['rule']}" if row["rule"] else ""
+        print(f"{when}  {row['session_id']}  {row['host']}:{row['port']}  {row['reason']}{rule}: {row['message']}")
     return 0
 
 

@@ -44,6 +44,7 @@ _FLAGS = {
     "limits.memory": "--memory",
     "limits.pids": "--pids",
     "network.mode": "--network",
+    "network.allow": "--allow-host",
     "backend": "--backend",
 }
 
@@ -87,7 +88,8 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
         "mount.strategy": args.mount,
         "limits.memory": args.memory,
         "limits.pids": args.pids,
-        "network.mode": args.network,
+        "network.mode": options.network_mode(args),
+        "network.allow": [*prof.network.allow, *args.allow_host] if args.allow_host else None,
         "backend": args.backend,
     }
     return prof.override(values, _FLAGS)
@@ -193,13 +195,15 @@ def _report(
     received: list[int],
     enforced: dict[str, Any],
 ) -> int:
+    from sandbox.network.egress import summary as network_summary
+
     code = _exit_status(result, received)
     if args.json:
         emitted = emit(
             {
                 **result.model_dump(exclude={"spawn_ms", "kill_ms", "oom_killed", "peak_memory_bytes"}),
                 "profile": prof.name,
-                "network": prof.network.mode,
+                "network": result.network or network_summary(prof.network),
                 "limits": prof.limits.in_force(),
                 "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
                 "timeout_s": args.timeout_s,
@@ -213,6 +217,8 @@ def _report(
         )
         return code if emitted else EXIT_SIGPIPE
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
+        for denial in (result.network or {}).get("denials", []):
+            say(denial["line"].removeprefix("sandbox: "))
         _review(result, changes, applied, args.apply, kept)
     return code
 

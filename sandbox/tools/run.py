@@ -106,7 +106,16 @@ def _bash_text(result: executor.ExecResult, status: str | None) -> str:
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
     if status:
         parts.append(f"[{status}]")
+    parts += denial_lines(result.network)
     return "\n".join(parts) if parts else "(no output)"
+
+
+def denial_lines(network: dict[str, Any] | None) -> list[str]:
+    """One line per refused destination (host and port), for the model: who refused, and why."""
+    seen: dict[tuple[str, int], str] = {}
+    for denial in (network or {}).get("denials", []):
+        seen.setdefault((denial["host"], denial["port"]), f"[{denial['line']}]")
+    return list(seen.values())
 
 
 def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
@@ -143,6 +152,7 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
         timeout=RUNNER_TIMEOUT_S,
         capture_bytes=RUNNER_CAPTURE,
         abort=abort,
+        network=False,
     )
     if result.aborted:
         return RunnerReply(ok=False, error_code="ABORTED", content="aborted", details={})

@@ -317,7 +317,7 @@ def test_json_reports_the_network_and_every_limit_in_force(workspace: Path) -> N
     done = run("--profile", "untrusted", "--memory", "256MiB", "--json", "--workspace", str(workspace), "--", "true")
     out = json.loads(done.stdout)
     assert done.returncode == 0, done.stderr
-    assert out["network"] == "none"
+    assert out["network"] == {"mode": "none", "allow": [], "deny": [], "ask": False, "denials": []}
     assert out["limits"] == {
         "memory": 256 * 2**20,
         "pids": 128,

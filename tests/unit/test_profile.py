@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from typing import TYPE_CHECKING
 
 import pytest
@@ -159,3 +160,35 @@ def test_the_timeout_ceiling_is_the_profiles() -> None:
     untrusted = profiles.load("untrusted")
     with pytest.raises(InvalidArgument, match="timeouts.max_s"):
         calls.check_timeout(untrusted.timeouts.max_s + 1, untrusted)
+
+
+# -- network.mode = "allowlist" (issue 12) --------------------------------------------------------
+
+
+def test_an_allowlist_fits_a_confined_network_but_not_a_none_requirement() -> None:
+    confined = profiles.load("default").override({"network.mode": "allowlist", "network.allow": ["pypi.org"]})
+    assert (confined.network.mode, confined.network.allow) == ("allowlist", ("pypi.org",))
+    with pytest.raises(InvalidArgument) as info:
+        profiles.load("default").override({"network.mode": "host"}, {"network.mode": "--network"})
+    assert info.value.data["guarantee"] == "net-confined"
+    with pytest.raises(InvalidArgument) as refused:
+        profiles.load("untrusted").override({"network.mode": "allowlist"}, {"network.mode": "--allow-host"})
+    assert refused.value.data["guarantee"] == "net-none" and "--allow-host allowlist" in refused.value.message
+
+
+@pytest.mark.parametrize("pattern", ["bad host", "*.", "host:99999", "10.0.0.0/33", "*", "a..b"])
+def test_a_bad_allow_pattern_is_refused_naming_the_flag(pattern: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        profiles.load("default").override(
+            {"network.mode": "allowlist", "network.allow": [pattern]}, {"network.allow": "--allow-host"}
+        )
+    assert info.value.message.startswith("--allow-host: ") and pattern in info.value.message
+
+
+def test_the_ci_profiles_commented_allowlist_is_valid() -> None:
+    """The example a user uncomments must load as it is."""
+    text = profiles.available()["ci"].read_text()
+    commented = text[text.index('# mode = "allowlist"') :].splitlines()
+    example = "\n".join(line.removeprefix("#") for line in commented)
+    network = profiles.Network.model_validate(tomllib.loads(example))
+    assert network.mode == "allowlist" and "pypi.org" in network.allow and not network.ask

@@ -38,7 +38,7 @@ import {
 	createSandboxWriteOperations,
 	type SandboxCallContext,
 } from "./operations.ts";
-import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, PermissionMode, SessionCloseResult } from "./protocol.ts";
+import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, NetworkMode, PermissionMode, SessionCloseResult } from "./protocol.ts";
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
 import { type Approver, defaultSandboxBin, SandboxSession } from "./session.ts";
 
@@ -56,11 +56,14 @@ export interface SandboxExtensionConfig {
 	mode?: PermissionMode;
 	backend?: Backend;
 	mount?: MountStrategy;
+	network?: NetworkMode;
+	allowHosts?: string[];
 }
 
 const MODES: readonly PermissionMode[] = ["ask", "accept-edits", "auto"];
 const BACKENDS: readonly Backend[] = ["auto", "bwrap", "docker", "host"];
 const MOUNTS: readonly MountStrategy[] = ["ro", "rw", "copy", "overlay"];
+const NETWORKS: readonly NetworkMode[] = ["none", "allowlist", "host"];
 
 function pick<T extends string>(name: string, value: string | undefined, allowed: readonly T[]): T | undefined {
 	const v = value?.trim();
@@ -77,6 +80,10 @@ export function resolveConfig(env: NodeJS.ProcessEnv, flag: (name: string) => st
 		mode: pick("sandbox mode", flag("sandbox-mode") || env.SANDBOX_MODE, MODES),
 		backend: pick("sandbox backend", flag("sandbox-backend") || env.SANDBOX_BACKEND, BACKENDS),
 		mount: pick("sandbox mount", flag("sandbox-mount") || env.SANDBOX_MOUNT, MOUNTS),
+		network: pick("sandbox network", flag("sandbox-network") || env.SANDBOX_NETWORK, NETWORKS),
+		allowHosts: (flag("sandbox-allow-host") || env.SANDBOX_ALLOW_HOSTS || "")
+			.split(/[\s,]+/)
+			.filter(Boolean),
 	};
 }
 
@@ -157,6 +164,11 @@ class SandboxManager {
 			mode: config.mode,
 			backend: config.backend,
 			mount: config.mount,
+			network: config.network,
+			allowHosts: config.allowHosts,
+			onDenial: (denial) => {
+				if (ctx.hasUI) ctx.ui.notify(denial.line, "warning");
+			},
 			clientName: "pi",
 		});
 		this.session = session;
@@ -256,6 +268,11 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	pi.registerFlag("sandbox-mode", { type: "string", description: "Permission mode: ask, accept-edits or auto (default: $SANDBOX_MODE)" });
 	pi.registerFlag("sandbox-backend", { type: "string", description: "auto, bwrap, docker or host (default: $SANDBOX_BACKEND)" });
 	pi.registerFlag("sandbox-mount", { type: "string", description: "ro, rw, copy or overlay (default: $SANDBOX_MOUNT)" });
+	pi.registerFlag("sandbox-network", { type: "string", description: "none, allowlist or host (default: $SANDBOX_NETWORK, else the profile's)" });
+	pi.registerFlag("sandbox-allow-host", {
+		type: "string",
+		description: "Hosts the jail may reach through the filtering proxy, comma-separated (implies allowlist; default: $SANDBOX_ALLOW_HOSTS)",
+	});
 
 	const flag = (name: string): string | undefined => {
 		const value = pi.getFlag(name);

@@ -52,6 +52,28 @@ export interface SessionOpenParams {
 	mode?: PermissionMode;
 	operating_mode?: "agent" | "plan";
 	mount?: MountStrategy;
+	network?: NetworkMode;
+	/** Allowlist patterns added to the profile's (implies `network: "allowlist"`). */
+	allow_hosts?: string[];
+}
+
+export type NetworkMode = "none" | "allowlist" | "host";
+
+/** `network.denied`: a connection the allowlist proxy refused, as it happens. */
+export interface NetworkDenial {
+	session_id: string;
+	tool_call_id: string;
+	host: string;
+	port: number;
+	reason: string;
+	rule: string | null;
+	message: string;
+	line: string;
+}
+
+export function parseNetworkDenial(value: unknown): NetworkDenial | undefined {
+	if (!isRecord(value) || typeof value.host !== "string" || typeof value.port !== "number" || typeof value.line !== "string") return undefined;
+	return value as unknown as NetworkDenial;
 }
 
 export interface SessionOpenResult {

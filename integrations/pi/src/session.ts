@@ -16,10 +16,13 @@ import {
 	type ChangesetView,
 	type InitializeResult,
 	type MountStrategy,
+	type NetworkDenial,
+	type NetworkMode,
 	type OutputStream,
 	PROTOCOL_VERSION,
 	type PermissionMode,
 	parseApprovalRequest,
+	parseNetworkDenial,
 	parseToolOutput,
 	parseToolResult,
 	type PendingChanges,
@@ -48,6 +51,10 @@ export interface SandboxSessionOptions {
 	backend?: Backend;
 	mode?: PermissionMode;
 	mount?: MountStrategy;
+	network?: NetworkMode;
+	allowHosts?: string[];
+	/** Told of each connection the allowlist refused, as it happens. */
+	onDenial?: (denial: NetworkDenial) => void;
 	/** Environment of the server process (default: this process's). */
 	env?: NodeJS.ProcessEnv;
 	/** Used for approvals of calls that bring no approver of their own. Default: deny. */
@@ -130,9 +137,19 @@ export class SandboxSession {
 			if (options.backend) params.backend = options.backend;
 			if (options.mode) params.mode = options.mode;
 			if (options.mount) params.mount = options.mount;
+			if (options.network) params.network = options.network;
+			if (options.allowHosts?.length) params.allow_hosts = options.allowHosts;
 			const info = await client.request<SessionOpenResult>("session.open", params, { timeoutMs });
 			if (typeof info?.session_id !== "string") throw new SandboxProtocolError("session.open returned no session_id");
-			return new SandboxSession(client, server, info, options.approver ?? denyAll);
+			const session = new SandboxSession(client, server, info, options.approver ?? denyAll);
+			const onDenial = options.onDenial;
+			if (onDenial) {
+				client.onNotification("network.denied", (params) => {
+					const denial = parseNetworkDenial(params);
+					if (denial) onDenial(denial);
+				});
+			}
+			return session;
 		} catch (error) {
 			client.kill("SIGKILL");
 			throw error;

@@ -78,7 +78,16 @@ describe("the pi extension", () => {
 		const config = resolveConfig({ SANDBOX_BIN: "/env/sandbox", SANDBOX_MODE: "ask", SANDBOX_PROFILE: "ci" }, (name) =>
 			name === "sandbox-mode" ? "auto" : undefined,
 		);
-		assert.deepEqual(config, { bin: "/env/sandbox", profile: "ci", mode: "auto", backend: undefined, mount: undefined });
+		assert.deepEqual(config, {
+			bin: "/env/sandbox",
+			profile: "ci",
+			mode: "auto",
+			backend: undefined,
+			mount: undefined,
+			network: undefined,
+			allowHosts: [],
+		});
+		assert.deepEqual(resolveConfig({ SANDBOX_ALLOW_HOSTS: "pypi.org, *.pythonhosted.org" }).allowHosts, ["pypi.org", "*.pythonhosted.org"]);
 		assert.throws(() => resolveConfig({ SANDBOX_MODE: "yolo" }), /not one of ask, accept-edits, auto/);
 	});
 

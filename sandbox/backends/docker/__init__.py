@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
     import docker
 
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 __all__ = [
@@ -102,13 +103,15 @@ class DockerBackend(Backend):
     def _probe(self) -> Report:
         return _report()
 
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None) -> DockerJail:
+    async def _open(
+        self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None
+    ) -> DockerJail:
         if profile.mount.strategy == "overlay":
             raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
         user = exec_user(profile, workspace)
         uid_gid(user)
         host_files(profile)  # a refused env.files entry fails here, before a client or a copy exists
-        jail = await _new_jail(workspace, profile, user, scratch)
+        jail = await _new_jail(workspace, profile, user, scratch, egress.socket_dir if egress else None)
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             # The jail owns the client and the copy now; its aclose shields itself from cancellation.
             cleanup_on_fail.push_async_callback(jail.aclose)
@@ -121,7 +124,9 @@ class DockerBackend(Backend):
         return jail
 
 
-async def _new_jail(workspace: Path, profile: Profile, user: str, scratch: Path | None) -> DockerJail:
+async def _new_jail(
+    workspace: Path, profile: Profile, user: str, scratch: Path | None, egress_dir: Path | None
+) -> DockerJail:
     """A jail of the profile's lifecycle, with its client and its private copy; nothing started."""
     client = await anyio.to_thread.run_sync(connect)
     kind = WarmJail if profile.docker.lifecycle == "session" else PerCallJail
@@ -132,7 +137,7 @@ async def _new_jail(workspace: Path, profile: Profile, user: str, scratch: Path 
         tree = await CopyTree.prepare(workspace, exclude=profile.mount.exclude) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
-        jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch)
+        jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch, egress_dir)
         cleanup_on_fail.pop_all()
     return jail
 
@@ -160,6 +165,8 @@ _PROVIDED = (
     "fs-write-confined",
     "fs-hidden-home",
     "net-none",
+    "net-confined",
+    "net-allowlist",
     "tree-kill",
     "no-new-privs",
     "non-root",

@@ -88,6 +88,7 @@ def container_config(
     scratch: Path | None = None,
     agent_user: str | None = None,
     untracked: Sequence[str] = (),
+    egress_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -102,6 +103,10 @@ def container_config(
     mounts += _untracked_mounts(workspace, untracked)
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
+    if egress_dir is not None:  # allowlist: the filtering proxy's socket, the only way out
+        from sandbox.network.egress import JAIL_DIR
+
+        mounts.append(Mount(target=JAIL_DIR, source=str(egress_dir), type="bind", read_only=True))
     files = host_files(profile)
     mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
     config: dict[str, Any] = {

@@ -40,6 +40,7 @@ class DockerJail(Jail):
         tree: CopyTree | None,
         user: str,
         scratch: Path | None = None,
+        egress_dir: Path | None = None,
     ) -> None:
         self.client = client
         self.workspace = workspace
@@ -55,6 +56,7 @@ class DockerJail(Jail):
             scratch,
             agent_user=user if self.agent else None,
             untracked=tree.untracked if tree is not None else (),
+            egress_dir=egress_dir,
         )
 
     @property

@@ -1,0 +1,187 @@
+"""A jail's egress under ``network.mode = "allowlist"``: the proxy it reaches, how it reaches it.
+
+The jail keeps its empty network namespace. :class:`Egress` runs the filtering proxy
+(:class:`~sandbox.network.proxy.EgressProxy`) on a thread of its own, listening on a unix
+socket in a directory of its own that the backend binds into the jail at :data:`JAIL_DIR`. Each
+command of the jail is started beside the jail-side forwarder (:mod:`sandbox._jailside.netfwd`),
+which listens on the jail's loopback at :data:`PORT` and relays to that socket; the proxy
+variables point there. A tool that ignores them finds no route: nothing gets out another way.
+
+Every refused connection is a :class:`~sandbox.network.proxy.Denial`, kept in order, so a call
+can say which were its own (:meth:`Egress.mark`, :meth:`Egress.denials_since`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox import _jailside
+from sandbox.errors import BackendUnavailable, map_errors
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from sandbox.network.proxy import Denial, ProxyThread
+    from sandbox.profile import Network
+    from sandbox.vocabulary import Answer
+
+log = logging.getLogger(__name__)
+
+JAIL_DIR = "/run/sandbox-net"
+"""Where the proxy's socket directory is bound in the jail (the same path in a container)."""
+SOCKET = "proxy.sock"
+PORT = 3128
+"""The forwarder's port on the jail's own loopback (its namespace: no other user of it)."""
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+@cache
+def _forwarder() -> str:
+    return _jailside.program("netfwd")
+
+
+def proxy_env() -> dict[str, str]:
+    """The variables that lead HTTP clients, pip, git, npm and curl to the forwarder.
+
+    The proxy tells protocols apart by their first byte, so one port serves HTTP, CONNECT and
+    SOCKS5 (``socks5h``: names are resolved by the proxy, never in the jail).
+    """
+    http = f"http://127.0.0.1:{PORT}"
+    env = {"http_proxy": http, "https_proxy": http, "all_proxy": f"socks5h://127.0.0.1:{PORT}", "no_proxy": NO_PROXY}
+    return {**env, **{name.upper(): value for name, value in env.items()}}
+
+
+class Egress:
+    """The proxy of one jail: :meth:`start` it, :meth:`wrap` each command, :meth:`close` it."""
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        self.socket_dir: Path | None = None
+        self.listeners: list[Callable[[Denial], None]] = []  # told of each denial, on a worker thread
+        self._thread: ProxyThread | None = None
+
+    @classmethod
+    def start(cls, network: Network, ask_timeout: float = 130.0) -> Egress:
+        """Start the proxy for ``network`` (its ``allow``, ``deny`` and ``ask``), or raise
+        BACKEND_UNAVAILABLE when it cannot listen. ``ask_timeout``: the proxy's own bound on a
+        question to the approver (:meth:`ask_with`), which should outlast the approver's."""
+        from sandbox.network.policy import EgressPolicy
+        from sandbox.network.proxy import EgressProxy, upstream_from_env
+        from sandbox.network.resolve import CachedResolver, resolver_from_env
+
+        egress = cls(network)
+        with map_errors("cannot start the egress proxy", BackendUnavailable):
+            # A short path of its own: a unix socket's path must fit in 108 bytes, and a container
+            # binds the directory, so nothing else may be in it.
+            egress.socket_dir = Path(tempfile.mkdtemp(prefix="sbx-net-"))
+            try:
+                egress.socket_dir.chmod(0o755)  # the jail's uid (a container's too) connects to it
+                policy = EgressPolicy.from_patterns(network.allow, network.deny, ask=network.ask)
+                proxy = EgressProxy(
+                    policy,
+                    unix_path=egress.socket_dir / SOCKET,
+                    resolver=CachedResolver(resolver_from_env()),
+                    upstream=upstream_from_env(),
+                    on_denial=egress._denied,
+                    ask_timeout=ask_timeout,
+                )
+                egress._thread = proxy.serve_in_thread()
+                os.chmod(egress.socket_dir / SOCKET, 0o666)
+            except BaseException:
+                egress.close()
+                raise
+        return egress
+
+    @property
+    def denials(self) -> list[Denial]:
+        return self._thread.denials if self._thread is not None else []
+
+    def mark(self) -> int:
+        """Where the denials stand now: :meth:`denials_since` gives those after it."""
+        return len(self.denials)
+
+    def denials_since(self, mark: int) -> list[Denial]:
+        return list(self.denials[mark:])
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` started beside the forwarder, which is listening before the command runs."""
+        listen = [f"127.0.0.1:{PORT}", f"[::1]:{PORT}"]
+        return [
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            _forwarder(),
+            *(arg for address in listen for arg in ("--listen", address)),
+            "--to",
+            f"{JAIL_DIR}/{SOCKET}",
+            "--",
+            *argv,
+        ]
+
+    def summary(self, denials: Sequence[Denial]) -> dict[str, Any]:
+        """The ``network`` of a result: the mode, the allow list and these denials."""
+        return summary(self.network, denials)
+
+    async def _denied(self, denial: Denial) -> None:
+        import anyio.to_thread  # here: bwrap's argv reads this module's paths on the quick path
+
+        for listener in list(self.listeners):
+            try:
+                await anyio.to_thread.run_sync(listener, denial)
+            except Exception:  # a listener's failure must not break the proxy's refusal
+                log.exception("a network denial listener failed")
+
+    def ask_with(self, approver: Callable[[str, int], Answer]) -> None:
+        """Put destinations no rule names (``ask = true``) to ``approver``, a blocking callable
+        run on a worker thread of the proxy; without one, they are refused (``ask-unavailable``)."""
+        if self._thread is None:
+            return
+        import anyio.to_thread
+
+        async def ask(host: str, port: int) -> Answer:
+            return await anyio.to_thread.run_sync(approver, host, port, abandon_on_cancel=True)
+
+        self._thread.proxy.approver = ask
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None
+
+    def stop(self) -> None:
+        """Stop the proxy: every relay ends, and a connection from the jail is refused; idempotent."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.close()
+
+    def close(self) -> None:
+        """Stop the proxy and remove its socket directory; idempotent."""
+        try:
+            self.stop()
+        finally:
+            folder, self.socket_dir = self.socket_dir, None
+            if folder is not None:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(folder)
+
+
+def summary(network: Network, denials: Sequence[Denial] = ()) -> dict[str, Any]:
+    """``{mode, allow, deny, ask, denials: [{host, port, reason, rule, message, line}]}`` for a result
+    (``line``: the one line a model reads)."""
+    return {
+        "mode": network.mode,
+        "allow": list(network.allow),
+        "deny": list(network.deny),
+        "ask": network.ask,
+        "denials": [
+            {"host": d.host, "port": d.port, "reason": d.reason, "rule": d.rule, "message": d.message, "line": d.line()}
+            for d in denials
+        ],
+    }

@@ -1,0 +1,1026 @@
+"""The host-side egress proxy: HTTP CONNECT, plain HTTP and SOCKS5, filtered by an :class:`EgressPolicy`.
+
+The jail reaches it only through a unix socket (a forwarder inside listens on the jail's loopback);
+tests and a later transparent mode may also use a loopback TCP address. The protocol is told by the
+first byte: ``0x05`` is SOCKS5 (no authentication, CONNECT only, names resolved here), anything
+else is read as HTTP: ``CONNECT host:port`` opens a tunnel, any other method is forwarded once
+(``Connection: close``; one request per connection, a pipelined second request is not read).
+
+Every connection goes the same way: the policy judges the name and port; a name the policy does
+not know is put to the approver when the policy asks (no approver, an error or the timeout deny);
+the proxy resolves the name itself and checks *every* address (a name that resolves to loopback,
+a private network or the metadata service is refused unless that address is allowed: no DNS
+rebinding), then connects to an address it checked, never re-resolving. In a tunnel it reads the
+client's first bytes before any reach the server: a TLS ClientHello whose SNI names another host
+is refused (``sni-mismatch``); TLS is never terminated. With an ``upstream`` proxy the name is
+judged the same but the upstream resolves it and connects: the address check is then the
+upstream's (its own, usually private, address is not checked).
+
+Once a connection is set up the two sockets leave the event loop for two relay threads, which
+move bytes with ``splice(2)`` through a pipe (no copy to user space); a close shuts both sockets
+down, so a client never keeps an open path to a proxy that has stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import fcntl
+import inspect
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
+from sandbox.network.policy import (
+    EgressPolicy,
+    IPAddress,
+    Verdict,
+    literal_address,
+    normalize_host,
+)
+from sandbox.network.resolve import SystemResolver
+from sandbox.vocabulary import Answer, DenialReason, ProxyProtocol
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup, TaskStatus
+
+    from sandbox.network.resolve import Resolver
+
+log = logging.getLogger(__name__)
+
+
+HEAD_LIMIT = 64 * 1024
+HELLO_LIMIT = 64 * 1024
+READ_SIZE = 64 * 1024
+RELAY_CHUNK = 1024 * 1024
+HANDSHAKE_TIMEOUT = 30.0
+RELAY_JOIN_TIMEOUT = 5.0
+_STATUS = {
+    "bad-request": "400 Bad Request",
+    "resolve-failed": "502 Bad Gateway",
+    "connect-failed": "502 Bad Gateway",
+    "upstream-failed": "502 Bad Gateway",
+}  # every other reason is the policy's: 403
+_SOCKS_REPLY = {"resolve-failed": 0x04, "connect-failed": 0x05, "upstream-failed": 0x01, "bad-request": 0x07}
+_HOP_BY_HOP = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
+
+
+@dataclass(frozen=True)
+class Denial:
+    """One refused connection, as the audit, the tool result and the JSON-RPC stream carry it."""
+
+    host: str
+    port: int
+    reason: DenialReason
+    rule: str | None
+    message: str
+
+    def line(self) -> str:
+        """The one line a model reads for this denial."""
+        return f"sandbox: connection to {_where(self.host, self.port)} refused ({self.reason}): {self.message}"
+
+
+@dataclass(frozen=True)
+class Connected:
+    """One allowed connection: ``address`` is what the proxy connected to (``via upstream h:p`` if chained)."""
+
+    host: str
+    port: int
+    address: str
+    rule: str | None
+    protocol: ProxyProtocol
+
+
+Approver = Callable[[str, int], Awaitable[Answer]]
+"""Asked about a destination the policy does not know (``ask = true``): host and port in, an answer out."""
+OnDenial = Callable[[Denial], Awaitable[None] | None]
+OnConnect = Callable[[Connected], Awaitable[None] | None]
+
+
+class _Refused(Exception):
+    def __init__(self, host: str, port: int, reason: DenialReason, rule: str | None, message: str) -> None:
+        super().__init__(message)
+        self.denial = Denial(host, port, reason, rule, message)
+
+    @classmethod
+    def of(cls, host: str, port: int, verdict: Verdict) -> _Refused:
+        return cls(host, port, _denial_reason(verdict), verdict.rule, verdict.message)
+
+
+class EgressProxy:
+    """The filtering proxy; ``async with``, ``start``/``aclose``, ``serve`` or :meth:`serve_in_thread`.
+
+    ``start`` and ``aclose`` must run in the same task (they hold a task group). ``upstream`` is an
+    ``http://[user:pass@]host:port`` proxy to chain to (see :func:`upstream_from_env`).
+    """
+
+    def __init__(
+        self,
+        policy: EgressPolicy,
+        *,
+        unix_path: str | os.PathLike[str] | None = None,
+        tcp: tuple[str, int] | None = None,
+        resolver: Resolver | None = None,
+        approver: Approver | None = None,
+        ask_timeout: float = 60.0,
+        upstream: str | None = None,
+        on_denial: OnDenial | None = None,
+        on_connect: OnConnect | None = None,
+        connect_timeout: float = 10.0,
+        resolve_timeout: float = 10.0,
+    ) -> None:
+        if unix_path is None and tcp is None:
+            raise InvalidArgument("the egress proxy needs a unix socket path or a TCP address to listen on")
+        self.policy = policy
+        self.unix_path = None if unix_path is None else Path(unix_path)
+        self._tcp = tcp
+        self.resolver: Resolver = resolver or SystemResolver()
+        self.approver, self.ask_timeout = approver, ask_timeout
+        self.upstream = None if upstream is None else _Upstream.parse(upstream)
+        self.on_denial, self.on_connect = on_denial, on_connect
+        self.connect_timeout, self.resolve_timeout = connect_timeout, resolve_timeout
+        self.denials: list[Denial] = []
+        self._grants: set[tuple[str, int]] = set()
+        self._ask_locks: defaultdict[tuple[str, int], anyio.Lock] = defaultdict(anyio.Lock)
+        self._listeners: list[socket.socket] = []
+        self._relays: set[_Relay] = set()
+        self._relays_lock = threading.Lock()
+        self._tg: TaskGroup | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def tcp_address(self) -> tuple[str, int] | None:
+        """The TCP address actually bound (the port chosen when asked for 0), once started."""
+        tcp = [s for s in self._listeners if s.family != socket.AF_UNIX]
+        return None if not tcp else tcp[0].getsockname()[:2]
+
+    async def start(self) -> None:
+        if self._tg is not None:
+            raise InvalidArgument("the egress proxy is already running")
+        self._listeners = self._bind()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for listener in self._listeners:
+            self._tg.start_soon(self._accept_loop, listener)
+
+    async def aclose(self) -> None:
+        """Stop accepting, end every handshake and every relay; clients see their connections close."""
+        tg, self._tg = self._tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+        finally:
+            self._close_listeners()
+            with self._relays_lock:
+                relays = list(self._relays)
+            for relay in relays:
+                relay.close()
+            with anyio.CancelScope(shield=True):  # the sockets are shut already; this waits for their close
+                await anyio.to_thread.run_sync(_join, relays, RELAY_JOIN_TIMEOUT)
+
+    async def __aenter__(self) -> EgressProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def serve(self, *, task_status: TaskStatus[EgressProxy] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; for ``await task_group.start(proxy.serve)``."""
+        async with self:
+            task_status.started(self)
+            await anyio.sleep_forever()
+
+    def serve_in_thread(self) -> ProxyThread:
+        """Start the proxy on an event loop of its own thread, for a synchronous caller."""
+        with contextlib.ExitStack() as cleanup_on_fail:
+            portal = cleanup_on_fail.enter_context(anyio.from_thread.start_blocking_portal())
+            cleanup_on_fail.enter_context(portal.wrap_async_context_manager(self))
+            return ProxyThread(self, cleanup_on_fail.pop_all())
+
+    def _bind(self) -> list[socket.socket]:
+        listeners: list[socket.socket] = []
+        with contextlib.ExitStack() as cleanup_on_fail, map_errors("egress proxy: cannot listen", BackendUnavailable):
+            if self.unix_path is not None:
+                listeners.append(_listen_unix(self.unix_path))
+                cleanup_on_fail.callback(listeners[-1].close)
+            if self._tcp is not None:
+                listeners.append(_listen_tcp(*self._tcp))
+            cleanup_on_fail.pop_all()
+        return listeners
+
+    def _close_listeners(self) -> None:
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.close()
+        if listeners and self.unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.unix_path.unlink()
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        assert self._tg is not None
+        while True:
+            await anyio.wait_readable(listener)
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:  # EMFILE and kin: keep serving the connections we have
+                log.warning("egress proxy: accept failed: %s", exc)
+                await anyio.sleep(0.05)
+                continue
+            sock.setblocking(False)
+            _nodelay(sock)
+            self._tg.start_soon(self._handle, _Conn(sock))
+
+    # -- one connection ------------------------------------------------------------------------
+    async def _handle(self, client: _Conn) -> None:
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                await client.fill()
+            if client.buffer[0] == 0x05:
+                await self._socks(client)
+            else:
+                await self._http(client)
+        except (OSError, EOFError, TimeoutError):
+            pass  # the client went away or stalled: nothing was opened for it
+        except Exception:
+            log.exception("egress proxy: connection failed")
+        finally:
+            client.close()
+
+    async def _http(self, client: _Conn) -> None:
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                head = await client.read_until(b"\r\n\r\n", HEAD_LIMIT)
+            request = _HttpRequest.parse(head)
+            if request.method == "CONNECT":
+                await self._http_connect(client, request)
+            else:
+                await self._http_forward(client, request)
+        except _Refused as refused:
+            await self._deny(refused.denial)
+            await client.send_all(_http_refusal(refused.denial))
+        except ValueError as exc:
+            await client.send_all(_http_response("400 Bad Request", {}, f"sandbox: bad proxy request: {exc}\n"))
+
+    async def _http_connect(self, client: _Conn, request: _HttpRequest) -> None:
+        host, port = _split_authority(request.target, None)
+        upstream = await self._open(host, port, "connect")
+        try:
+            await client.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await self._tunnel(client, upstream, host, port)
+        finally:
+            upstream.conn.close()
+
+    async def _http_forward(self, client: _Conn, request: _HttpRequest) -> None:
+        host, port, path = request.destination()
+        upstream = await self._open(host, port, "http")
+        try:
+            await upstream.conn.send_all(request.forwarded(path))
+            await self._relay(client, upstream)
+        finally:
+            upstream.conn.close()
+
+    async def _socks(self, client: _Conn) -> None:
+        with anyio.fail_after(HANDSHAKE_TIMEOUT):
+            if not await _socks_greeting(client):
+                return
+            command, host, port = await _socks_request(client)
+        try:
+            if command != 0x01:
+                raise _Refused(host, port, "bad-request", None, f"SOCKS5 command {command} is not supported")
+            upstream = await self._open(host, port, "socks5")
+        except _Refused as refused:
+            await self._deny(refused.denial)
+            await client.send_all(_socks_reply(_SOCKS_REPLY.get(refused.denial.reason, 0x02)))
+            return
+        try:
+            await client.send_all(_socks_reply(0x00))
+            await self._tunnel(client, upstream, host, port)
+        finally:
+            upstream.conn.close()
+
+    async def _tunnel(self, client: _Conn, upstream: _Opened, host: str, port: int) -> None:
+        """Check the client's first bytes (SNI) before any reach the server, then relay."""
+        if await _first_speaker(client, upstream.conn) is client:
+            try:
+                await _check_sni(client, host, port)
+            except _Refused as refused:
+                await self._deny(refused.denial)
+                return
+            except EOFError:
+                return
+        await self._relay(client, upstream)
+
+    async def _relay(self, client: _Conn, upstream: _Opened) -> None:
+        await upstream.conn.send_all(client.take())
+        await client.send_all(upstream.conn.take())
+        relay = _Relay(client.detach(), upstream.conn.detach(), self._relay_done)
+        with self._relays_lock:
+            self._relays.add(relay)
+        relay.start()
+
+    def _relay_done(self, relay: _Relay) -> None:
+        with self._relays_lock:
+            self._relays.discard(relay)
+
+    # -- policy, approval, resolution, connection ------------------------------------------------
+    async def _open(self, host: str, port: int, protocol: ProxyProtocol) -> _Opened:
+        """A connection to the destination, reported to ``on_connect``; :class:`_Refused` says why not."""
+        opened = await self._open_checked(host, port)
+        try:
+            await self._report(self.on_connect, Connected(host, port, opened.address, opened.rule, protocol))
+        except BaseException:
+            opened.conn.close()
+            raise
+        return opened
+
+    async def _open_checked(self, host: str, port: int) -> _Opened:
+        verdict = self.policy.decide(host, port)
+        if verdict.allowed is False:
+            raise _Refused.of(host, port, verdict)
+        asked = verdict.allowed is None
+        if asked:
+            verdict = await self._ask(host, port, verdict)
+        if self.upstream is not None:
+            return await self._via_upstream(self.upstream, host, port, verdict)
+        addresses = await self._checked_addresses(host, port, verdict, asked=asked)
+        conn, address = await self._connect_any(host, port, addresses)
+        return _Opened(conn, _where(str(address), port), verdict.rule)
+
+    async def _ask(self, host: str, port: int, verdict: Verdict) -> Verdict:
+        if not self.policy.ask:
+            raise _Refused.of(host, port, verdict)
+        key = (host.lower().rstrip("."), port)
+        async with self._ask_locks[key]:  # one question per destination at a time; a session grant answers the rest
+            if key in self._grants:
+                return Verdict(
+                    True, "ask:allow-session", "allowed", f"{_where(host, port)} was allowed for the session"
+                )
+            answer = await self._approval(host, port)
+            if answer == "allow-session":
+                self._grants.add(key)
+            return Verdict(True, f"ask:{answer}", "allowed", f"{_where(host, port)} was allowed by the user ({answer})")
+
+    async def _approval(self, host: str, port: int) -> Answer:
+        where = _where(host, port)
+        if self.approver is None:
+            raise _Refused(
+                host, port, "ask-unavailable", None, f"{where} is not on the allowlist and no one can be asked"
+            )
+        try:
+            with anyio.fail_after(self.ask_timeout):
+                answer = await self.approver(host, port)
+        except TimeoutError:
+            raise _Refused(
+                host, port, "ask-timeout", None, f"no answer about {where} in {self.ask_timeout:g} s"
+            ) from None
+        except Exception as exc:
+            log.warning("egress proxy: approver failed for %s: %r", where, exc)
+            raise _Refused(host, port, "ask-unavailable", None, f"asking about {where} failed: {exc}") from None
+        if answer == "allow-once" or answer == "allow-session":  # anything else, even a malformed answer, denies
+            return answer
+        raise _Refused(host, port, "ask-denied", None, f"the user denied {where}")
+
+    async def _checked_addresses(self, host: str, port: int, verdict: Verdict, *, asked: bool) -> list[IPAddress]:
+        literal = literal_address(host)
+        if literal is not None and asked:
+            return [literal]  # the user approved this very address
+        addresses = [literal] if literal is not None else await self._resolve(host, port)
+        for ip in addresses:
+            check = self.policy.check_address(ip, port, name_rule=verdict.rule)
+            if not check.allowed:
+                raise _Refused(host, port, _denial_reason(check), check.rule, f"{host}: {check.message}")
+        return addresses
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        try:
+            with anyio.fail_after(self.resolve_timeout):
+                addresses = await self.resolver.resolve(host)
+        except Exception as exc:
+            raise _Refused(
+                host, port, "resolve-failed", None, f"resolving {host} failed: {exc or type(exc).__name__}"
+            ) from None
+        if not addresses:
+            raise _Refused(host, port, "resolve-failed", None, f"{host} has no address")
+        return addresses
+
+    async def _connect_any(self, host: str, port: int, addresses: list[IPAddress]) -> tuple[_Conn, IPAddress]:
+        failures: list[str] = []
+        for ip in addresses:
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    return await _connect(str(ip), port), ip
+            except (OSError, TimeoutError) as exc:
+                failures.append(f"{_where(str(ip), port)}: {exc.strerror if isinstance(exc, OSError) else 'timed out'}")
+        raise _Refused(host, port, "connect-failed", None, "connecting failed: " + "; ".join(failures))
+
+    async def _via_upstream(self, upstream: _Upstream, host: str, port: int, verdict: Verdict) -> _Opened:
+        target = _where(host, port)
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                conn = await _connect_name(upstream.host, upstream.port)
+        except (OSError, TimeoutError) as exc:
+            raise _Refused(host, port, "upstream-failed", None, f"upstream proxy {upstream}: {exc}") from None
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                status = await upstream.connect(conn, target)
+        except (OSError, EOFError, TimeoutError, ValueError) as exc:
+            conn.close()
+            raise _Refused(host, port, "upstream-failed", None, f"upstream proxy {upstream}: {exc!r}") from None
+        except BaseException:
+            conn.close()
+            raise
+        if status != 200:
+            conn.close()
+            raise _Refused(
+                host, port, "upstream-failed", None, f"upstream proxy {upstream} answered {status} to {target}"
+            )
+        return _Opened(conn, f"via upstream {upstream}", verdict.rule)
+
+    async def _deny(self, denial: Denial) -> None:
+        self.denials.append(denial)
+        await self._report(self.on_denial, denial)
+
+    async def _report(self, callback: Callable[[_E], Awaitable[None] | None] | None, event: _E) -> None:
+        if callback is None:
+            return
+        try:
+            result = callback(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("egress proxy: the %s callback failed", type(event).__name__)
+
+
+class ProxyThread:
+    """A proxy serving on its own thread's event loop; :meth:`close` stops it and ends every relay."""
+
+    def __init__(self, proxy: EgressProxy, stack: contextlib.ExitStack) -> None:
+        self.proxy = proxy
+        self._stack = stack
+
+    @property
+    def tcp_address(self) -> tuple[str, int] | None:
+        return self.proxy.tcp_address
+
+    @property
+    def denials(self) -> list[Denial]:
+        return self.proxy.denials
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> ProxyThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def upstream_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The proxy the executor itself must use: ``HTTPS_PROXY``, ``HTTP_PROXY``, then ``ALL_PROXY``.
+
+    Only ``http://`` proxies can be chained (by CONNECT); any other scheme is an
+    :class:`InvalidArgument`. ``NO_PROXY`` is not honoured: every connection goes through it.
+    """
+    env = os.environ if env is None else env
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        value = env.get(name, "").strip()
+        if value:
+            _Upstream.parse(value)
+            return value
+    return None
+
+
+# -- the pieces: a socket with a buffer, the relay, parsers -----------------------------------------
+_E = TypeVar("_E", Denial, Connected)
+
+
+@dataclass(frozen=True)
+class _Opened:
+    conn: _Conn
+    address: str
+    rule: str | None
+
+
+class _Conn:
+    """A non-blocking socket and what was read from it but not yet used (the handshake's side)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock: socket.socket | None = sock
+        self.buffer = bytearray()
+
+    @property
+    def raw(self) -> socket.socket:
+        if self.sock is None:
+            raise OSError(errno.EBADF, "the connection was handed to a relay")
+        return self.sock
+
+    async def fill(self) -> None:
+        """Read what is there (at least one byte); ``EOFError`` when the peer has closed."""
+        while True:
+            try:
+                data = self.raw.recv(READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_readable(self.raw)
+                continue
+            if not data:
+                raise EOFError
+            self.buffer += data
+            return
+
+    async def read_exact(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            await self.fill()
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    async def read_until(self, marker: bytes, limit: int) -> bytes:
+        while (end := self.buffer.find(marker)) < 0:
+            if len(self.buffer) > limit:
+                raise ValueError(f"no {marker!r} in the first {limit} bytes")
+            await self.fill()
+        return await self.read_exact(end + len(marker))
+
+    def take(self) -> bytes:
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
+
+    async def send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.raw.send(view) :]
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_writable(self.raw)
+
+    def detach(self) -> socket.socket:
+        sock = self.raw
+        self.sock = None
+        return sock
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+async def _connect(host: str, port: int) -> _Conn:
+    ip = literal_address(host)
+    family = socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        _nodelay(sock)
+        code = sock.connect_ex((host, port))
+        if code == errno.EINPROGRESS:
+            await anyio.wait_writable(sock)
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            raise OSError(code, os.strerror(code))
+    except BaseException:
+        sock.close()
+        raise
+    return _Conn(sock)
+
+
+async def _connect_name(host: str, port: int) -> _Conn:
+    """Connect to the upstream proxy, whose name the host's own resolver knows."""
+    if literal_address(host) is not None:
+        return await _connect(host, port)
+    addresses = await SystemResolver().resolve(host)
+    if not addresses:
+        raise OSError(errno.EHOSTUNREACH, f"{host} has no address")
+    return await _connect(str(addresses[0]), port)
+
+
+async def _first_speaker(client: _Conn, server: _Conn) -> _Conn:
+    """Whichever side sends first: TLS clients speak first, SMTP or SSH servers do."""
+    if client.buffer or server.buffer:
+        return client if client.buffer else server
+    first: list[_Conn] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait(conn: _Conn) -> None:
+            await anyio.wait_readable(conn.raw)
+            first.append(conn)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait, client)
+        tg.start_soon(wait, server)
+    return first[0]
+
+
+async def _check_sni(client: _Conn, host: str, port: int) -> None:
+    """Read the client's ClientHello (if it sends TLS) and refuse an SNI that names another host."""
+    with anyio.fail_after(HANDSHAKE_TIMEOUT):
+        while True:
+            if not client.buffer:
+                await client.fill()
+            try:
+                sni = client_hello_sni(bytes(client.buffer))
+                break
+            except NotClientHello:
+                return
+            except IncompleteHello:
+                await client.fill()
+            except ValueError as exc:
+                raise _Refused(host, port, "bad-request", None, f"malformed TLS ClientHello: {exc}") from None
+    if sni is not None and sni.rstrip(".").lower() != host.rstrip(".").lower():
+        raise _Refused(host, port, "sni-mismatch", None, f"the tunnel to {_where(host, port)} carries TLS for {sni!r}")
+
+
+class _Relay:
+    """Two threads moving bytes between two blocking sockets until both directions end."""
+
+    def __init__(self, a: socket.socket, b: socket.socket, done: Callable[[_Relay], None]) -> None:
+        self._socks = (a, b)
+        self._done = done
+        self._lock = threading.Lock()
+        self._running = 2
+        self.ended = threading.Event()
+        for sock in self._socks:
+            sock.setblocking(True)
+
+    def start(self) -> None:
+        a, b = self._socks
+        for src, dst in ((a, b), (b, a)):
+            threading.Thread(target=self._pump, args=(src, dst), name="egress-relay", daemon=True).start()
+
+    def close(self) -> None:
+        """Shut both sockets down: blocked pumps return, the peers see the connection end."""
+        with self._lock:
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            _splice_pump(src, dst) if _HAVE_SPLICE else _copy_pump(src, dst)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)  # pass the end of one direction on; the other may go on
+        except OSError:
+            self.close()  # a reset on one side ends both
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running:
+                return
+            for sock in self._socks:
+                sock.close()
+        self._done(self)
+        self.ended.set()
+
+
+def _join(relays: list[_Relay], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for relay in relays:
+        relay.ended.wait(max(0.0, deadline - time.monotonic()))
+
+
+_HAVE_SPLICE = hasattr(os, "splice")
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _splice_pump(src: socket.socket, dst: socket.socket) -> None:
+    """Socket to pipe to socket with ``splice(2)``: the bytes never enter user space."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(write_end, _F_SETPIPE_SZ, RELAY_CHUNK)
+        src_fd, dst_fd = src.fileno(), dst.fileno()
+        while moved := os.splice(src_fd, write_end, RELAY_CHUNK, flags=os.SPLICE_F_MOVE):
+            while moved:
+                moved -= os.splice(read_end, dst_fd, moved, flags=os.SPLICE_F_MOVE)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _copy_pump(src: socket.socket, dst: socket.socket) -> None:
+    buffer = bytearray(RELAY_CHUNK)
+    view = memoryview(buffer)
+    while size := src.recv_into(buffer):
+        dst.sendall(view[:size])
+
+
+def _listen_unix(path: Path) -> socket.socket:
+    if path.is_socket():  # left by a proxy that died; a regular file there is an error below
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    return _listen(sock, str(path))
+
+
+def _listen_tcp(host: str, port: int) -> socket.socket:
+    ip = literal_address(host)
+    sock = socket.socket(socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return _listen(sock, (host, port))
+
+
+def _listen(sock: socket.socket, address: str | tuple[str, int]) -> socket.socket:
+    try:
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _nodelay(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _denial_reason(verdict: Verdict) -> DenialReason:
+    return "not-allowed" if verdict.reason == "allowed" else verdict.reason
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _HttpRequest:
+    method: str
+    target: str
+    version: str
+    headers: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, head: bytes) -> _HttpRequest:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise ValueError(f"not an HTTP/1 request line: {lines[0][:80]!r}")
+        return cls(parts[0], parts[1], parts[2], tuple(_header(line) for line in lines[1:] if line))
+
+    def values(self, name: str) -> list[str]:
+        return [value for key, value in self.headers if key.lower() == name]
+
+    def destination(self) -> tuple[str, int, str]:
+        """Host, port and origin-form path; the Host header must name the URI's host and port."""
+        hosts = self.values("host")
+        if len(hosts) > 1:
+            raise ValueError("more than one Host header")
+        if self.target.startswith("/"):  # origin form, as a transparent proxy sees it: Host decides
+            if not hosts:
+                raise ValueError("an origin-form request without a Host header")
+            return (*_split_authority(hosts[0], 80), self.target)
+        host, port, path = _absolute_uri(self.target)
+        if hosts and _split_authority(hosts[0], 80) != (host, port):
+            message = f"the Host header {hosts[0]!r} disagrees with the URI {self.target[:200]!r}"
+            raise _Refused(host, port, "host-mismatch", None, message)
+        return host, port, path
+
+    def forwarded(self, path: str) -> bytes:
+        """The request for the server: origin form, no proxy headers, ``Connection: close``."""
+        keep = [(k, v) for k, v in self.headers if k.lower() not in _HOP_BY_HOP]
+        if not self.values("host"):
+            host, port, _ = self.destination()
+            keep.insert(0, ("Host", host if port == 80 else _where(host, port)))
+        lines = [f"{self.method} {path} {self.version}", *(f"{k}: {v}" for k, v in keep), "Connection: close"]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _header(line: str) -> tuple[str, str]:
+    name, colon, value = line.partition(":")
+    if not colon or not name or name != name.strip() or line[0] in " \t":
+        raise ValueError(f"malformed header line {line[:80]!r}")
+    return name, value.strip()
+
+
+def _absolute_uri(target: str) -> tuple[str, int, str]:
+    url = urllib.parse.urlsplit(target)
+    if url.scheme.lower() != "http":
+        raise ValueError(f"only http:// URIs are forwarded (use CONNECT for TLS), not {target[:80]!r}")
+    if "@" in url.netloc or not url.hostname:
+        raise ValueError(f"unusable URI authority in {target[:80]!r}")
+    host, port = _split_authority(url.netloc, 80)
+    path = url.path or "/"
+    return host, port, f"{path}?{url.query}" if url.query else path
+
+
+def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` to a normalised host and a port."""
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ("" if not rest else "x")
+    else:
+        host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
+    if not port and default_port is not None:
+        return _normal_host(host), default_port
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"no valid port in {authority[:80]!r}")
+    return _normal_host(host), int(port)
+
+
+def _normal_host(host: str) -> str:
+    ip = literal_address(host)
+    if ip is not None:
+        return str(ip)
+    try:
+        return normalize_host(host)
+    except InvalidArgument:
+        raise ValueError(f"{host[:80]!r} is not a host name") from None
+
+
+def _http_refusal(denial: Denial) -> bytes:
+    status = _STATUS.get(denial.reason, "403 Forbidden")
+    return _http_response(status, {"X-Sandbox-Denial": denial.reason}, denial.line() + "\n")
+
+
+def _http_response(status: str, headers: dict[str, str], body: str) -> bytes:
+    data = body.encode()
+    fields = {"Content-Type": "text/plain; charset=utf-8", **headers, "Content-Length": str(len(data))}
+    lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in fields.items()), "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+
+
+@dataclass(frozen=True)
+class _Upstream:
+    host: str
+    port: int
+    authorization: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> _Upstream:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        try:
+            port = parts.port or 80
+        except ValueError:
+            port = 0
+        if parts.scheme.lower() != "http" or not parts.hostname or not port:
+            raise InvalidArgument(f"upstream proxy {url!r}: only http://host:port proxies can be chained", url=url)
+        auth = None
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            secret = urllib.parse.unquote(parts.password or "")
+            auth = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
+        return cls(parts.hostname, port, auth)
+
+    def __str__(self) -> str:
+        return _where(self.host, self.port)
+
+    async def connect(self, conn: _Conn, target: str) -> int:
+        """Send ``CONNECT target``; the upstream's status code (bytes after its head stay buffered)."""
+        lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
+        if self.authorization:
+            lines.append(f"Proxy-Authorization: {self.authorization}")
+        await conn.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        head = await conn.read_until(b"\r\n\r\n", HEAD_LIMIT)
+        parts = head.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+# -- SOCKS5 -------------------------------------------------------------------------------------
+async def _socks_greeting(client: _Conn) -> bool:
+    _version, count = await client.read_exact(2)
+    methods = await client.read_exact(count)
+    if 0x00 not in methods:
+        await client.send_all(b"\x05\xff")  # only "no authentication": the unix socket is the credential
+        return False
+    await client.send_all(b"\x05\x00")
+    return True
+
+
+async def _socks_request(client: _Conn) -> tuple[int, str, int]:
+    version, command, _reserved, kind = await client.read_exact(4)
+    if version != 0x05:
+        raise EOFError
+    if kind == 0x01:
+        host = socket.inet_ntop(socket.AF_INET, await client.read_exact(4))
+    elif kind == 0x04:
+        host = socket.inet_ntop(socket.AF_INET6, await client.read_exact(16))
+    elif kind == 0x03:
+        (size,) = await client.read_exact(1)
+        host = (await client.read_exact(size)).decode("ascii", errors="replace")
+    else:
+        await client.send_all(_socks_reply(0x08))
+        raise EOFError
+    port = int.from_bytes(await client.read_exact(2), "big")
+    return command, host, port
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([0x05, code, 0x00, 0x01, 0, 0, 0, 0, 0, 0])
+
+
+# -- TLS ClientHello ----------------------------------------------------------------------------
+class NotClientHello(Exception):
+    """The bytes do not begin a TLS handshake record: not TLS, nothing to check."""
+
+
+class IncompleteHello(Exception):
+    """A TLS handshake has begun but the ClientHello is not complete yet."""
+
+
+def client_hello_sni(data: bytes) -> str | None:
+    """The server name a TLS ClientHello at the start of ``data`` asks for, ``None`` if it names none.
+
+    Raises :class:`NotClientHello`, :class:`IncompleteHello`, or ``ValueError`` when it is malformed
+    (a ClientHello we cannot read is refused rather than let through unchecked).
+    """
+    if data[:1] != b"\x16" or (len(data) > 1 and data[1] != 0x03):
+        raise NotClientHello
+    message = _handshake_message(data)
+    if message[0] != 0x01:
+        raise ValueError("the first handshake message is not a ClientHello")
+    return _sni_extension(_Reader(message[4:]))
+
+
+def _handshake_message(data: bytes) -> bytes:
+    """The first handshake message, joined from as many handshake records as it spans."""
+    payload, offset = bytearray(), 0
+    while len(payload) < 4 or len(payload) < 4 + int.from_bytes(payload[1:4], "big"):
+        if len(data) < offset + 5:
+            raise IncompleteHello
+        if data[offset] != 0x16:
+            raise ValueError("the ClientHello is interrupted by another record type")
+        length = int.from_bytes(data[offset + 3 : offset + 5], "big")
+        if len(data) < offset + 5 + length:
+            raise IncompleteHello
+        payload += data[offset + 5 : offset + 5 + length]
+        offset += 5 + length
+        if len(payload) > HELLO_LIMIT:
+            raise ValueError("the ClientHello is larger than 64 KiB")
+    return bytes(payload[: 4 + int.from_bytes(payload[1:4], "big")])
+
+
+def _sni_extension(hello: _Reader) -> str | None:
+    hello.skip(2 + 32)  # legacy version, random
+    hello.skip(hello.int(1))  # session id
+    hello.skip(hello.int(2))  # cipher suites
+    hello.skip(hello.int(1))  # compression methods
+    if not hello.left():
+        return None  # no extensions at all
+    extensions = _Reader(hello.take(hello.int(2)))
+    names: list[str] = []
+    while extensions.left():
+        kind, body = extensions.int(2), _Reader(extensions.take(extensions.int(2)))
+        if kind == 0x0000:
+            names.extend(_server_names(body))
+    if len(names) > 1:
+        raise ValueError("more than one server name")
+    return names[0] if names else None
+
+
+def _server_names(body: _Reader) -> list[str]:
+    entries = _Reader(body.take(body.int(2)))
+    names: list[str] = []
+    while entries.left():
+        kind, name = entries.int(1), entries.take(entries.int(2))
+        if kind == 0:
+            names.append(name.decode("ascii"))
+    return names
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.offset = data, 0
+
+    def left(self) -> int:
+        return len(self.data) - self.offset
+
+    def take(self, size: int) -> bytes:
+        if size > self.left():
+            raise ValueError("truncated ClientHello")
+        chunk = self.data[self.offset : self.offset + size]
+        self.offset += size
+        return chunk
+
+    def skip(self, size: int) -> None:
+        self.take(size)
+
+    def int(self, size: int) -> int:
+        return int.from_bytes(self.take(size), "big")
