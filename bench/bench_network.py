@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 from sandbox import exec as executor  # noqa: E402 - after the checkout is on the path
 from sandbox import profile as profiles  # noqa: E402
 from sandbox.backends import base  # noqa: E402
+from sandbox.network import egress  # noqa: E402
 from tests.netlab import NetLab  # noqa: E402
 
 CLIENT = r"""
@@ -93,7 +94,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--downloads", type=int, default=5)
+    parser.add_argument("--forwarder", choices=("pass", "splice"), default=egress.FORWARDER_COPY)
     args = parser.parse_args()
+    egress.FORWARDER_COPY = args.forwarder
     report = base.get("bwrap").probe()
     if not report.available:
         print(f"skipped: bubblewrap unavailable ({report.reason})")
@@ -103,7 +106,10 @@ def main() -> int:
         for name in [n for n in os.environ if n.lower().endswith("_proxy")]:
             del os.environ[name]  # the proxy must not chain to this machine's
         where = "a network namespace" if not lab.loopback_only else "loopback"
-        print(f"lab on {where} ({lab.address}); {args.connections} connections, {args.downloads} x 64 MiB")
+        print(
+            f"lab on {where} ({lab.address}); {args.connections} connections, {args.downloads} x 64 MiB; "
+            f"the jail's forwarder: {args.forwarder}"
+        )
         plain = direct(lab, args)
         through = anyio.run(proxied, lab, args, Path(tmp))
     added_ms = (through["setup_s"] - plain["setup_s"]) * 1000

@@ -27,7 +27,9 @@ becomes the user's command, as ``sh -c 'netfwd & exec cmd'`` does, not from a wo
 
 Copying uses ``splice(2)`` through a pipe where ``os.splice`` exists (Python 3.10+), else
 ``recv_into``/``sendall`` with 256 KiB buffers; on loopback splice measured as fast or faster in
-both directions, markedly so towards the proxy.
+both directions, markedly so towards the proxy. ``--copy pass`` (what the launcher asks for) copies
+nothing: each accepted connection is handed to the proxy itself over the unix socket
+(``SCM_RIGHTS``), which then relays it straight to the server, one hop fewer.
 """
 
 from __future__ import annotations
@@ -192,7 +194,23 @@ def serve_one(client: socket.socket, target: str, copy: str) -> None:
         upstream.close()
         reset(client)
         return
+    if copy == "pass":
+        hand_over(client, upstream)
+        return
     Connection(client, upstream, copy).start()
+
+
+def hand_over(client: socket.socket, upstream: socket.socket) -> None:
+    """Give the proxy the connection itself (``SCM_RIGHTS``, after one zero byte): it then relays
+    between the client and the server with no hop through this program."""
+    try:
+        socket.send_fds(upstream, [b"\0"], [client.fileno()])
+    except OSError:
+        reset(client)
+    else:
+        client.close()
+    finally:
+        upstream.close()
 
 
 def serve(socks: list[socket.socket], target: str, copy: str, stop: int) -> None:
@@ -244,7 +262,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--to", required=True, help="the unix socket to relay to")
     parser.add_argument("--ready-fd", type=int, help="write the ready line here (default: stdout)")
     default = "splice" if hasattr(os, "splice") else "plain"
-    parser.add_argument("--copy", choices=("splice", "plain"), default=default, help=argparse.SUPPRESS)
+    parser.add_argument("--copy", choices=("splice", "plain", "pass"), default=default, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV: run it with the forwarder beside it")
     return parser.parse_args(argv)
 

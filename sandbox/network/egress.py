@@ -40,6 +40,9 @@ SOCKET = "proxy.sock"
 PORT = 3128
 """The forwarder's port on the jail's own loopback (its namespace: no other user of it)."""
 NO_PROXY = "localhost,127.0.0.1,::1"
+FORWARDER_COPY = "pass"
+"""How the forwarder moves a connection: ``pass`` hands it to the proxy (one relay, the proxy's);
+``splice`` relays it itself (two relays). ``bench/bench_network.py --forwarder`` compares them."""
 
 
 @cache
@@ -122,6 +125,8 @@ class Egress:
             *(arg for address in listen for arg in ("--listen", address)),
             "--to",
             f"{JAIL_DIR}/{SOCKET}",
+            "--copy",
+            FORWARDER_COPY,
             "--",
             *argv,
         ]

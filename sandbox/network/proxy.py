@@ -250,14 +250,42 @@ class EgressProxy:
                 await anyio.sleep(0.05)
                 continue
             sock.setblocking(False)
+            if sock.family == socket.AF_UNIX:
+                self._tg.start_soon(self._handle_unix, sock)
+                continue
             _nodelay(sock)
             self._tg.start_soon(self._handle, _Conn(sock))
 
     # -- one connection ------------------------------------------------------------------------
+    async def _handle_unix(self, sock: socket.socket) -> None:
+        """A connection on the unix socket: a byte stream, or a jail's forwarder handing over the
+        jail's TCP connection itself (one zero byte with the descriptor), relayed with no extra hop."""
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                await anyio.wait_readable(sock)
+            data, fds, _flags, _address = socket.recv_fds(sock, 1, 1)
+        except (OSError, TimeoutError):
+            sock.close()
+            return
+        if not fds:
+            conn = _Conn(sock)
+            conn.buffer += data
+            await self._handle(conn) if data else conn.close()
+            return
+        sock.close()
+        client = _adopt(fds[0]) if data == b"\0" else None
+        if client is None:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            return
+        await self._handle(_Conn(client))
+
     async def _handle(self, client: _Conn) -> None:
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
-                await client.fill()
+                if not client.buffer:
+                    await client.fill()
             if client.buffer[0] == 0x05:
                 await self._socks(client)
             else:
@@ -587,6 +615,26 @@ class _Conn:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def _adopt(fd: int) -> socket.socket | None:
+    """A connected stream socket handed over by a jail's forwarder, or ``None`` for anything else
+    (a file, a pipe, a listening or datagram socket: a jail chooses what it sends)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.close()
+            return None
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            _nodelay(sock)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 async def _connect(host: str, port: int) -> _Conn:

@@ -9,6 +9,7 @@ is refused before any connection is tried, which the tests check.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl
 import struct
@@ -667,6 +668,42 @@ def test_serve_in_thread_for_a_synchronous_caller(tmp_path: Path) -> None:
     assert b"X-Sandbox-Denial: not-allowed\r\n" in response
     assert [d.host for d in denials] == ["other.test"] == [d.host for d in handle.denials]
     assert not (tmp_path / "p.sock").exists()
+
+
+def test_a_connection_handed_over_by_descriptor_is_proxied_and_anything_else_is_dropped(tmp_path: Path) -> None:
+    """What a jail's forwarder does (``--copy pass``): one zero byte and the client's socket."""
+    denials: list[Denial] = []
+    policy = EgressPolicy.from_patterns(["good.test"])
+    path = tmp_path / "p.sock"
+    handle = EgressProxy(
+        policy, unix_path=path, resolver=StaticResolver(NAMES), on_denial=denials.append
+    ).serve_in_thread()
+    try:
+        ours, theirs = socket.socketpair()
+        with ours, socket.socket(socket.AF_UNIX) as carrier:
+            carrier.connect(str(path))
+            socket.send_fds(carrier, [b"\0"], [theirs.fileno()])
+            theirs.close()
+            ours.sendall(b"CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n")
+            response = ours.makefile("rb").read()
+        assert response.startswith(b"HTTP/1.1 403 ") and [d.host for d in denials] == ["other.test"]
+        read_end, write_end = os.pipe()  # not a socket: the proxy closes it and the carrier, nothing else
+        with socket.socket(socket.AF_UNIX) as carrier:
+            carrier.connect(str(path))
+            socket.send_fds(carrier, [b"\0"], [read_end])
+            os.close(read_end)
+            carrier.settimeout(WAIT)
+            assert carrier.recv(1) == b""
+        with pytest.raises(BrokenPipeError):
+            _fill(write_end)  # the proxy's copy of the read end is closed too: no reader is left
+        os.close(write_end)
+    finally:
+        handle.close()
+
+
+def _fill(fd: int) -> None:
+    for _ in range(64):
+        os.write(fd, b"x" * 65536)
 
 
 # -- dnspython against a DNS responder on loopback ---------------------------------------------------------------

@@ -288,3 +288,106 @@ def test_a_client_reset_ends_the_proxy_side_too(sock_path: Path) -> None:
         sock.close()
         assert ended.get(timeout=DEADLINE_S)
     server.close()
+
+
+# -- pass: the connection itself handed to the proxy (what the launcher uses) --------------------
+
+
+def adopt_and_echo(conn: socket.socket) -> None:
+    """The proxy's side of ``--copy pass``: one zero byte with the client's socket, then talk to it."""
+    data, fds, _, _ = socket.recv_fds(conn, 1, 1)
+    assert data == b"\0" and len(fds) == 1
+    with socket.socket(fileno=fds[0]) as client:
+        echo(client)
+
+
+def test_pass_hands_the_connection_itself_to_the_proxy(sock_path: Path) -> None:
+    server = UnixServer(sock_path, adopt_and_echo)
+    data = os.urandom(MIB)
+    try:
+        with forwarder(sock_path, copy="pass") as fwd, fwd.connect() as sock:
+            sender = threading.Thread(target=send_then_close, args=(sock, data))
+            sender.start()
+            echoed = read_all(sock)
+            sender.join()
+            assert eventually(lambda: threads_of(fwd.proc.pid) == 1)  # no relay thread: the proxy relays
+    finally:
+        server.close()
+    assert echoed == data
+
+
+def test_pass_without_a_proxy_resets_the_client(sock_path: Path) -> None:
+    with forwarder(sock_path, copy="pass") as fwd, fwd.connect() as sock:
+        assert sees_end(sock)
+
+
+def test_run_beside_a_command_listens_before_the_command_starts(sock_path: Path) -> None:
+    """``-- ARGV``: bound first, the command exec'd in the forwarder's own process, which the
+    forwarder outlives by nothing (it dies with the command)."""
+    server = UnixServer(sock_path, echo)
+    probe = (
+        "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5); "
+        "s.sendall(b'ping'); print(s.recv(4).decode())"
+    )
+    port = free_port()
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                PROGRAM,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--to",
+                str(sock_path),
+                "--",
+                sys.executable,
+                "-c",
+                probe,
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+            check=False,
+        )
+    finally:
+        server.close()
+    assert (done.returncode, done.stdout.strip()) == (0, "ping"), done.stderr
+    assert eventually(lambda: not listening(port))
+
+
+def test_run_beside_a_missing_command_exits_127(sock_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            PROGRAM,
+            "--listen",
+            "127.0.0.1:0",
+            "--to",
+            str(sock_path),
+            "--",
+            "/no/such/command",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert done.returncode == 127 and "/no/such/command" in done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
