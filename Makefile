@@ -20,11 +20,13 @@ $(STAMP): pyproject.toml
 # bubblewrap is the embedded default; Debian's python3-venv makes the venvs the installed-wheel,
 # ordinary-user and README tests build with /usr/bin/python3 (an interpreter the jail can see).
 # curl, git and pip are the clients the allowlist network tests drive in a bubblewrap jail (which
-# shows the host's /usr).
+# shows the host's /usr); as root, nftables makes the transparent network (its rules in each
+# call's own network namespace).
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	  for tool in curl git; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import pip" 2>/dev/null || missing="$$missing python3-pip"; \
+	  [ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
 	  [ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) $$missing; \

@@ -25,6 +25,8 @@ DESCRIPTIONS: dict[Guarantee, str] = {
     "net-none": "no network but a private loopback",
     "net-confined": "no network but a private loopback, or only the hosts an allowlist names (network.mode "
     "none or allowlist, never host)",
+    "net-transparent": "network.transparent: programs that ignore the proxy variables are filtered too (a veth "
+    "pair whose TCP 80/443 and DNS lead only to the proxy and a filtering DNS server; all else dropped)",
     "net-allowlist": "network.mode = allowlist: no route out but the host-side filtering proxy, which lets "
     "through only the allowed hosts (checked by name and address, never TLS-intercepted)",
     "tree-kill": "every process a call starts is killed on timeout, abort or close (pid namespace)",
@@ -99,6 +101,8 @@ class Report:
             needed.append("overlay")
         if profile is not None and profile.network.mode == "allowlist":
             needed.append("net-allowlist")
+        if profile is not None and profile.network.transparent:
+            needed.append("net-transparent")
         return {
             name: self.reasons.get(name, "not provided by this backend")
             for name in needed

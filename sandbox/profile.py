@@ -146,6 +146,13 @@ class Network(_Model):
     allow: tuple[EgressPattern, ...] = ()
     deny: tuple[EgressPattern, ...] = ()
     ask: bool = False
+    transparent: bool = False  # root, bwrap: programs that ignore the proxy variables are filtered too
+
+    @model_validator(mode="after")
+    def _transparent_needs_an_allowlist(self) -> Network:
+        if self.transparent and self.mode != "allowlist":
+            raise ValueError(f"network.transparent needs network.mode = 'allowlist', not {self.mode!r}")
+        return self
 
 
 class Limits(_Model):

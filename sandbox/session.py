@@ -208,17 +208,7 @@ class Sandbox:
 
     async def _ask_connect(self, host: str, port: int) -> Answer:
         call_id, turn_id = self._running_command()
-        request = ApprovalRequest(
-            session_id=self.session_id,
-            turn_id=turn_id,
-            tool_call_id=call_id,
-            tool="Network",
-            operation="connect",
-            resource=f"{host}:{port}",
-            reason=f"the command connects to {host}:{port}, which no network rule names",
-            rule_id="network.ask",
-            external=True,
-        )
+        request = ApprovalRequest.for_connection(self.session_id, host, port, turn_id=turn_id, tool_call_id=call_id)
         outcome = await decide(self.approver, request, float(self.profile.policy.approval_timeout_s))
         # Who refused, told apart (the proxy's ask-timeout and ask-unavailable): only a user says no.
         if outcome.decided_by == "timeout":

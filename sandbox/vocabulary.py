@@ -65,7 +65,7 @@ name did not resolve, no checked address accepted the connection, the upstream p
 time, or there was none (or it failed)."""
 VerdictReason = Literal["allowed", DenialReason]
 EgressRuleKind = Literal["name", "subdomains", "address"]
-ProxyProtocol = Literal["connect", "http", "socks5"]
+ProxyProtocol = Literal["connect", "http", "socks5", "transparent-http", "transparent-tls"]
 Lifecycle = Literal["session", "call"]
 Guarantee = Literal[
     "fs-readonly-root",
@@ -74,6 +74,7 @@ Guarantee = Literal[
     "net-none",
     "net-confined",
     "net-allowlist",
+    "net-transparent",
     "tree-kill",
     "memory-limit",
     "pids-limit",

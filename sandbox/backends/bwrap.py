@@ -119,6 +119,10 @@ class BwrapJail(local.LocalJail):
             cleanup_on_fail.callback(child.forget_root)
             cleanup_on_fail.callback(child.kill_root)
             confine.confine(init_pid, self.profile, group, "bwrap")
+            if self.egress is not None and self.egress.transparent:
+                # Its one way out, before its command runs: the veth pair, routes and rules.
+                with anyio.CancelScope(shield=True):
+                    await off_loop(self.egress.attach, init_pid)
             os.write(block_w, b"1")
             cleanup_on_fail.pop_all()
         return child
@@ -241,6 +245,10 @@ def _report() -> Report:
         report.grant(name, problem is None, problem or "")
     local.report_limits(report, "bwrap", problem)
     report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
+    from sandbox.network import netns
+
+    transparent = problem or netns.available()
+    report.grant("net-transparent", transparent is None, transparent or "")
     overlay = overlay_support()
     report.grant("overlay", overlay is None and problem is None, overlay or problem or "")
     return report

@@ -105,6 +105,7 @@ def _report() -> Report:
         "net-none",
         "net-confined",
         "net-allowlist",
+        "net-transparent",
         "no-new-privs",
         "non-root",
         "no-caps",

@@ -136,6 +136,7 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, abort, received)
             async with await backend.open_jail(workspace, prof) as jail:
+                _watch_network(jail, prof)
                 result = await executor.run(
                     jail,
                     calls.checked_argv(jail, argv),
@@ -155,6 +156,26 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
     if kept is not None and changes is not None:
         changes.changes = kept.changeset.changes  # as kept: an entry that could not be is never applicable
     return _report(args, prof, result, changes, kept, applied, received, backend.probe().limits_in_force(prof))
+
+
+def _watch_network(jail: base.Jail, prof: profiles.Profile) -> None:
+    """An allowlist run: each refused connection goes to the audit (``sandbox audit network``), and
+    with ``network.ask`` a host no rule names is asked about on the terminal, if stdin is one (it
+    is then not the command's); otherwise it is refused (``ask-unavailable``), never waited on."""
+    egress = jail.egress
+    if egress is None:
+        return
+    import dataclasses
+    import uuid
+
+    from sandbox.audit import AuditLog
+    from sandbox.policy.approvals import ApprovalRequest, TerminalApprover
+
+    run_id, log = f"run-{uuid.uuid4().hex[:12]}", AuditLog()
+    egress.listeners.append(lambda denial: log.record_denial(run_id, "", dataclasses.asdict(denial)))
+    if prof.network.ask and sys.stdin.isatty():
+        terminal = TerminalApprover()
+        egress.ask_with(lambda host, port: terminal.prompt(ApprovalRequest.for_connection(run_id, host, port)))
 
 
 async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_changes.Kept | None:

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import _jailside
 from sandbox.errors import BackendUnavailable, map_errors
+from sandbox.network import netns
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from sandbox.network.proxy import Denial, ProxyThread
+    from sandbox.network.proxy import Denial, EgressProxy, ProxyThread
     from sandbox.profile import Network
     from sandbox.vocabulary import Answer
 
@@ -69,6 +70,7 @@ class Egress:
         self.socket_dir: Path | None = None
         self.listeners: list[Callable[[Denial], None]] = []  # told of each denial, on a worker thread
         self._thread: ProxyThread | None = None
+        self._ports: netns.Ports | None = None
 
     @classmethod
     def start(cls, network: Network, ask_timeout: float = 130.0) -> Egress:
@@ -87,20 +89,49 @@ class Egress:
             try:
                 egress.socket_dir.chmod(0o755)  # the jail's uid (a container's too) connects to it
                 policy = EgressPolicy.from_patterns(network.allow, network.deny, ask=network.ask)
+                resolver = CachedResolver(resolver_from_env())
+                where = (netns.HOST_IP, 0) if network.transparent else None
                 proxy = EgressProxy(
                     policy,
                     unix_path=egress.socket_dir / SOCKET,
-                    resolver=CachedResolver(resolver_from_env()),
+                    resolver=resolver,
                     upstream=upstream_from_env(),
                     on_denial=egress._denied,
                     ask_timeout=ask_timeout,
+                    transparent_http=where,
+                    transparent_tls=where,
                 )
                 egress._thread = proxy.serve_in_thread()
                 os.chmod(egress.socket_dir / SOCKET, 0o666)
+                if network.transparent:
+                    egress._start_transparent(egress._thread, proxy)
             except BaseException:
                 egress.close()
                 raise
         return egress
+
+    def _start_transparent(self, thread: ProxyThread, proxy: EgressProxy) -> None:
+        """The filtering DNS server beside the proxy (its loop, its policy, its denials), and the
+        ports the jail's rules send TCP 80, 443 and DNS to."""
+        from sandbox.network.dnsfilter import FilteringDns
+
+        problem = netns.available()
+        if problem is not None:
+            raise BackendUnavailable(f"no transparent network here: {problem}")
+        dns = thread.run_beside(FilteringDns.beside(proxy, bind=(netns.HOST_IP, 0)))
+        http, tls, resolver = proxy.transparent_http_address, proxy.transparent_tls_address, dns.address
+        assert http is not None and tls is not None and resolver is not None  # all asked for and running
+        self._ports = netns.Ports(http=http[1], tls=tls[1], dns=resolver[1])
+
+    @property
+    def transparent(self) -> bool:
+        return self.network.transparent
+
+    def attach(self, pid: int) -> None:
+        """A transparent jail's call (or container), held before its command runs: its way out."""
+        if self._ports is None or not self.alive:
+            raise BackendUnavailable("the jail's transparent network is not running")
+        netns.attach(pid, self._ports)
 
     @property
     def denials(self) -> list[Denial]:
@@ -164,7 +195,7 @@ class Egress:
         """Stop the proxy: every relay ends, and a connection from the jail is refused; idempotent."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.close()
+            thread.close()  # the DNS server beside it too
 
     def close(self) -> None:
         """Stop the proxy and remove its socket directory; idempotent."""

@@ -16,6 +16,12 @@ is refused (``sni-mismatch``); TLS is never terminated. With an ``upstream`` pro
 judged the same but the upstream resolves it and connects: the address check is then the
 upstream's (its own, usually private, address is not checked).
 
+Transparent mode adds two TCP listeners for connections a jail's DNAT rules redirected here, which
+carry no proxy protocol: on the HTTP one an ordinary request whose Host header names the
+destination (its port, else 80), forwarded as above; on the TLS one a ClientHello whose SNI names
+the destination, on port 443 (no SNI, no destination: refused). They bind with ``IP_FREEBIND``,
+so their address (the host's end of a veth pair) need not exist yet.
+
 Once a connection is set up the two sockets leave the event loop for two relay threads, which
 move bytes with ``splice(2)`` through a pipe (no copy to user space); a close shuts both sockets
 down, so a client never keeps an open path to a proxy that has stopped.
@@ -35,10 +41,10 @@ import threading
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -57,9 +63,11 @@ from sandbox.vocabulary import Answer, DenialReason, ProxyProtocol
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
     from anyio.abc import TaskGroup, TaskStatus
+    from anyio.from_thread import BlockingPortal
 
     from sandbox.network.resolve import Resolver
 
@@ -79,6 +87,12 @@ _STATUS = {
     "upstream-failed": "502 Bad Gateway",
 }  # every other reason is the policy's: 403
 _SOCKS_REPLY = {"resolve-failed": 0x04, "connect-failed": 0x05, "upstream-failed": 0x01, "bad-request": 0x07}
+_TLS_ACCESS_DENIED = b"\x15\x03\x03\x00\x02\x02\x31"  # a fatal access_denied alert, before any ServerHello
+_NO_SNI = "(no server name)"
+"""The host of a transparent TLS connection's denial when its ClientHello names none (DNAT hid the address)."""
+_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Linux's value; the constant is in Python 3.12+
+_Role = Literal["unix", "tcp", "transparent-http", "transparent-tls"]
+_Handler = Callable[[socket.socket], Coroutine[Any, Any, None]]
 _HOP_BY_HOP = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
 
 
@@ -121,14 +135,44 @@ class _Refused(Exception):
 
     @classmethod
     def of(cls, host: str, port: int, verdict: Verdict) -> _Refused:
-        return cls(host, port, _denial_reason(verdict), verdict.rule, verdict.message)
+        return cls(host, port, denial_reason(verdict), verdict.rule, verdict.message)
 
 
-class EgressProxy:
+class Service:
+    """A server with ``start`` and ``aclose`` (run in one task: they hold a task group), as
+    ``async with`` or ``await task_group.start(service.serve)``."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def serve(self, *, task_status: TaskStatus[Self] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled."""
+        async with self:
+            task_status.started(self)
+            await anyio.sleep_forever()
+
+
+class EgressProxy(Service):
     """The filtering proxy; ``async with``, ``start``/``aclose``, ``serve`` or :meth:`serve_in_thread`.
 
     ``start`` and ``aclose`` must run in the same task (they hold a task group). ``upstream`` is an
     ``http://[user:pass@]host:port`` proxy to chain to (see :func:`upstream_from_env`).
+    ``transparent_http`` and ``transparent_tls`` are the addresses of the transparent listeners
+    (port 0 picks one; see the bound ones in :attr:`transparent_http_address` and
+    :attr:`transparent_tls_address`); ``transparent_tls_port`` is the port the redirected TLS
+    connections were made to, which DNAT hides (443, the only one redirected; tests name their server's).
     """
 
     def __init__(
@@ -137,6 +181,9 @@ class EgressProxy:
         *,
         unix_path: str | os.PathLike[str] | None = None,
         tcp: tuple[str, int] | None = None,
+        transparent_http: tuple[str, int] | None = None,
+        transparent_tls: tuple[str, int] | None = None,
+        transparent_tls_port: int = 443,
         resolver: Resolver | None = None,
         approver: Approver | None = None,
         ask_timeout: float = 60.0,
@@ -146,11 +193,16 @@ class EgressProxy:
         connect_timeout: float = 10.0,
         resolve_timeout: float = 10.0,
     ) -> None:
-        if unix_path is None and tcp is None:
+        if unix_path is None and tcp is None and transparent_http is None and transparent_tls is None:
             raise InvalidArgument("the egress proxy needs a unix socket path or a TCP address to listen on")
         self.policy = policy
         self.unix_path = None if unix_path is None else Path(unix_path)
-        self._tcp = tcp
+        self._tcp: dict[_Role, tuple[str, int] | None] = {
+            "tcp": tcp,
+            "transparent-http": transparent_http,
+            "transparent-tls": transparent_tls,
+        }
+        self.transparent_tls_port = transparent_tls_port
         self.resolver: Resolver = resolver or SystemResolver()
         self.approver, self.ask_timeout = approver, ask_timeout
         self.upstream = None if upstream is None else _Upstream.parse(upstream)
@@ -159,7 +211,7 @@ class EgressProxy:
         self.denials: list[Denial] = []
         self._grants: set[tuple[str, int]] = set()
         self._ask_locks: defaultdict[tuple[str, int], anyio.Lock] = defaultdict(anyio.Lock)
-        self._listeners: list[socket.socket] = []
+        self._listeners: dict[_Role, socket.socket] = {}
         self._relays: set[_Relay] = set()
         self._relays_lock = threading.Lock()
         self._tg: TaskGroup | None = None
@@ -168,8 +220,19 @@ class EgressProxy:
     @property
     def tcp_address(self) -> tuple[str, int] | None:
         """The TCP address actually bound (the port chosen when asked for 0), once started."""
-        tcp = [s for s in self._listeners if s.family != socket.AF_UNIX]
-        return None if not tcp else tcp[0].getsockname()[:2]
+        return self._bound("tcp")
+
+    @property
+    def transparent_http_address(self) -> tuple[str, int] | None:
+        return self._bound("transparent-http")
+
+    @property
+    def transparent_tls_address(self) -> tuple[str, int] | None:
+        return self._bound("transparent-tls")
+
+    def _bound(self, role: _Role) -> tuple[str, int] | None:
+        listener = self._listeners.get(role)
+        return None if listener is None else listener.getsockname()[:2]
 
     async def start(self) -> None:
         if self._tg is not None:
@@ -177,8 +240,14 @@ class EgressProxy:
         self._listeners = self._bind()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        for listener in self._listeners:
-            self._tg.start_soon(self._accept_loop, listener)
+        handlers = {
+            "unix": self._handle_unix,
+            "tcp": self._handle_tcp,
+            "transparent-http": self._handle_transparent_http,
+            "transparent-tls": self._handle_transparent_tls,
+        }
+        for role, listener in self._listeners.items():
+            self._tg.start_soon(self._accept_loop, self._tg, listener, handlers[role])
 
     async def aclose(self) -> None:
         """Stop accepting, end every handshake and every relay; clients see their connections close."""
@@ -196,49 +265,34 @@ class EgressProxy:
             with anyio.CancelScope(shield=True):  # the sockets are shut already; this waits for their close
                 await anyio.to_thread.run_sync(_join, relays, RELAY_JOIN_TIMEOUT)
 
-    async def __aenter__(self) -> EgressProxy:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def serve(self, *, task_status: TaskStatus[EgressProxy] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled; for ``await task_group.start(proxy.serve)``."""
-        async with self:
-            task_status.started(self)
-            await anyio.sleep_forever()
-
     def serve_in_thread(self) -> ProxyThread:
         """Start the proxy on an event loop of its own thread, for a synchronous caller."""
         with contextlib.ExitStack() as cleanup_on_fail:
             portal = cleanup_on_fail.enter_context(anyio.from_thread.start_blocking_portal())
             cleanup_on_fail.enter_context(portal.wrap_async_context_manager(self))
-            return ProxyThread(self, cleanup_on_fail.pop_all())
+            return ProxyThread(self, portal, cleanup_on_fail.pop_all())
 
-    def _bind(self) -> list[socket.socket]:
-        listeners: list[socket.socket] = []
+    def _bind(self) -> dict[_Role, socket.socket]:
+        listeners: dict[_Role, socket.socket] = {}
         with contextlib.ExitStack() as cleanup_on_fail, map_errors("egress proxy: cannot listen", BackendUnavailable):
             if self.unix_path is not None:
-                listeners.append(_listen_unix(self.unix_path))
-                cleanup_on_fail.callback(listeners[-1].close)
-            if self._tcp is not None:
-                listeners.append(_listen_tcp(*self._tcp))
+                listeners["unix"] = cleanup_on_fail.enter_context(_listen_unix(self.unix_path))
+            for role, address in self._tcp.items():
+                if address is not None:
+                    freebind = role != "tcp"  # a transparent address is the veth's, which may come later
+                    listeners[role] = cleanup_on_fail.enter_context(_listen_tcp(*address, freebind=freebind))
             cleanup_on_fail.pop_all()
         return listeners
 
     def _close_listeners(self) -> None:
-        listeners, self._listeners = self._listeners, []
+        listeners, self._listeners = list(self._listeners.values()), {}
         for listener in listeners:
             listener.close()
         if listeners and self.unix_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.unix_path.unlink()
 
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        assert self._tg is not None
+    async def _accept_loop(self, tg: TaskGroup, listener: socket.socket, handle: _Handler) -> None:
         while True:
             await anyio.wait_readable(listener)
             try:
@@ -250,13 +304,13 @@ class EgressProxy:
                 await anyio.sleep(0.05)
                 continue
             sock.setblocking(False)
-            if sock.family == socket.AF_UNIX:
-                self._tg.start_soon(self._handle_unix, sock)
-                continue
             _nodelay(sock)
-            self._tg.start_soon(self._handle, _Conn(sock))
+            tg.start_soon(handle, sock)
 
     # -- one connection ------------------------------------------------------------------------
+    async def _handle_tcp(self, sock: socket.socket) -> None:
+        await self._handle(_Conn(sock))
+
     async def _handle_unix(self, sock: socket.socket) -> None:
         """A connection on the unix socket: a byte stream, or a jail's forwarder handing over the
         jail's TCP connection itself (one zero byte with the descriptor), relayed with no extra hop."""
@@ -282,14 +336,17 @@ class EgressProxy:
         await self._handle(_Conn(client))
 
     async def _handle(self, client: _Conn) -> None:
+        await self._guarded(client, self._sniff)
+
+    async def _handle_transparent_http(self, sock: socket.socket) -> None:
+        await self._guarded(_Conn(sock), self._transparent_http)
+
+    async def _handle_transparent_tls(self, sock: socket.socket) -> None:
+        await self._guarded(_Conn(sock), self._transparent_tls)
+
+    async def _guarded(self, client: _Conn, serve: Callable[[_Conn], Awaitable[None]]) -> None:
         try:
-            with anyio.fail_after(HANDSHAKE_TIMEOUT):
-                if not client.buffer:
-                    await client.fill()
-            if client.buffer[0] == 0x05:
-                await self._socks(client)
-            else:
-                await self._http(client)
+            await serve(client)
         except (OSError, EOFError, TimeoutError):
             pass  # the client went away or stalled: nothing was opened for it
         except Exception:
@@ -297,15 +354,30 @@ class EgressProxy:
         finally:
             client.close()
 
-    async def _http(self, client: _Conn) -> None:
+    async def _sniff(self, client: _Conn) -> None:
+        """Tell the protocol by the first byte: SOCKS5 or HTTP."""
+        with anyio.fail_after(HANDSHAKE_TIMEOUT):
+            if not client.buffer:
+                await client.fill()
+        if client.buffer[0] == 0x05:
+            await self._socks(client)
+        else:
+            await self._http(client)
+
+    async def _transparent_http(self, client: _Conn) -> None:
+        await self._http(client, transparent=True)
+
+    async def _http(self, client: _Conn, *, transparent: bool = False) -> None:
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 head = await client.read_until(b"\r\n\r\n", HEAD_LIMIT)
             request = _HttpRequest.parse(head)
+            if request.method == "CONNECT" and transparent:
+                raise ValueError("CONNECT on the transparent HTTP port: the jail has no proxy to talk to here")
             if request.method == "CONNECT":
                 await self._http_connect(client, request)
             else:
-                await self._http_forward(client, request)
+                await self._http_forward(client, request, "transparent-http" if transparent else "http")
         except _Refused as refused:
             await self._deny(refused.denial)
             await client.send_all(_http_refusal(refused.denial))
@@ -321,9 +393,9 @@ class EgressProxy:
         finally:
             upstream.conn.close()
 
-    async def _http_forward(self, client: _Conn, request: _HttpRequest) -> None:
+    async def _http_forward(self, client: _Conn, request: _HttpRequest, protocol: ProxyProtocol) -> None:
         host, port, path = request.destination()
-        upstream = await self._open(host, port, "http")
+        upstream = await self._open(host, port, protocol)
         try:
             await upstream.conn.send_all(request.forwarded(path))
             await self._relay(client, upstream)
@@ -346,6 +418,22 @@ class EgressProxy:
         try:
             await client.send_all(_socks_reply(0x00))
             await self._tunnel(client, upstream, host, port)
+        finally:
+            upstream.conn.close()
+
+    async def _transparent_tls(self, client: _Conn) -> None:
+        """A redirected TLS connection: the ClientHello's SNI is the destination, on port 443."""
+        port = self.transparent_tls_port
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                host = await _read_sni(client, port)
+            upstream = await self._open(host, port, "transparent-tls")
+        except _Refused as refused:
+            await self._deny(refused.denial)
+            await client.send_all(_TLS_ACCESS_DENIED)  # curl and openssl print "access denied", not a bare EOF
+            return
+        try:
+            await self._relay(client, upstream)  # the buffered ClientHello goes first
         finally:
             upstream.conn.close()
 
@@ -439,7 +527,7 @@ class EgressProxy:
         for ip in addresses:
             check = self.policy.check_address(ip, port, name_rule=verdict.rule)
             if not check.allowed:
-                raise _Refused(host, port, _denial_reason(check), check.rule, f"{host}: {check.message}")
+                raise _Refused(host, port, denial_reason(check), check.rule, f"{host}: {check.message}")
         return addresses
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
@@ -505,8 +593,9 @@ class EgressProxy:
 class ProxyThread:
     """A proxy serving on its own thread's event loop; :meth:`close` stops it and ends every relay."""
 
-    def __init__(self, proxy: EgressProxy, stack: contextlib.ExitStack) -> None:
+    def __init__(self, proxy: EgressProxy, portal: BlockingPortal, stack: contextlib.ExitStack) -> None:
         self.proxy = proxy
+        self._portal = portal
         self._stack = stack
 
     @property
@@ -516,6 +605,11 @@ class ProxyThread:
     @property
     def denials(self) -> list[Denial]:
         return self.proxy.denials
+
+    def run_beside(self, service: AbstractAsyncContextManager[_S]) -> _S:
+        """Enter ``service`` (e.g. a :class:`~sandbox.network.dnsfilter.FilteringDns`) on the proxy's
+        event loop and thread; :meth:`close` exits it before it stops the proxy."""
+        return self._stack.enter_context(self._portal.wrap_async_context_manager(service))
 
     def close(self) -> None:
         self._stack.close()
@@ -544,6 +638,7 @@ def upstream_from_env(env: Mapping[str, str] | None = None) -> str | None:
 
 # -- the pieces: a socket with a buffer, the relay, parsers -----------------------------------------
 _E = TypeVar("_E", Denial, Connected)
+_S = TypeVar("_S")
 
 
 @dataclass(frozen=True)
@@ -683,21 +778,50 @@ async def _first_speaker(client: _Conn, server: _Conn) -> _Conn:
     return first[0]
 
 
+async def _hello_sni(client: _Conn) -> str | None:
+    """The server name of the client's ClientHello, read whole (across records and segments).
+
+    Raises ``NotClientHello`` when the client speaks no TLS, ``ValueError`` for a malformed one.
+    """
+    while True:
+        if not client.buffer:
+            await client.fill()
+        try:
+            return client_hello_sni(bytes(client.buffer))
+        except IncompleteHello:
+            await client.fill()
+
+
+async def _read_sni(client: _Conn, port: int) -> str:
+    """The host a transparent TLS connection's ClientHello names; :class:`_Refused` (``bad-request``) if none."""
+    try:
+        sni = await _hello_sni(client)
+    except NotClientHello:
+        raise _no_sni(port, "the connection does not begin with a TLS ClientHello") from None
+    except ValueError as exc:
+        raise _no_sni(port, f"malformed TLS ClientHello: {exc}") from None
+    if sni is None:
+        raise _no_sni(port, "the TLS ClientHello names no server (SNI)")
+    try:
+        return _normal_host(sni)
+    except ValueError as exc:
+        raise _no_sni(port, f"the TLS server name is unusable: {exc}") from None
+
+
+def _no_sni(port: int, why: str) -> _Refused:
+    message = f"{why}; a redirected TLS connection is judged by its server name (SNI), so connect by name"
+    return _Refused(_NO_SNI, port, "bad-request", None, message)
+
+
 async def _check_sni(client: _Conn, host: str, port: int) -> None:
     """Read the client's ClientHello (if it sends TLS) and refuse an SNI that names another host."""
-    with anyio.fail_after(HANDSHAKE_TIMEOUT):
-        while True:
-            if not client.buffer:
-                await client.fill()
-            try:
-                sni = client_hello_sni(bytes(client.buffer))
-                break
-            except NotClientHello:
-                return
-            except IncompleteHello:
-                await client.fill()
-            except ValueError as exc:
-                raise _Refused(host, port, "bad-request", None, f"malformed TLS ClientHello: {exc}") from None
+    try:
+        with anyio.fail_after(HANDSHAKE_TIMEOUT):
+            sni = await _hello_sni(client)
+    except NotClientHello:
+        return
+    except ValueError as exc:
+        raise _Refused(host, port, "bad-request", None, f"malformed TLS ClientHello: {exc}") from None
     if sni is not None and sni.rstrip(".").lower() != host.rstrip(".").lower():
         raise _Refused(host, port, "sni-mismatch", None, f"the tunnel to {_where(host, port)} carries TLS for {sni!r}")
 
@@ -786,16 +910,39 @@ def _listen_unix(path: Path) -> socket.socket:
     return _listen(sock, str(path))
 
 
-def _listen_tcp(host: str, port: int) -> socket.socket:
+def _listen_tcp(host: str, port: int, *, freebind: bool = False) -> socket.socket:
+    sock = bind_socket(host, port, socket.SOCK_STREAM, freebind=freebind)
+    return _listen(sock, None)
+
+
+def bind_socket(host: str, port: int, kind: socket.SocketKind, *, freebind: bool) -> socket.socket:
+    """A non-blocking TCP or UDP socket bound to ``host`` (an IP address) and ``port``.
+
+    ``freebind`` (``IP_FREEBIND``) lets it bind an address no interface has yet: a transparent
+    listener's address is the host's end of a veth pair that may be created after it.
+    """
     ip = literal_address(host)
-    sock = socket.socket(socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    return _listen(sock, (host, port))
-
-
-def _listen(sock: socket.socket, address: str | tuple[str, int]) -> socket.socket:
+    if ip is None:
+        raise OSError(errno.EINVAL, f"{host!r} is not an IP address")
+    sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, kind)
     try:
-        sock.bind(address)
+        if kind == socket.SOCK_STREAM:  # not for UDP, where it would let a second server share the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if freebind:
+            sock.setsockopt(socket.SOL_IP, _IP_FREEBIND, 1)
+        sock.bind((str(ip), port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen(sock: socket.socket, address: str | None) -> socket.socket:
+    """Bind (unless bound already: ``address`` is ``None``) and listen, non-blocking."""
+    try:
+        if address is not None:
+            sock.bind(address)
         sock.listen(socket.SOMAXCONN)
         sock.setblocking(False)
     except BaseException:
@@ -813,7 +960,8 @@ def _where(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _denial_reason(verdict: Verdict) -> DenialReason:
+def denial_reason(verdict: Verdict) -> DenialReason:
+    """A refusing verdict's reason as a denial's (``not-allowed`` for an allowed one refused without a grant)."""
     return "not-allowed" if verdict.reason == "allowed" else verdict.reason
 
 

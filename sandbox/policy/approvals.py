@@ -51,6 +51,23 @@ class ApprovalRequest:
     external: bool = False
     allow_session: bool = True  # whether "allow for this session" may be offered
 
+    @classmethod
+    def for_connection(
+        cls, session_id: str, host: str, port: int, *, turn_id: str = "", tool_call_id: str = ""
+    ) -> ApprovalRequest:
+        """A jail's connection to a host no network rule names (``network.ask``), while it waits."""
+        return cls(
+            session_id=session_id,
+            turn_id=turn_id,
+            tool_call_id=tool_call_id,
+            tool="Network",
+            operation="connect",
+            resource=f"{host}:{port}",
+            reason=f"the command connects to {host}:{port}, which no network rule names",
+            rule_id="network.ask",
+            external=True,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ApprovalOutcome:
@@ -112,9 +129,10 @@ class TerminalApprover(Approver):
         self.stdout = stdout or sys.stderr
 
     async def ask(self, request: ApprovalRequest) -> Answer:
-        return await anyio.to_thread.run_sync(self._prompt, request, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(self.prompt, request, abandon_on_cancel=True)
 
-    def _prompt(self, request: ApprovalRequest) -> Answer:
+    def prompt(self, request: ApprovalRequest) -> Answer:
+        """The blocking question itself (for a caller already on a worker thread)."""
         choices = "[o]nce / [s]ession / [d]eny" if request.allow_session else "[o]nce / [d]eny"
         where = " (outside the workspace)" if request.external else ""
         self.stdout.write(

@@ -12,8 +12,10 @@ address explicitly besides the names: a name resolving to a private address is o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
@@ -326,16 +328,16 @@ def ask_profile(tmp_path: Path, timeout_s: int = 120) -> Path:
     return path
 
 
-@pytest.mark.bwrap
 @pytest.mark.parametrize(
     ("answer", "reason"),
     [({"decision": "allow-once"}, None), ({"decision": "deny"}, "ask-denied")],
     ids=["allowed", "denied"],
 )
 async def test_an_unknown_host_is_put_to_the_client(
-    lab: NetLab, workspace: Path, tmp_path: Path, answer: dict[str, str], reason: str | None
+    net_backend: base.Backend, lab: NetLab, workspace: Path, tmp_path: Path, answer: dict[str, str], reason: str | None
 ) -> None:
-    backend_or_skip("bwrap")
+    if net_backend.name == "docker":
+        own_like_a_checkout(workspace)
     async with rpc_client.serve() as client:
         client.answer = answer
         profile = ask_profile(tmp_path)
@@ -343,7 +345,7 @@ async def test_an_unknown_host_is_put_to_the_client(
             "session.open",
             {
                 "workspace": str(workspace),
-                "backend": "bwrap",
+                "backend": net_backend.name,
                 "mode": "auto",
                 "profile": str(profile),
                 "allow_hosts": lab_address(lab),
@@ -389,3 +391,96 @@ async def test_an_unanswered_question_times_out_and_no_ui_never_hangs(
     async with Sandbox.open(workspace, profile=profile, mode="auto") as box:  # unattended: nobody to ask
         alone = await box.call("Bash", {"command": command})
     assert not alone.ok and "(ask-unavailable)" in alone.content, alone.content
+
+
+# -- transparent: programs that ignore the proxy variables (root: a veth pair per call) ----------
+
+NO_PROXY_ENV = dict.fromkeys(("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"), "")
+
+
+@pytest.fixture
+async def transparent_jail(net_backend: base.Backend, workspace: Path, lab: NetLab) -> AsyncIterator[base.Jail]:
+    if lab.loopback_only:
+        pytest.skip("the transparent mode's tests need the namespace lab: root creates it (pyroute2)")
+    backend = net_backend
+    if backend.name == "docker":
+        own_like_a_checkout(workspace)
+    missing = backend.probe().missing(
+        (), make_profile("default", **{"network.mode": "allowlist", "network.transparent": True})
+    )
+    if missing:
+        pytest.skip(f"no transparent network here: {missing}")
+    profile = make_profile(
+        "default",
+        **{
+            "network.mode": "allowlist",
+            "network.transparent": True,
+            "network.allow": [*on_ports(lab, "allowed.test"), *on_ports(lab, "*.allowed.test"), *lab_address(lab)],
+        },
+    )
+    async with await backend.open_jail(workspace, profile) as jail:
+        yield jail
+
+
+@pytest.mark.root
+async def test_transparent_filters_programs_that_ignore_the_proxy_variables(
+    transparent_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]
+) -> None:
+    script = (
+        f"curl -sSf --noproxy '*' {lab.http_url('allowed.test', '/hello.txt')} && "
+        f"curl -sSf --noproxy '*' {lab.https_url('allowed.test', '/hello.txt')} && "
+        "python3 -c 'import socket; print(socket.gethostbyname(\"sub.allowed.test\"))' && "
+        "{ python3 -c 'import socket; socket.gethostbyname(\"other.test\")' 2>/dev/null || echo other-unresolved; } && "
+        f"{{ curl -sS --noproxy '*' -m 5 -H 'Host: other.test' {lab.http_url(None, '/hello.txt')} || true; }} && "
+        f"{{ curl -sS --noproxy '*' -m 5 {lab.http_url(None, '/hello.txt', port=lab.alt_port)} 2>/dev/null "
+        "|| echo alt-port-refused; }"
+    )
+    result = await sh(transparent_jail, script, {**ca_env, **NO_PROXY_ENV})
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [HELLO.decode().strip()] * 2, result
+    assert lines[2] == lab.address, result
+    assert "other-unresolved" in lines and "alt-port-refused" in lines, result
+    refused = {(host, port, reason) for host, port, reason in denied(result)}
+    assert ("other.test", 53, "not-allowed") in refused, refused
+    assert ("other.test", lab.http_port, "not-allowed") in refused, refused  # by its Host header
+
+
+@pytest.mark.root
+async def test_transparent_drops_other_udp_and_tcp(transparent_jail: base.Jail, lab: NetLab) -> None:
+    probe = (
+        "import socket\n"
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)\n"
+        "try:\n"
+        f"    u.sendto(b'x', ({lab.address!r}, 9999)); u.recv(10); print('udp-open')\n"
+        "except OSError as e: print('udp-' + type(e).__name__)\n"
+        "t = socket.socket(); t.settimeout(3)\n"
+        f"print('tcp-' + str(t.connect_ex(({lab.address!r}, 22))))\n"
+    )
+    result = await sh(transparent_jail, 'python3 -c "$PROBE"', {"PROBE": probe, **NO_PROXY_ENV})
+    assert result.exit_code == 0 and "open" not in result.stdout, result
+    assert "tcp-0" not in result.stdout, result
+
+
+@pytest.mark.bwrap
+def test_sandbox_run_prints_and_audits_each_denial(lab: NetLab, workspace: Path) -> None:
+    """The CLI's contract: --allow-host implies allowlist, the JSON names the network and its
+    denials, the text mode adds one line per refused host, and the audit keeps them."""
+    backend_or_skip("bwrap")
+    allow = [
+        arg for pattern in [*on_ports(lab, "allowed.test"), *lab_address(lab)] for arg in ("--allow-host", pattern)
+    ]
+    run = [rpc_client.SANDBOX, "run", "--backend", "bwrap", "--workspace", str(workspace), *allow]
+    command = ["--", "curl", "-sSf", lab.http_url("other.test", "/hello.txt")]
+    as_json = subprocess.run([*run, "--json", *command], capture_output=True, text=True, check=False, timeout=60)
+    out = json.loads(as_json.stdout)
+    assert out["network"]["mode"] == "allowlist" and f"allowed.test:{lab.http_port}" in out["network"]["allow"]
+    assert [(d["host"], d["reason"]) for d in out["network"]["denials"]] == [("other.test", "not-allowed")]
+    text = subprocess.run([*run, *command], capture_output=True, text=True, check=False, timeout=60)
+    assert text.returncode == 22
+    assert f"sandbox: connection to other.test:{lab.http_port} refused (not-allowed)" in text.stderr, text.stderr
+    audit = subprocess.run(
+        [rpc_client.SANDBOX, "audit", "network", "--json"], capture_output=True, text=True, check=True, timeout=60
+    )
+    rows = json.loads(audit.stdout)["denials"]
+    assert [(r["host"], r["reason"]) for r in rows] == [("other.test", "not-allowed")] * 2
+    assert all(r["session_id"].startswith("run-") for r in rows)

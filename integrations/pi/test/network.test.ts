@@ -4,9 +4,10 @@
  * Nothing leaves the machine: the refused host is refused before any name is resolved.
  */
 import assert from "node:assert/strict";
-import { rmSync } from "node:fs";
+import { rmSync, writeFileSync } from "node:fs";
+import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import type { NetworkDenial } from "../src/protocol.ts";
+import type { ApprovalRequest, NetworkDenial } from "../src/protocol.ts";
 import { SandboxSession } from "../src/session.ts";
 import { SANDBOX_BIN, tempDir } from "./helpers.ts";
 
@@ -42,6 +43,36 @@ describe("network allowlist", () => {
 				denials.map((d) => [d.host, d.port, d.reason]),
 				[["denied.example", 80, "not-allowed"]],
 			);
+		} finally {
+			await session.close();
+		}
+	});
+
+	it("with network.ask a host no rule names is put to pi's approver, with the running call's id", async () => {
+		const profile = path.join(workspace, "ask.toml");
+		writeFileSync(profile, 'requires = []\n[network]\nmode = "allowlist"\nask = true\n');
+		const asked: ApprovalRequest[] = [];
+		const session = await SandboxSession.open({
+			bin: SANDBOX_BIN,
+			workspace,
+			mode: "auto",
+			backend: "bwrap",
+			profile,
+			env: { ...process.env, SANDBOX_DATA_DIR: dataDir },
+		});
+		try {
+			const result = await session.call(
+				"Bash",
+				{ command: "curl -sSf http://unlisted.example/" },
+				{ idPrefix: "net", approver: (request) => (asked.push(request), "deny") },
+			);
+			assert.equal(result.ok, false);
+			assert.match(result.content, /refused \(ask-denied\)/);
+			assert.deepEqual(
+				asked.map((r) => [r.tool, r.operation, r.resource]),
+				[["Network", "connect", "unlisted.example:80"]],
+			);
+			assert.match(asked[0]?.tool_call_id ?? "", /^net:/);
 		} finally {
 			await session.close();
 		}

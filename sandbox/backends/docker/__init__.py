@@ -111,7 +111,7 @@ class DockerBackend(Backend):
         user = exec_user(profile, workspace)
         uid_gid(user)
         host_files(profile)  # a refused env.files entry fails here, before a client or a copy exists
-        jail = await _new_jail(workspace, profile, user, scratch, egress.socket_dir if egress else None)
+        jail = await _new_jail(workspace, profile, user, scratch, egress)
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             # The jail owns the client and the copy now; its aclose shields itself from cancellation.
             cleanup_on_fail.push_async_callback(jail.aclose)
@@ -125,7 +125,7 @@ class DockerBackend(Backend):
 
 
 async def _new_jail(
-    workspace: Path, profile: Profile, user: str, scratch: Path | None, egress_dir: Path | None
+    workspace: Path, profile: Profile, user: str, scratch: Path | None, egress: Egress | None
 ) -> DockerJail:
     """A jail of the profile's lifecycle, with its client and its private copy; nothing started."""
     client = await anyio.to_thread.run_sync(connect)
@@ -137,7 +137,7 @@ async def _new_jail(
         tree = await CopyTree.prepare(workspace, exclude=profile.mount.exclude) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
-        jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch, egress_dir)
+        jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch, egress)
         cleanup_on_fail.pop_all()
     return jail
 
@@ -199,6 +199,10 @@ def _grant_limits(report: Report, info: dict[str, Any]) -> None:
 def _probe_report(client: docker.DockerClient) -> Report:
     info: dict[str, Any] = client.info()
     report = Report("docker", True)
+    from sandbox.network import netns
+
+    transparent = netns.available()
+    report.grant("net-transparent", transparent is None, transparent or "")
     report.details.update(
         server=info.get("ServerVersion"),
         host=client.api.base_url,

@@ -12,9 +12,11 @@ import uuid
 from abc import abstractmethod
 from typing import TYPE_CHECKING
 
+import anyio
 import anyio.to_thread
 
-from sandbox.backends.base import Jail
+from sandbox.backends.base import Jail, off_loop
+from sandbox.backends.docker.client import run_sync
 from sandbox.backends.docker.config import container_config
 from sandbox.backends.docker.gc import remove_jail_containers
 
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
 
     import docker
 
+    from sandbox.backends.docker.runtime import Runtime
     from sandbox.mounts import CopyTree
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 
@@ -40,13 +44,14 @@ class DockerJail(Jail):
         tree: CopyTree | None,
         user: str,
         scratch: Path | None = None,
-        egress_dir: Path | None = None,
+        egress: Egress | None = None,
     ) -> None:
         self.client = client
         self.workspace = workspace
         self.profile = profile
         self.tree = tree
         self.user = user
+        self.egress = egress
         self.id = uuid.uuid4().hex[:12]
         self._config = container_config(
             profile,
@@ -56,7 +61,7 @@ class DockerJail(Jail):
             scratch,
             agent_user=user if self.agent else None,
             untracked=tree.untracked if tree is not None else (),
-            egress_dir=egress_dir,
+            egress_dir=egress.socket_dir if egress is not None else None,
         )
 
     @property
@@ -66,6 +71,14 @@ class DockerJail(Jail):
 
     async def start(self) -> None:
         """Start what the jail runs before its first call."""
+
+    async def _way_out(self, runtime: Runtime) -> None:
+        """A transparent jail's container: its veth pair and rules, before any command of it runs."""
+        if self.egress is None or not self.egress.transparent:
+            return
+        pid = await run_sync("cannot find the container's process", runtime.pid)
+        with anyio.CancelScope(shield=True):
+            await off_loop(self.egress.attach, pid)
 
     @abstractmethod
     def _release_calls(self) -> None:

@@ -208,6 +208,7 @@ class PerCallJail(DockerJail):
         )
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             cleanup_on_fail.push_async_callback(_remove, runtime)
+            await self._way_out(runtime)
             proc = await self._exec(runtime, argv, env, cwd, stdin)
             cleanup_on_fail.pop_all()
         return proc

@@ -63,6 +63,11 @@ class Runtime:
             cleanup_on_fail.pop_all()
         return cls(client, container, user), sock
 
+    def pid(self) -> int:
+        """The host pid of the container's first process (its namespaces are the container's)."""
+        self.container.reload()
+        return int(self.container.attrs["State"]["Pid"])
+
     def exec_start(self, argv: list[str], env: dict[str, str], cwd: str, stdin: bool) -> tuple[str, Any]:
         created = self.client.api.exec_create(
             self.id,

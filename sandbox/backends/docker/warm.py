@@ -323,6 +323,7 @@ class WarmJail(DockerJail):
         )
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             cleanup_on_fail.push_async_callback(_remove, runtime)
+            await self._way_out(runtime)
             self._link = AgentLink(sock)
             cleanup_on_fail.pop_all()
         self._warm = runtime
