@@ -164,10 +164,13 @@ class Limits(_Model):
     tmp_size: PositiveSize | None = parse_size("256MiB")
     nofile: int | None = Field(1024, ge=16)
     capture_bytes: Size = Field(parse_size("1MiB"), ge=1024)
+    # What a server streams to its client while a call runs (sandbox.live): per stream, and both.
+    live_stream_bytes: Size = Field(parse_size("1MiB"), ge=1024)
+    live_total_bytes: Size = Field(parse_size("1MiB"), ge=1024)
 
     def in_force(self) -> dict[str, int | float | None]:
         """The limits a call runs under (``None``: not limited), as ``--json`` reports them."""
-        return self.model_dump(exclude={"capture_bytes"})
+        return self.model_dump(exclude={"capture_bytes", "live_stream_bytes", "live_total_bytes"})
 
 
 class Timeouts(_Model):

@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -31,7 +31,8 @@ from sandbox.audit import AuditLog
 from sandbox.backends.base import off_loop
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
-from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver
+from sandbox.live import LiveOutput
+from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
 from sandbox.protocol import PROTOCOL, initialize_result
 from sandbox.session import Sandbox, SessionOptions
 from sandbox.tools.params import REGISTRY
@@ -130,6 +131,8 @@ class ChangesApplyParams(ChangesShowParams):
 
 class ApprovalAnswer(_Params):
     decision: Answer
+    # "nobody": the client has no one to ask (no UI); its "deny" is then no one's decision.
+    answered_by: Literal["user", "nobody"] = "user"
 
 
 class ToolOutput(_Params):
@@ -219,7 +222,10 @@ class RpcApprover(Approver):
     async def ask(self, request: ApprovalRequest) -> Answer:
         params = {k: getattr(request, k) for k in ApprovalRequest.__dataclass_fields__}
         reply = await self.server.request("approval.request", params)
-        return ApprovalAnswer.model_validate(reply).decision
+        answer = ApprovalAnswer.model_validate(reply)
+        if answer.answered_by == "nobody":
+            raise NoOneToAsk("the client has no one to ask")
+        return answer.decision
 
 
 class Server:
@@ -384,35 +390,45 @@ class Server:
         sandbox = self._session(p.session_id)
         call_id = p.tool_call_id or ""
         abort = self.aborts.setdefault(call_id, anyio.Event())
+        limits = sandbox.profile.limits
+        live = LiveOutput(
+            self._output(call_id),
+            self._withheld(call_id),
+            per_stream=limits.live_stream_bytes,
+            total=limits.live_total_bytes,
+        )
         try:
-            result = await sandbox.call(
-                p.tool,
-                p.args,
-                tool_call_id=call_id,
-                turn_id=p.turn_id,
-                abort=abort,
-                on_stdout=self._output(call_id, "stdout"),
-                on_stderr=self._output(call_id, "stderr"),
-            )
+            async with anyio.create_task_group() as streaming:
+                streaming.start_soon(live.run)
+                result = await sandbox.call(
+                    p.tool,
+                    p.args,
+                    tool_call_id=call_id,
+                    turn_id=p.turn_id,
+                    abort=abort,
+                    on_stdout=live.callback("stdout"),
+                    on_stderr=live.callback("stderr"),
+                )
+                await live.finish()  # every kept byte goes out before the result
         finally:
             self.aborts.pop(call_id, None)
+        if p.tool == "Bash":
+            result.details["live"] = live.summary()
         return result.model_dump()
 
-    def _output(self, call_id: str, stream: Stream) -> Callable[[bytes], Awaitable[None]]:
-        async def send(chunk: bytes) -> None:
-            await self.writer.send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "tool.output",
-                    "params": {
-                        "tool_call_id": call_id,
-                        "stream": stream,
-                        "data": chunk.decode("utf-8", errors="replace"),
-                    },
-                }
-            )
+    def _output(self, call_id: str) -> Callable[[Stream, bytes], Awaitable[None]]:
+        async def send(stream: Stream, chunk: bytes) -> None:
+            params = {"tool_call_id": call_id, "stream": stream, "data": chunk.decode("utf-8", errors="replace")}
+            await self.writer.send({"jsonrpc": "2.0", "method": "tool.output", "params": params})
 
         return send
+
+    def _withheld(self, call_id: str) -> Callable[[dict[Stream, int]], Awaitable[None]]:
+        async def notice(counts: dict[Stream, int]) -> None:
+            params = {"tool_call_id": call_id, "withheld": counts}
+            await self.writer.send({"jsonrpc": "2.0", "method": "tool.output.withheld", "params": params})
+
+        return notice
 
     def _denied(self, event: dict[str, Any]) -> None:
         """A connection an allowlist refused: ``network.denied`` goes out as it happens."""

@@ -29,10 +29,15 @@ if TYPE_CHECKING:
 ANSWERS: frozenset[str] = frozenset(get_args(Answer))
 
 USER_DENIED = "the user denied permission"
+NO_ONE_ASKED = "no one could be asked: the call was refused (fail closed)"
 
 
 class ApprovalUnavailable(Exception):
     """Raised by an approver whose channel is gone (no terminal, UI disconnected)."""
+
+
+class NoOneToAsk(ApprovalUnavailable):
+    """Raised by an approver whose channel works but has no one behind it (a client with no UI)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,8 @@ async def decide(approver: Approver, request: ApprovalRequest, timeout: float) -
         if not _approver_cancelled_itself():
             raise
         return _denied("cancelled", "the approval was cancelled; the call was denied", start)
+    except NoOneToAsk as exc:
+        return _denied("unattended", f"{NO_ONE_ASKED} ({exc})", start)
     except (ApprovalUnavailable, EOFError, ConnectionError) as exc:
         return _denied("disconnected", f"no one could approve the call ({exc or type(exc).__name__}); denied", start)
     except Exception as exc:  # fail closed: an approver bug must not become a permission
@@ -174,11 +181,7 @@ def _outcome(approver: Approver, answer: object, start: float) -> ApprovalOutcom
     if not isinstance(answer, str) or answer not in ANSWERS:
         return _denied("invalid", f"the approver gave an invalid answer ({answer!r}); denied", start)
     if answer == "deny":
-        reason = (
-            USER_DENIED
-            if approver.who == "user"
-            else "no one is attending this session, so calls that need approval are denied"
-        )
+        reason = USER_DENIED if approver.who == "user" else f"{NO_ONE_ASKED} (no one attends this session)"
         return ApprovalOutcome("deny", approver.who, reason, _ms(start))
     granted: Answer = "allow-session" if answer == "allow-session" else "allow-once"
     return ApprovalOutcome(granted, approver.who, f"approved by the {approver.who} ({granted})", _ms(start))

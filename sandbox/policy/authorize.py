@@ -62,6 +62,8 @@ async def authorize(
         state.grant_session(call.name)
     elif outcome.answer == "deny":
         state.note_denied(call.turn_id, call.name, decision.resource)
+    # Only a question someone could see was a prompt: not an unattended refusal, nor a dead channel.
+    prompted = outcome.decided_by in ("user", "timeout", "cancelled", "invalid")
     return Authorization(
-        decision, outcome.allowed, outcome.decided_by, outcome.reason, outcome.answer, True, outcome.wait_ms
+        decision, outcome.allowed, outcome.decided_by, outcome.reason, outcome.answer, prompted, outcome.wait_ms
     )

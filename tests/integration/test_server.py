@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
+from sandbox.audit import AuditLog
 from sandbox.profile import MAX_TIMEOUT_S
 from tests.conftest import backend_or_skip, survivors
 from tests.rpc_client import SANDBOX, Client, serve
@@ -164,3 +165,87 @@ def test_one_registry_serves_and_describes_the_methods() -> None:
         assert opened[key]["anyOf"][0]["enum"] == list(get_args(words)), key
     answer = schema["server_requests"]["approval.request"]["result"]["properties"]["decision"]
     assert answer["enum"] == list(get_args(Answer))
+
+
+async def test_refusals_say_who_refused(client: Client, workspace: Path) -> None:
+    """A user's no, a client with no one to ask, and an unanswerable reply read differently, in the
+    result and in the audit (``decided_by``, ``prompted``) that ``sandbox audit stats`` counts."""
+    sid = await open_session(client, workspace, mode="ask")
+    outcomes = {}
+    for call_id, answer in (
+        ("by-user", {"decision": "deny"}),
+        ("by-nobody", {"decision": "deny", "answered_by": "nobody"}),
+        ("garbled", {"decision": "maybe"}),
+    ):
+        client.answer = answer
+        reply = await client.call(
+            "tool.call",
+            {
+                "session_id": sid,
+                "tool": "Write",
+                "tool_call_id": call_id,
+                "turn_id": call_id,
+                "args": {"path": f"{call_id}.txt", "content": "x"},
+            },
+        )
+        outcomes[call_id] = reply["result"]
+    assert all(r["error_code"] == "TOOL_DENIED" for r in outcomes.values())
+    assert "the user denied permission" in outcomes["by-user"]["content"]
+    assert "no one could be asked: the call was refused (fail closed)" in outcomes["by-nobody"]["content"]
+    assert "user" not in outcomes["by-nobody"]["content"]
+    records = (await client.call("audit.query", {"session_id": sid}))["result"]["records"]
+    seen = {r["tool_call_id"]: (r["decided_by"], r["prompted"]) for r in records}
+    assert seen == {"by-user": ("user", True), "by-nobody": ("unattended", False), "garbled": ("error", False)}
+    assert AuditLog().stats()["by_decided_by"] == {"user": 1, "unattended": 1, "error": 1}
+
+
+async def test_a_flood_streams_the_budget_then_one_notice_and_the_capture_is_whole(
+    client: Client, workspace: Path
+) -> None:
+    sid = await open_session(client, workspace)
+    reply = await client.call(
+        "tool.call",
+        {"session_id": sid, "tool": "Bash", "tool_call_id": "flood", "args": {"command": "head -c 64M /dev/zero"}},
+    )
+    result = reply["result"]
+    streamed = client.output("flood", "stdout")
+    assert len(streamed) == 1 << 20  # the profile's live budget, not 64 MiB of JSON
+    [notice] = [e["params"] for e in client.events if e["method"] == "tool.output.withheld"]
+    assert notice["tool_call_id"] == "flood" and notice["withheld"]["stdout"] > 0
+    live = result["details"]["live"]
+    assert live["stdout"] == {"streamed": 1 << 20, "withheld": (64 << 20) - (1 << 20)}
+    assert result["details"]["stdout_bytes"] == 64 << 20  # the capture counts everything
+
+
+async def test_small_writes_are_coalesced_into_few_messages(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace)
+    await client.call(
+        "tool.call", {"session_id": sid, "tool": "Bash", "tool_call_id": "lines", "args": {"command": "seq 1 5000"}}
+    )
+    messages = [n for n in client.notes if n["tool_call_id"] == "lines"]
+    assert "".join(n["data"] for n in messages) == "".join(f"{i}\n" for i in range(1, 5001))
+    assert len(messages) < 50, len(messages)
+
+
+async def test_a_client_that_does_not_read_never_holds_the_command_up(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace)
+    marker = workspace / "finished"
+    command = f"head -c 32M /dev/urandom; touch {marker}"
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "slow",
+            "method": "tool.call",
+            "params": {"session_id": sid, "tool": "Bash", "tool_call_id": "slow", "args": {"command": command}},
+        }
+    )
+    # Nothing is read from the server meanwhile: its pipe to us fills, the command goes on.
+    with anyio.fail_after(60):
+        while not marker.exists():
+            await anyio.sleep(0.05)
+    with anyio.fail_after(60):
+        while True:
+            message = json.loads(await client.lines.receive_until(b"\n", 1 << 26))
+            if message.get("id") == "slow":
+                break
+    assert message["result"]["details"]["stdout_bytes"] == 32 << 20

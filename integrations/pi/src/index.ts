@@ -19,7 +19,11 @@ import type {
 } from "@earendil-works/pi-coding-agent";
 import type { TSchema } from "typebox";
 import {
+	type AgentToolResult,
 	createBashToolDefinition,
+	DEFAULT_MAX_BYTES,
+	DEFAULT_MAX_LINES,
+	truncateTail,
 	createEditToolDefinition,
 	createFindToolDefinition,
 	createGrepToolDefinition,
@@ -38,9 +42,18 @@ import {
 	createSandboxWriteOperations,
 	type SandboxCallContext,
 } from "./operations.ts";
-import type { ApprovalDecision, ApprovalRequest, Backend, MountStrategy, NetworkMode, PermissionMode, SessionCloseResult } from "./protocol.ts";
+import type {
+	ApprovalDecision,
+	ApprovalRequest,
+	Backend,
+	MountStrategy,
+	NetworkMode,
+	PermissionMode,
+	SessionCloseResult,
+	ToolResult,
+} from "./protocol.ts";
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
-import { type Approver, defaultSandboxBin, SandboxSession } from "./session.ts";
+import { type Approver, defaultSandboxBin, NO_ONE, SandboxSession } from "./session.ts";
 
 export { SandboxClient } from "./client.ts";
 export * from "./errors.ts";
@@ -48,7 +61,7 @@ export { executeSandboxGrep } from "./grep.ts";
 export * from "./operations.ts";
 export type * from "./protocol.ts";
 export { countsLine, keptMessage, type ReviewContext, type ReviewOutcome, reviewChangeset, reviewText } from "./review.ts";
-export { type Approver, denyAll, SandboxSession, type SandboxSessionOptions } from "./session.ts";
+export { type Approver, type ApprovalVerdict, denyAll, NO_ONE, SandboxSession, type SandboxSessionOptions } from "./session.ts";
 
 export interface SandboxExtensionConfig {
 	bin: string;
@@ -110,10 +123,10 @@ class DialogQueue {
 	}
 }
 
-/** Without a dialog-capable UI (print and JSON modes) every approval is denied. */
+/** Without a dialog-capable UI (print and JSON modes) there is no one to ask: every approval is refused as such. */
 export function createUiApprover(ctx: Pick<ExtensionContext, "hasUI" | "ui">, queue = new DialogQueue()): Approver {
 	return (request, signal) => {
-		if (!ctx.hasUI) return "deny";
+		if (!ctx.hasUI) return NO_ONE;
 		return queue.run(async (): Promise<ApprovalDecision> => {
 			if (signal.aborted) return "deny";
 			const options = request.allow_session === false ? [ALLOW_ONCE, DENY] : [ALLOW_ONCE, ALLOW_SESSION, DENY];
@@ -123,6 +136,59 @@ export function createUiApprover(ctx: Pick<ExtensionContext, "hasUI" | "ui">, qu
 			return "deny";
 		});
 	};
+}
+
+// -- what the model reads of a bash call ----------------------------------------------------------
+
+type Stream = "stdout" | "stderr";
+
+/** One stream's tail within its share of pi's output limits, and a note when anything is left out. */
+function streamText(server: ToolResult, stream: Stream, share: number): { text: string; note?: string } {
+	const raw = typeof server.details[stream] === "string" ? (server.details[stream] as string) : "";
+	const cut = truncateTail(raw, { maxBytes: Math.floor(DEFAULT_MAX_BYTES * share), maxLines: Math.floor(DEFAULT_MAX_LINES * share) });
+	const total = typeof server.details[`${stream}_bytes`] === "number" ? (server.details[`${stream}_bytes`] as number) : cut.totalBytes;
+	const captured = server.details[`${stream}_truncated`] === true;
+	if (!cut.truncated && !captured) return { text: cut.content };
+	return { text: cut.content, note: `[${stream}: the last ${cut.outputBytes} of ${total} bytes are shown]` };
+}
+
+/**
+ * pi's bash result, with stdout and stderr told apart for the model when the command wrote to
+ * stderr: `[stderr]` marks where it begins, each stream keeps its tail (stdout three quarters of
+ * pi's limits, stderr a quarter) and says when it was cut; `structuredContent` gains `stdout` and
+ * `stderr`. A command that wrote only to stdout keeps pi's own text.
+ */
+export function streamsApart<T>(result: AgentToolResult<T>, server: ToolResult | undefined): AgentToolResult<T> {
+	const stderr = server?.details.stderr;
+	if (!server || typeof stderr !== "string" || stderr === "") return result;
+	const out = streamText(server, "stdout", 0.75);
+	const err = streamText(server, "stderr", 0.25);
+	const parts = [out.text.replace(/\n$/, ""), `[stderr]\n${err.text.replace(/\n$/, "")}`].filter((p) => p !== "");
+	const notes = [out.note, err.note].filter((n): n is string => n !== undefined);
+	const original = result.content.map((block) => (block.type === "text" ? block.text : "")).join("\n");
+	const status = /\n\n(Command exited with code \d+)$/.exec(original)?.[1];
+	const text = [parts.join("\n\n"), ...notes, ...(status ? [status] : [])].join("\n\n");
+	const structured = result.structuredContent;
+	const stdout = typeof server.details.stdout === "string" ? server.details.stdout : "";
+	const apart = structured && typeof structured === "object" && !Array.isArray(structured) ? { ...structured, stdout, stderr } : structured;
+	return { ...result, content: [{ type: "text", text }], ...(apart === undefined ? {} : { structuredContent: apart }) };
+}
+
+// -- failures without a UI ------------------------------------------------------------------------
+
+const said = new Set<string>();
+
+/**
+ * Without a UI (print and JSON modes) nobody sees a notice: a sandbox that cannot start, a bad
+ * flag value or a lost server is written to stderr, once, and pi exits non-zero (pi's print mode
+ * leaves `process.exitCode` alone when its own run succeeded). The model still reads why each
+ * call failed.
+ */
+export function loud(message: string): void {
+	if (said.has(message)) return;
+	said.add(message);
+	process.stderr.write(`sandbox: ${message}\n`);
+	process.exitCode = 1;
 }
 
 // -- the session's lifetime -----------------------------------------------------------------------
@@ -145,6 +211,7 @@ class SandboxManager {
 			this.session = undefined;
 			ctx.ui.setStatus("sandbox", "sandbox: DOWN");
 			if (ctx.hasUI) ctx.ui.notify(`Sandbox server lost; tools are disabled. /sandbox restart starts a new one.\n${this.lost.message}`, "error");
+			else loud(`the sandbox server was lost; every later sandboxed tool call fails: ${this.lost.message}`);
 		}
 		if (this.lost) {
 			throw new SandboxUnavailableError(`${this.lost.message}\nThe sandboxed tools stay disabled until /sandbox restart.`);
@@ -315,10 +382,16 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	register(createEditToolDefinition(cwd), (c, ctx) => inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(c) })));
 	register(createLsToolDefinition(cwd), (c, ctx) => createLsToolDefinition(ctx.cwd, { operations: createSandboxLsOperations(c) }));
 	register(createFindToolDefinition(cwd), (c, ctx) => createFindToolDefinition(ctx.cwd, { operations: createSandboxFindOperations(c) }));
-	// PI_* variables are not forwarded into the jail, so pi's hint about them is left out.
-	register(createBashToolDefinition(cwd, { exposeSessionEnvironment: false }), (c, ctx) =>
-		createBashToolDefinition(ctx.cwd, { operations: createSandboxBashOperations(c), exposeSessionEnvironment: false }),
-	);
+	// PI_* variables are not forwarded into the jail, so pi's hint about them is left out. pi's bash
+	// merges the two streams; the model gets them apart (streamsApart) from the server's result.
+	register(createBashToolDefinition(cwd, { exposeSessionEnvironment: false }), (c, ctx) => {
+		let server: ToolResult | undefined;
+		const operations = createSandboxBashOperations(c, { onResult: (result) => (server = result) });
+		const tool = createBashToolDefinition(ctx.cwd, { operations, exposeSessionEnvironment: false });
+		return {
+			execute: async (...args) => streamsApart(await tool.execute(...args), server),
+		};
+	});
 	register(createGrepToolDefinition(cwd), (c, ctx) => ({
 		execute: (_id: string, params: GrepToolInput, signal: AbortSignal | undefined) => executeSandboxGrep(c, ctx.cwd, params, signal),
 	}));
@@ -337,6 +410,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		} catch (error) {
 			ctx.ui.setStatus("sandbox", "sandbox: DOWN");
 			if (ctx.hasUI) ctx.ui.notify(`Sandbox unavailable; the sandboxed tools will fail until it starts.\n${(error as Error).message}`, "error");
+			else loud(`the sandbox is unavailable; every sandboxed tool call fails: ${(error as Error).message}`);
 		}
 	});
 

@@ -37,9 +37,15 @@ import {
  * ended, e.g. because the server's approval timeout denied it, or the user aborted the call).
  * Throwing, or answering anything but a decision, counts as deny.
  */
-export type Approver = (request: ApprovalRequest, signal: AbortSignal) => Promise<ApprovalDecision> | ApprovalDecision;
+export type Approver = (request: ApprovalRequest, signal: AbortSignal) => Promise<ApprovalVerdict> | ApprovalVerdict;
 
-export const denyAll: Approver = () => "deny";
+/** An approver's answer: a decision, or `NO_ONE` when there is nobody to ask (no UI): the server
+ * then refuses the call as no one's decision, not as a user's denial. */
+export type ApprovalVerdict = ApprovalDecision | typeof NO_ONE;
+export const NO_ONE = "no-one" as const;
+
+/** Used when the caller gives no approver: there is no one to ask. */
+export const denyAll: Approver = () => NO_ONE;
 
 export interface SandboxSessionOptions {
 	workspace: string;
@@ -254,7 +260,7 @@ export class SandboxSession {
 		await this.client.request("changes.discard", { changeset_id: id }, { timeoutMs: CHANGES_TIMEOUT_MS });
 	}
 
-	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision }> {
+	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision; answered_by?: "nobody" }> {
 		const request = parseApprovalRequest(params);
 		if (!request || request.session_id !== this.info.session_id) return { decision: "deny" };
 		const route = this.routes.get(request.tool_call_id);
@@ -262,6 +268,7 @@ export class SandboxSession {
 		if (!route) return { decision: "deny" };
 		try {
 			const decision = await route.approver(request, route.done.signal);
+			if (decision === NO_ONE) return { decision: "deny", answered_by: "nobody" };
 			if (!APPROVAL_DECISIONS.includes(decision)) return { decision: "deny" };
 			if (route.done.signal.aborted) return { decision: "deny" };
 			if (decision === "allow-session" && request.allow_session === false) return { decision: "allow-once" };

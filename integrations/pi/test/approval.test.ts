@@ -71,9 +71,21 @@ describe("approvals (mode ask)", () => {
 
 		const headless = fakeUi("Allow once", false);
 		const write3 = createWriteTool(sb.workspace, { operations: createSandboxWriteOperations(sb.ctx(createUiApprover(headless.ctx))) });
-		await write3.execute("a5", { path: "headless.txt", content: "x" }).catch(() => undefined);
+		const refused = await write3.execute("a5", { path: "headless.txt", content: "x" }).then(
+			(r) => assert.fail(`wrote: ${text(r)}`),
+			(e: Error) => e,
+		);
 		assert.equal(existsSync(path.join(sb.workspace, "headless.txt")), false);
 		assert.equal(headless.asked.length, 0);
+		// Nobody was asked, and the refusal says so: not "the user denied permission".
+		assert.match(refused.message, /no one could be asked: the call was refused \(fail closed\)/);
+		assert.doesNotMatch(refused.message, /user denied/);
+		const { records } = await sb.session.client.request<{ records: Array<Record<string, unknown>> }>("audit.query", {
+			session_id: sb.session.info.session_id,
+		});
+		const row = records.find((r) => String(r.tool_call_id).startsWith("test:") && String(r.args_preview).includes("headless.txt"));
+		assert.ok(row, JSON.stringify(records));
+		assert.deepEqual([row.decided_by, row.prompted], ["unattended", false]);
 		await sb.close();
 	});
 

@@ -1,0 +1,93 @@
+/**
+ * What the model sees, through pi's real agent loop (a scripted model on loopback): stdout and
+ * stderr told apart in a bash result, each stream's truncation said; and headless failures that
+ * are loud (stderr, a non-zero exit) instead of a silent exit 0.
+ */
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { rmSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { after, before, describe, it } from "node:test";
+import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, piHome, type Reply } from "./fake-model.ts";
+import { SANDBOX_BIN, tempDir } from "./helpers.ts";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const extensionDir = path.resolve(here, "..");
+const piCli = path.join(extensionDir, "node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js");
+
+interface Ran {
+	code: number | null;
+	stdout: string;
+	stderr: string;
+}
+
+async function piPrint(workspace: string, home: string, dataDir: string, flags: string[]): Promise<Ran> {
+	const child = spawn(
+		process.execPath,
+		[piCli, "-p", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL, ...flags, "go"],
+		{
+			cwd: workspace,
+			env: { ...process.env, HOME: home, SANDBOX_BIN, SANDBOX_DATA_DIR: dataDir, SANDBOX_MODE: "auto" },
+			stdio: ["ignore", "pipe", "pipe"],
+		},
+	);
+	let stdout = "";
+	let stderr = "";
+	child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+	child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+	const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+	return { code, stdout, stderr };
+}
+
+describe("what the model sees", () => {
+	let workspace: string;
+	let home: string;
+	let dataDir: string;
+	before(() => {
+		workspace = tempDir("pi-view-ws-");
+		home = tempDir("pi-view-home-");
+		dataDir = tempDir("pi-view-data-");
+	});
+	after(() => {
+		for (const dir of [workspace, home, dataDir]) rmSync(dir, { recursive: true, force: true });
+	});
+
+	it("bash results keep stdout and stderr apart, and say when a stream was cut", async () => {
+		const replies: Reply[] = [
+			{ toolCalls: [{ name: "bash", args: { command: "echo out; echo err >&2; exit 3" } }] },
+			{ toolCalls: [{ name: "bash", args: { command: "echo only-out" } }] },
+			{ toolCalls: [{ name: "bash", args: { command: "echo small; seq 1 100000 >&2" } }] },
+			{ text: "done" },
+		];
+		const model = await FakeModel.start(replies);
+		try {
+			piHome(home, model);
+			const ran = await piPrint(workspace, home, dataDir, []);
+			assert.equal(ran.code, 0, ran.stderr);
+			const [mixed, plain, flood] = model.toolResults();
+			assert.match(mixed ?? "", /^out\n\n\[stderr\]\nerr\n\nCommand exited with code 3$/, mixed);
+			assert.equal(plain?.trim(), "only-out"); // stdout only: pi's own text
+			assert.match(flood ?? "", /^small\n\n\[stderr\]\n/);
+			assert.match(flood ?? "", /\[stderr: the last \d+ of 588895 bytes are shown\]/);
+			assert.match(flood ?? "", /\n100000\n/); // the tail of stderr, not its head
+		} finally {
+			await model.close();
+		}
+	});
+
+	it("headless, a sandbox that cannot start is said once on stderr and pi exits non-zero", async () => {
+		const model = await FakeModel.start([{ toolCalls: [{ name: "bash", args: { command: "true" } }] }, { text: "done" }]);
+		try {
+			piHome(home, model);
+			const missing = await piPrint(workspace, home, dataDir, ["--sandbox-bin", path.join(workspace, "no-such-sandbox")]);
+			assert.notEqual(missing.code, 0, missing.stderr);
+			assert.equal(missing.stderr.match(/^sandbox: the sandbox is unavailable/gm)?.length, 1, missing.stderr);
+			const invalid = await piPrint(workspace, home, dataDir, ["--sandbox-mode", "yolo"]);
+			assert.notEqual(invalid.code, 0, invalid.stderr);
+			assert.match(invalid.stderr, /^sandbox: .*sandbox mode=yolo is not one of ask, accept-edits, auto/m);
+		} finally {
+			await model.close();
+		}
+	});
+});
