@@ -4,40 +4,14 @@
  * are loud (stderr, a non-zero exit) instead of a silent exit 0.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { rmSync } from "node:fs";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
-import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, piHome, type Reply } from "./fake-model.ts";
+import { FakeModel, type PiRun, piHome, piPrint, type Reply } from "./fake-model.ts";
 import { SANDBOX_BIN, tempDir } from "./helpers.ts";
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const extensionDir = path.resolve(here, "..");
-const piCli = path.join(extensionDir, "node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js");
-
-interface Ran {
-	code: number | null;
-	stdout: string;
-	stderr: string;
-}
-
-async function piPrint(workspace: string, home: string, dataDir: string, flags: string[]): Promise<Ran> {
-	const child = spawn(
-		process.execPath,
-		[piCli, "-p", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL, ...flags, "go"],
-		{
-			cwd: workspace,
-			env: { ...process.env, HOME: home, SANDBOX_BIN, SANDBOX_DATA_DIR: dataDir, SANDBOX_MODE: "auto" },
-			stdio: ["ignore", "pipe", "pipe"],
-		},
-	);
-	let stdout = "";
-	let stderr = "";
-	child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-	child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-	const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
-	return { code, stdout, stderr };
+async function run(workspace: string, home: string, dataDir: string, flags: string[]): Promise<PiRun> {
+	return piPrint(workspace, { ...process.env, HOME: home, SANDBOX_BIN, SANDBOX_DATA_DIR: dataDir, SANDBOX_MODE: "auto" }, "go", flags);
 }
 
 describe("what the model sees", () => {
@@ -63,7 +37,7 @@ describe("what the model sees", () => {
 		const model = await FakeModel.start(replies);
 		try {
 			piHome(home, model);
-			const ran = await piPrint(workspace, home, dataDir, []);
+			const ran = await run(workspace, home, dataDir, []);
 			assert.equal(ran.code, 0, ran.stderr);
 			const [mixed, plain, flood] = model.toolResults();
 			assert.match(mixed ?? "", /^out\n\n\[stderr\]\nerr\n\nCommand exited with code 3$/, mixed);
@@ -80,10 +54,10 @@ describe("what the model sees", () => {
 		const model = await FakeModel.start([{ toolCalls: [{ name: "bash", args: { command: "true" } }] }, { text: "done" }]);
 		try {
 			piHome(home, model);
-			const missing = await piPrint(workspace, home, dataDir, ["--sandbox-bin", path.join(workspace, "no-such-sandbox")]);
+			const missing = await run(workspace, home, dataDir, ["--sandbox-bin", path.join(workspace, "no-such-sandbox")]);
 			assert.notEqual(missing.code, 0, missing.stderr);
 			assert.equal(missing.stderr.match(/^sandbox: the sandbox is unavailable/gm)?.length, 1, missing.stderr);
-			const invalid = await piPrint(workspace, home, dataDir, ["--sandbox-mode", "yolo"]);
+			const invalid = await run(workspace, home, dataDir, ["--sandbox-mode", "yolo"]);
 			assert.notEqual(invalid.code, 0, invalid.stderr);
 			assert.match(invalid.stderr, /^sandbox: .*sandbox mode=yolo is not one of ask, accept-edits, auto/m);
 		} finally {

@@ -4,10 +4,12 @@
  * (tool calls or text), and records every request body (what pi sent the model: the tool
  * results included). `piHome()` writes a HOME whose `~/.pi/agent/models.json` points pi at it.
  */
+import { spawn } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 
 export type Reply = { toolCalls: Array<{ name: string; args: Record<string, unknown> }> } | { text: string };
 
@@ -94,4 +96,25 @@ export function piHome(home: string, model: FakeModel): void {
 		models: [{ id: FAKE_MODEL }],
 	};
 	writeFileSync(path.join(agent, "models.json"), JSON.stringify({ providers: { [FAKE_PROVIDER]: provider } }));
+}
+
+const extensionDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+export const PI_CLI = path.join(extensionDir, "node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js");
+
+export interface PiRun {
+	code: number | null;
+	stdout: string;
+	stderr: string;
+}
+
+/** `pi -p PROMPT` with this extension and the fake model, as a user runs it headless. */
+export async function piPrint(cwd: string, env: NodeJS.ProcessEnv, prompt: string, flags: string[] = []): Promise<PiRun> {
+	const argv = [PI_CLI, "-p", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL];
+	const child = spawn(process.execPath, [...argv, ...flags, prompt], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+	let stdout = "";
+	let stderr = "";
+	child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+	child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+	const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+	return { code, stdout, stderr };
 }

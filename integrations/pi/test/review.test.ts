@@ -13,12 +13,11 @@ import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import type { AgentToolResult, ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
 import sandboxExtension from "../src/index.ts";
-import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, piHome, type Reply } from "./fake-model.ts";
+import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, PI_CLI, piHome, piPrint, type Reply } from "./fake-model.ts";
 import { SANDBOX_BIN, tempDir, waitFor } from "./helpers.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const extensionDir = path.resolve(here, "..");
-const piCli = path.join(extensionDir, "node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js");
 
 type Message = Record<string, unknown>;
 
@@ -64,16 +63,7 @@ describe("pi's agent loop in an untrusted session: review, then apply", () => {
 	});
 
 	it("headless (-p): the model's write lands in the private copy, is kept under an id, and applies later", async () => {
-		const child = spawn(process.execPath, [piCli, "-p", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL, "write hello"], {
-			cwd: dirs.workspace,
-			env: untrustedEnv(dirs),
-			stdio: ["ignore", "pipe", "pipe"],
-		});
-		let stdout = "";
-		let stderr = "";
-		child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-		child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-		const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+		const { code, stdout, stderr } = await piPrint(dirs.workspace, untrustedEnv(dirs), "write hello");
 		assert.equal(code, 0, stderr);
 		assert.match(stdout, /I wrote hello\.txt/);
 		// The model was told where its write went; the workspace is untouched.
@@ -96,7 +86,7 @@ describe("pi's agent loop in an untrusted session: review, then apply", () => {
 		const again = await FakeModel.start(WRITE_HELLO);
 		const home = tempDir("pi-review-rpc-home-");
 		piHome(home, again);
-		const child = spawn(process.execPath, [piCli, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL], {
+		const child = spawn(process.execPath, [PI_CLI, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir, "--provider", FAKE_PROVIDER, "--model", FAKE_MODEL], {
 			cwd: dirs.workspace,
 			env: { ...untrustedEnv(dirs), HOME: home },
 		});
