@@ -349,11 +349,15 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	const dialogs = new DialogQueue();
 	const cwd = process.cwd();
 
+	// One turn per user prompt (seed 004: a denied call is not asked again in the same turn).
+	const turns = { count: 0 };
+	const turnId = (): string => `pi-turn-${turns.count}`;
 	const callContext = (ctx: ExtensionContext, signal: AbortSignal | undefined, idPrefix: string): SandboxCallContext => ({
 		session: () => manager.ensure(ctx),
 		approver: createUiApprover(ctx, dialogs),
 		signal,
 		idPrefix,
+		turnId: turnId(),
 	});
 
 	// Each override keeps pi's own definition (schema, prompt text, renderers) and swaps the operations.
@@ -438,6 +442,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	});
 
 	pi.on("before_agent_start", (event) => {
+		if (event.messageType !== "custom") turns.count += 1; // a user's prompt opens a turn
 		const info = manager.current?.info;
 		if (!info) return undefined;
 		const note =

@@ -32,6 +32,8 @@ export interface SandboxCallContext {
 	signal?: AbortSignal;
 	/** Prefix of the server-side tool_call_id, e.g. pi's tool call id. */
 	idPrefix?: string;
+	/** The turn the call belongs to (one per user prompt): the server forgets a denial at the next. */
+	turnId?: string;
 }
 
 /** A pi-style client deadline: the tool's own timeout plus room for an approval dialog. */
@@ -56,6 +58,7 @@ export async function callSandbox(
 	return session.call(tool, args, {
 		approver: ctx.approver,
 		idPrefix: ctx.idPrefix,
+		turnId: ctx.turnId,
 		signal: extra.signal ?? ctx.signal,
 		onOutput: extra.onOutput,
 		timeoutMs: extra.timeoutMs ?? DEFAULT_TOOL_TIMEOUT_S * 1000 + APPROVAL_ROOM_MS,

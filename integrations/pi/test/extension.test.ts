@@ -169,4 +169,25 @@ describe("the pi extension", () => {
 
 		await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 	});
+
+	it("turns are real: a call denied in one turn is not asked again in it, but is in the next", async () => {
+		const { tools, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
+		const { ctx, asked } = fakeContext(workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const write = tools.get("write");
+			assert.ok(write);
+			const attempt = (id: string) => write.execute(id, { path: "turned.txt", content: "x" }, undefined, undefined, ctx).catch((e: Error) => e);
+			await emit("before_agent_start", { type: "before_agent_start", messageType: "user", prompt: "one", systemPrompt: "" }, ctx);
+			assert.match(String(await attempt("t1")), /TOOL_DENIED/);
+			assert.match(String(await attempt("t2")), /already denied this call in this turn/);
+			assert.equal(asked.length, 1);
+			await emit("before_agent_start", { type: "before_agent_start", messageType: "user", prompt: "two", systemPrompt: "" }, ctx);
+			assert.match(String(await attempt("t3")), /TOOL_DENIED/);
+			assert.equal(asked.length, 2, "a new turn asks again");
+			assert.equal(existsSync(path.join(workspace, "turned.txt")), false);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
 });
