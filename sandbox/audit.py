@@ -33,11 +33,21 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 PREVIEW_CHARS = 400
 REDACTED = "[REDACTED]"
+_BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
 
 _SECRET_NAME = (
     r"[A-Za-z0-9_.-]*(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
     r"|private[_-]?key|credential|auth|session[_-]?id|cookie|signature|salt|dsn)[A-Za-z0-9_.-]*"
 )
+_DONE = r"\"?\[REDACTED\]"
+_SCHEME = r"(?:bearer|basic|token|digest|negotiate|ntlm|aws4-hmac-sha256)"
+# A header whose name says it carries a secret: X-Api-Key, X-Goog-Api-Key, X-Auth-Token, Private-Token,
+# Cookie. One hyphen at least (or an X- prefix, or Cookie): a bare "token: parsing" in prose is left alone.
+_HEADER_NAME = (
+    r"(?:(?:set-)?cookie|x-[a-z0-9-]*(?:key|token|secret|auth|pass(?:word)?|signature|session|credential)s?[a-z0-9-]*"
+    r"|[a-z0-9]+(?:-[a-z0-9]+)*-(?:api-?key|key|token|secret|auth|signature|session))"
+)
+_MYSQL = r"(?:mysql[a-z]*|mariadb(?:-[a-z]+)?)"  # mysql, mysqldump, mysqladmin, mariadb-dump …
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
@@ -47,15 +57,19 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         "[REDACTED PRIVATE KEY]",
     ),
-    (
-        re.compile(
-            r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(?:(bearer|basic|token|digest)\s+)?"
-            r"[^\s'\",;]+"
-        ),
-        rf"\1\2\3 {REDACTED}",
-    ),
+    # Authorization: Bearer x, Proxy-Authorization=Basic x (the scheme stays readable)
+    (re.compile(rf"(?i)\b((?:proxy-)?authorization\s*[:=]\s*{_SCHEME}\s+)[^\s'\",;]+"), rf"\1{REDACTED}"),
+    (re.compile(rf"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)(?!{_SCHEME}\s)[^\s'\",;]+"), rf"\1{REDACTED}"),
+    # X-Api-Key: x, X-Auth-Token: x, Private-Token: x, Cookie: a=1; b=2: the value runs to a quote or the line's end
+    (re.compile(rf"(?im)\b({_HEADER_NAME}[ \t]*:[ \t]*)[^\s'\"][^\r\n'\"]*"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {REDACTED}"),
-    (re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@'\"]+):[^@\s'\"]+@"), rf"\1:{REDACTED}@"),
+    # scheme://user:password@host, also with an empty user (redis://:pw@) and an @ inside the password
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^\s'\"/?#]+@"), rf"\1:{REDACTED}@"),
+    # passwords glued to a flag or after one: mysql -pSECRET, sshpass -p SECRET, curl -u user:SECRET
+    (re.compile(rf"(?i)(\b{_MYSQL}\b[^\n;&|]*?\s-p)(?=[^\s;&|])[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(?i)(\bsshpass\b[^\n;&|]*?\s-p\s*)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(?i)(\bredis-cli\b[^\n;&|]*?\s-a\s+)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(?i)(\bcurl\b[^\n;&|]*?\s(?:-u\s*|--user[ =])['\"]?[^\s:;&|'\"]*:)[^\s;&|'\"]+"), rf"\1{REDACTED}"),
     (
         re.compile(
             r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
@@ -66,16 +80,26 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         REDACTED,
     ),
-    # "password": "x" and password: x (JSON, YAML, headers)
+    # "password": "x", 'token': 'x' and password: x (JSON, Python, YAML); a header the patterns above
+    # already redacted is left as it is
     (
-        re.compile(rf"(?im)((?:^\s*{_SECRET_NAME}|\"{_SECRET_NAME}\")\s*:\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}}]+)"),
+        re.compile(
+            rf"(?im)((?:^\s*{_SECRET_NAME}|([\"']){_SECRET_NAME}\2)\s*:\s*)(?!{_DONE}|{_SCHEME}\s+{_DONE})"
+            r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}]+)"
+        ),
         rf'\1"{REDACTED}"',
     ),
     # NAME=value, export NAME=value, --password=value, --token value
     (re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|]+)"), rf"\1{REDACTED}"),
     (re.compile(rf"(?i)(--?{_SECRET_NAME}\s+)(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;&|-][^\s;&|]*)"), rf"\1{REDACTED}"),
-    # Long high-entropy runs (mixed letters and digits) are treated as keys even without a name.
-    (re.compile(r"\b(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{40,}={0,2}"), REDACTED),
+    # Long high-entropy runs (mixed letters and digits) are treated as keys even without a name. A run
+    # that starts with / or inside a path or word is a path: an approval card must show it as it is.
+    (
+        re.compile(
+            r"(?<![\w/.~+-])(?![/+])(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{40,}={0,2}"
+        ),
+        REDACTED,
+    ),
 )
 
 
@@ -104,8 +128,22 @@ def args_digest(args: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def body_summary(body: Any) -> dict[str, Any]:
+    """What the audit keeps of a file body (Write's content, Edit's edits): its digest and size, never the text."""
+    raw = body.encode() if isinstance(body, str) else json.dumps(body, sort_keys=True, default=str).encode()
+    summary: dict[str, Any] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+    if isinstance(body, list):
+        summary["count"] = len(body)
+    return summary
+
+
 def args_preview(args: Mapping[str, Any]) -> str:
-    text = json.dumps(redact_value(args), sort_keys=True, default=str, ensure_ascii=False)
+    """The redacted, bounded JSON of a call's arguments; a file body is replaced by :func:`body_summary`."""
+    # By key, not by tool: a Write refused before validation still carries its content. The summary
+    # skips redaction, which would take its hex digest for a key.
+    shown = redact_value({k: v for k, v in args.items() if k not in _BODY_KEYS})
+    shown.update({k: body_summary(v) for k, v in args.items() if k in _BODY_KEYS})
+    text = json.dumps(shown, sort_keys=True, default=str, ensure_ascii=False)
     # Redact again after truncation would be useless; truncate after redacting so a cut cannot
     # split a secret into an unrecognisable (and so unredacted) half.
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
@@ -319,4 +357,13 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-__all__ = ["AuditLog", "AuditRecord", "args_digest", "args_preview", "asdict", "redact", "redact_value"]
+__all__ = [
+    "AuditLog",
+    "AuditRecord",
+    "args_digest",
+    "args_preview",
+    "asdict",
+    "body_summary",
+    "redact",
+    "redact_value",
+]

@@ -39,6 +39,7 @@ from sandbox.policy.authorize import Authorization, authorize
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.rules import RuleStore
 from sandbox.tools import params as tool_params
+from sandbox.tools.replies import grep_text
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
 
 if TYPE_CHECKING:
@@ -306,8 +307,8 @@ class Sandbox:
         details, content = reply["details"], reply["content"]
         if "paths" in details:
             content, details = _listing(self.gate, details)
-        elif "hits" in details:
-            content, details = _hits(self.gate, details, call.params)
+        elif "mode" in details:  # a Grep reply, in whichever output mode it was asked for
+            content, details = grep_text(details, self.gate.paths.readable, getattr(call.params, "pattern", ""))
         result_root = auth.decision.root
         record = None
         if reply["ok"] and call.name in _REVIEWED and result_root == "workspace":
@@ -362,7 +363,9 @@ class Sandbox:
 
     def _audit(self, call: ToolCall, auth: Authorization, result: ToolResult, started: float, ran_at: float) -> None:
         now = time.monotonic()
-        duration = (now - ran_at) * 1000
+        # Refused by the gate, the approver or the target recheck: the tool body never ran.
+        refused = not auth.allowed or result.details.get("rule_id") == "path.changed"
+        duration = 0.0 if refused else (now - ran_at) * 1000
         total = (now - started) * 1000
         overhead = max(0.0, total - duration - auth.wait_ms)
         self.audit.record(
@@ -504,19 +507,3 @@ def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if details.get("truncated"):
         text += f"\n[{details['count']} matches; showing the first {len(paths)}; narrow the pattern]"
     return text, details
-
-
-def _hits(gate: Gate, details: dict[str, Any], params: BaseModel) -> tuple[str, dict[str, Any]]:
-    allowed: dict[str, bool] = {}
-    lines = []
-    kept = []
-    for path, number, is_match, text in details["hits"]:
-        if allowed.setdefault(path, gate.paths.readable(path)):
-            sep = ":" if is_match else "-"
-            lines.append(f"{path}{sep}{number}{sep}{text}")
-            kept.append([path, number, is_match, text])
-    details["hits"] = kept
-    content = "\n".join(lines) if lines else f"no matches for /{getattr(params, 'pattern', '')}/"
-    if details.get("truncated"):
-        content += f"\n[more than {details['matches']} matches; showing the first ones; narrow the search]"
-    return content, details

@@ -19,7 +19,10 @@ from sandbox.backends import base
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
+
+    from sandbox.backends.fake import FakeBackend
 
 BACKENDS = ("bwrap", "docker")
 
@@ -134,3 +137,14 @@ def survivors(marker: str) -> list[int]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in cmdline):
             found.append(proc.pid)
     return found
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeBackend]:
+    """The fake backend's instance, as sessions get it from the loader, with no script left over."""
+    from sandbox.backends.fake import FakeBackend
+
+    backend = base.get("fake")
+    assert isinstance(backend, FakeBackend)
+    with backend.scripted():
+        yield backend

@@ -20,7 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
 READ_LINES = 2000
 READ_BYTES = 256 * 1024
@@ -110,7 +110,7 @@ def _snapshot(before: bytes | None) -> dict[str, Any]:
 def op_read(req: dict[str, Any]) -> dict[str, Any]:
     path = req["path"]
     if os.path.isdir(path):
-        raise Failure("INVALID_ARGUMENT", f"{path} is a directory; use Glob or LS to list it")
+        raise _directory_read(path, req.get("given") or path)
     if not os.path.exists(path):
         raise Failure("TOOL_FAILED", f"{path} does not exist")
     data = _read_bytes(path)
@@ -145,6 +145,18 @@ def op_read(req: dict[str, Any]) -> dict[str, Any]:
         "content": content,
         "details": {"lines": len(lines), "first": start + 1, "last": last, "truncated": truncated, "size": len(data)},
     }
+
+
+def _directory_read(path: str, given: str) -> Failure:
+    # ADR 0057: a directory is not a failed read but a wrong tool; say which call lists it, in the
+    # caller's own spelling of the path, so a model can retry without guessing.
+    args = {"pattern": "*", "path": given}
+    return Failure(
+        "INVALID_ARGUMENT",
+        f"{path} is a directory, not a file; Read takes a file. To list it, call Glob with "
+        f'pattern "*" and path {json.dumps(given)} (pattern "**/*" lists everything below it).',
+        suggestion={"tool": "Glob", "args": args},
+    )
 
 
 def op_write(req: dict[str, Any]) -> dict[str, Any]:
@@ -215,47 +227,85 @@ def op_glob(req: dict[str, Any]) -> dict[str, Any]:
     rel_pattern = os.path.relpath(pattern, base) if os.path.isabs(pattern) else pattern
     regex = glob_regex(rel_pattern)
     matches = [p for p in _walk(base) if regex.fullmatch(os.path.relpath(p, base))]
-    truncated = len(matches) > LIST_LIMIT
-    return {"content": "", "details": {"paths": matches[:LIST_LIMIT], "count": len(matches), "truncated": truncated}}
+    limit = min(req.get("limit") or LIST_LIMIT, LIST_LIMIT)
+    truncated = len(matches) > limit
+    return {"content": "", "details": {"paths": matches[:limit], "count": len(matches), "truncated": truncated}}
 
 
 def op_grep(req: dict[str, Any]) -> dict[str, Any]:
+    """Search in one of ADR 0057's output modes; ``head_limit`` bounds lines or files."""
     try:
-        regex = re.compile(req["pattern"], re.IGNORECASE if req.get("ignore_case") else 0)
+        regex = re.compile(req["pattern"], re.IGNORECASE if req.get("case_insensitive") else 0)
     except re.error as exc:
         raise Failure("INVALID_ARGUMENT", f"invalid regular expression: {exc}") from exc
-    root, context, limit = req["path"], req.get("context", 0), req.get("limit", 100)
     from sandbox._jailside.glob import glob_regex  # shipped only with Glob and Grep requests
 
     include = glob_regex(req["include"]) if req.get("include") else None
+    root = req["path"]
     _must_exist(root)
     files = [root] if os.path.isfile(root) else _walk(root)
+    wanted = (p for p in files if include is None or include.fullmatch(os.path.basename(p)))
+    mode = req.get("mode") or "content"
+    if mode not in GREP_MODES:
+        raise Failure("INVALID_ARGUMENT", f"unknown Grep output mode {mode!r}")
+    details = GREP_MODES[mode](wanted, regex, req.get("head_limit") or 100, req.get("context") or 0)
+    return {"content": "", "details": {"mode": mode, **details}}
+
+
+def _grep_content(files: Iterable[str], regex: re.Pattern[str], limit: int, context: int) -> dict[str, Any]:
     hits: list[tuple[str, int, bool, str]] = []
     matches = 0
-    truncated = False
     for path in files:
-        if include is not None and not include.fullmatch(os.path.basename(path)):
-            continue
         for number, is_match, text in _grep_file(path, regex, context):
             if is_match:
                 matches += 1
                 if matches > limit:
-                    truncated = True
-                    break
+                    return {"hits": hits, "matches": limit, "truncated": True}
             hits.append((path, number, is_match, text))
-        if truncated:
-            break
-    return {"content": "", "details": {"hits": hits, "matches": min(matches, limit), "truncated": truncated}}
+    return {"hits": hits, "matches": matches, "truncated": False}
 
 
-def _grep_file(path: str, regex: re.Pattern[str], context: int) -> list[tuple[int, bool, str]]:
+def _grep_files(files: Iterable[str], regex: re.Pattern[str], limit: int, _context: int) -> dict[str, Any]:
+    found: list[str] = []
+    for path in files:
+        if any(regex.search(line) for line in _text_lines(path)):
+            if len(found) == limit:
+                return {"files": found, "truncated": True}
+            found.append(path)
+    return {"files": found, "truncated": False}
+
+
+def _grep_count(files: Iterable[str], regex: re.Pattern[str], limit: int, _context: int) -> dict[str, Any]:
+    counts: list[tuple[str, int]] = []
+    for path in files:
+        count = sum(1 for line in _text_lines(path) if regex.search(line))
+        if count:
+            if len(counts) == limit:
+                return {"counts": counts, "truncated": True}
+            counts.append((path, count))
+    return {"counts": counts, "truncated": False}
+
+
+GREP_MODES: dict[str, Callable[[Iterable[str], re.Pattern[str], int, int], dict[str, Any]]] = {
+    "content": _grep_content,
+    "filesWithMatches": _grep_files,
+    "count": _grep_count,
+}
+
+
+def _text_lines(path: str) -> list[str]:
+    """``path``'s lines, or none for a file that cannot be read or is binary (grep skips both)."""
     try:
         data = _read_bytes(path)
     except (OSError, Failure):
         return []
     if _is_binary(data):
         return []
-    lines = data.decode("utf-8", errors="replace").splitlines()
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+def _grep_file(path: str, regex: re.Pattern[str], context: int) -> list[tuple[int, bool, str]]:
+    lines = _text_lines(path)
     hits = [i for i, line in enumerate(lines) if regex.search(line)]
     keep: dict[int, bool] = {}
     for i in hits:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sandbox.audit import redact
 from sandbox.errors import ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
 
@@ -35,14 +36,15 @@ class Authorization:
 
 
 def request_for(call: ToolCall, decision: Decision) -> ApprovalRequest:
+    """The question put to the user, redacted as the audit log is: an approval card is displayed and may be logged."""
     return ApprovalRequest(
         session_id=call.session_id,
         turn_id=call.turn_id,
         tool_call_id=call.tool_call_id,
         tool=call.name,
         operation=decision.operation,
-        resource=decision.resource,
-        reason=decision.reason,
+        resource=redact(decision.resource),
+        reason=redact(decision.reason),
         rule_id=decision.rule_id,
         root=decision.root,
         external=decision.external,

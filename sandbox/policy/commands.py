@@ -1,9 +1,11 @@
 """Command rules for Bash: every simple command inside a command line is judged.
 
-Layers, strongest first (as in safety-gate): **deny** (format a disk, write a raw block device,
-delete /, ~, a top-level system directory or a drive root: never run, never asked); **ask**
-(user ask rules and a few built-ins: confirmed in every mode); **exempt** (read-only commands
-whose paths stay inside the roots: run silently); everything else follows the permission mode.
+Layers, strongest first (as in safety-gate): **deny**, seed 004's two classes only (format a disk
+or write a raw block device; delete /, a home directory or a drive root: never run, never
+asked); **ask** (user ask rules and a few built-ins, among them deleting another top-level system
+directory such as /usr or /etc: confirmed in every mode, never granted for the session);
+**exempt** (read-only commands whose paths stay inside the roots: run silently); everything
+else follows the permission mode.
 
 Wrappers (sudo, env, nice, timeout, xargs, bash -c, sh -c, eval, find -exec, …) are unwrapped and
 the inner command judged. What cannot be known statically (a command name from ``$(…)``, code
@@ -21,12 +23,12 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
-from sandbox.policy.shell import Simple, Unparseable, Word, parse
+from sandbox.policy.shell import Simple, Unparseable, Word, expand_braces, parse
 from sandbox.policy.verdict import Finding, strongest
 
 if TYPE_CHECKING:
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 
     from sandbox.policy.paths import PathPolicy, ResolvedPath
     from sandbox.vocabulary import Layer
+
+Doom = Literal["deny", "ask"]  # what deleting a path is: a deny-layer target, or an asked one
 
 MAX_DEPTH = 6
 SENSITIVE_VAR = re.compile(
@@ -112,16 +116,33 @@ FORMATTERS = frozenset(
         "format",
         "blkdiscard",
         "mklabel",
+        "mkexfatfs",
+        "mkudffs",
     }
 )
+# Tools that format with one of their subcommands, lower-cased (diskutil's verbs ignore case;
+# diskutil list only reads).
+FORMAT_SUBCOMMANDS: dict[str, frozenset[str]] = {
+    "diskutil": frozenset(
+        {"erasedisk", "erasevolume", "reformat", "partitiondisk", "zerodisk", "randomdisk", "secureerase"}
+    ),
+    "cryptsetup": frozenset({"luksformat", "erase", "lukserase"}),
+    "nvme": frozenset({"format", "sanitize"}),
+}
 DELETERS = frozenset({"rm", "rmdir", "unlink", "shred", "srm", "wipe", "trash", "trash-put"})
+_COARSE_NAMES = DELETERS | FORMATTERS | frozenset(FORMAT_SUBCOMMANDS) | {"dd", "find", "mv"}
+# Deleting a home directory is in the deny layer: every child of these is one (Fedora Atomic's
+# /home is a link to /var/home), and so are root's homes on Linux and macOS.
+HOME_PARENTS = frozenset({"/home", "/Users", "/var/home"})
+ROOT_HOMES = frozenset({"/root", "/var/root"})
+# Deleting one of these is asked, not denied: seed 004 moved system directories out of its deny
+# layer, and in a jail they are read-only anyway.
 SYSTEM_DIRS = frozenset(
     {
         "/bin",
         "/boot",
         "/dev",
         "/etc",
-        "/home",
         "/lib",
         "/lib32",
         "/lib64",
@@ -130,7 +151,6 @@ SYSTEM_DIRS = frozenset(
         "/mnt",
         "/opt",
         "/proc",
-        "/root",
         "/run",
         "/sbin",
         "/srv",
@@ -143,7 +163,6 @@ SYSTEM_DIRS = frozenset(
         "/System",
         "/Library",
         "/Applications",
-        "/Users",
         "/Volumes",
         "/private",
         "/cores",
@@ -209,7 +228,8 @@ class _Judge:
         self.critical = self._critical_paths()
 
     def _critical_paths(self) -> frozenset[str]:
-        critical = {"/", *SYSTEM_DIRS}
+        """What deleting is denied: the root, root's homes, the homes' parents, each home and its ancestors."""
+        critical = {"/", *ROOT_HOMES, *HOME_PARENTS}
         for home in self.paths.homes:
             critical.add(home)
             parent = os.path.dirname(home)
@@ -264,19 +284,18 @@ class _Judge:
         try:
             lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
             lexer.whitespace_split = True
-            tokens = list(lexer)
+            tokens = [text for token in lexer for text in expand_braces(token) or (token,)]
         except ValueError:
             return
         words = [Word(t.strip("()`"), "$" in t) for t in tokens]
         for index, word in enumerate(words):
-            if os.path.basename(word.text) in (DELETERS | FORMATTERS | {"dd", "find", "mv"}) or word.text.startswith(
-                "mkfs"
-            ):
+            name = os.path.basename(word.text)
+            if name in _COARSE_NAMES or name.startswith("mkfs"):
                 end = next(
                     (j for j in range(index, len(tokens)) if tokens[j] in (";", "&&", "||", "|", ";;", "&", "\n")),
                     len(tokens),
                 )
-                self._deny_layer(os.path.basename(word.text), words[index + 1 : end])
+                self._deny_layer(name, words[index + 1 : end])
 
     def _pipe_to_shell(self, cmd: Simple) -> None:
         if cmd.stage == 0 or not cmd.words or cmd.words[0].dynamic:
@@ -575,6 +594,8 @@ class _Judge:
         texts = [word.text for word in args]
         if name in FORMATTERS or name.startswith("mkfs"):
             self.add("deny", "deny.format", f"{name} formats or partitions a disk")
+        elif {text.lower() for text in texts} & FORMAT_SUBCOMMANDS.get(name, frozenset()):
+            self.add("deny", "deny.format", f"{' '.join([name, *texts[:1]])} formats or erases a disk")
         self._deletion(name, args, texts)
         self._device_write(name, texts)
 
@@ -590,14 +611,19 @@ class _Judge:
             targets = positionals  # an unknown command name: judge its operands as if it deleted
         else:
             return
-        for word in targets:
-            if self._catastrophic(word):
-                self.add(
-                    "deny",
-                    "deny.delete-root",
-                    f"{name or 'this command'} would delete {word.text}: a root, home or system directory",
-                )
-                return
+        dooms = {word.text: self._doom(word) for word in targets}
+        who = name or "this command"
+        doomed = [text for text, doom in dooms.items() if doom == "deny"]
+        asked = [text for text, doom in dooms.items() if doom == "ask"]
+        if doomed:
+            self.add("deny", "deny.delete-root", f"{who} would delete {doomed[0]}: the root, a home or a drive root")
+            return
+        if asked:
+            self.add(
+                "ask",
+                "ask.delete-system-dir",
+                f"{who} would delete {asked[0]}, a top-level system directory (read-only in a jail)",
+            )
         recursive = {"-r", "-R", "--recursive"} & shape(name, texts).flags or name == "find"
         if name and recursive and any(w.dynamic for w in targets):
             self.add("ask", "shell.dynamic-delete", "deletes recursively a path only known at run time")
@@ -611,22 +637,22 @@ class _Judge:
             for i in range(len(texts))
         )
 
-    def _catastrophic(self, word: Word) -> bool:
+    def _doom(self, word: Word) -> Doom | None:
+        """``deny`` for the root, a home or a drive root; ``ask`` for another top-level system directory."""
         text = word.text
         if DRIVE_ROOT.match(text):
-            return True
+            return "deny"
         if word.dynamic or (self.cwd is None and not text.startswith(("/", "~"))):
-            return False
+            return None
         lexical = self.paths.expand(text, self.cwd)
         candidates = {lexical} if _has_glob(lexical) else {lexical, os.path.realpath(lexical)}
-        return any(self._critical(candidate) for candidate in candidates)
+        dooms = {self._doom_of(_emptied(candidate)) for candidate in candidates}
+        return "deny" if "deny" in dooms else "ask" if "ask" in dooms else None
 
-    def _critical(self, path: str) -> bool:
-        while path != "/" and WILDCARD_COMPONENT.match(os.path.basename(path)):
-            path = os.path.dirname(path)  # "/usr/*" and "~/.*" empty the directory itself
-        if path in self.critical:
-            return True
-        return _has_glob(path) and any(fnmatch.fnmatchcase(c, path) for c in self.critical)
+    def _doom_of(self, path: str) -> Doom | None:
+        if _matches(path, self.critical) or _matches(os.path.dirname(path), HOME_PARENTS):
+            return "deny"  # the second: /home/alice, /Users/al*, any user's home
+        return "ask" if _matches(path, SYSTEM_DIRS) else None
 
     def _device_write(self, name: str, texts: list[str]) -> None:
         positionals = [t for t in texts if not t.startswith("-")]
@@ -643,6 +669,20 @@ class _Judge:
             if BLOCK_DEVICE.match(lexical) or BLOCK_DEVICE.match(os.path.realpath(lexical)):
                 self.add("deny", "deny.raw-device", f"{name} writes to the raw block device {target}")
                 return
+
+
+def _emptied(path: str) -> str:
+    """The directory a path empties: ``/usr/*`` and ``~/.*`` delete the directory's whole content."""
+    while path != "/" and WILDCARD_COMPONENT.match(os.path.basename(path)):
+        path = os.path.dirname(path)
+    return path
+
+
+def _matches(path: str, paths: frozenset[str]) -> bool:
+    """``path`` is one of ``paths``, or a glob that names one (``/u*`` is /usr)."""
+    if path in paths:
+        return True
+    return _has_glob(path) and any(fnmatch.fnmatchcase(candidate, path) for candidate in paths)
 
 
 def _positionals(args: Sequence[Word]) -> list[Word]:

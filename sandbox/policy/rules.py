@@ -42,11 +42,11 @@ class BuiltinRule:
 
 
 BUILTIN_RULES: tuple[BuiltinRule, ...] = (
-    BuiltinRule("deny.format", "deny", "format or partition a disk (mkfs, wipefs, fdisk, …)"),
+    # Seed 004's deny layer, whole: formatting a disk or writing a raw device; deleting /, a home or a drive root.
+    BuiltinRule("deny.format", "deny", "format or partition a disk (mkfs, wipefs, fdisk, diskutil eraseDisk, …)"),
     BuiltinRule("deny.raw-device", "deny", "write to a raw block device (dd of=/dev/sda, > /dev/nvme0n1)"),
-    BuiltinRule(
-        "deny.delete-root", "deny", "delete /, the home directory, a top-level system directory or a drive root"
-    ),
+    BuiltinRule("deny.delete-root", "deny", "delete /, a home directory (~, /home/alice, /root) or a drive root"),
+    BuiltinRule("ask.delete-system-dir", "ask", "delete another top-level system directory (/usr, /etc, /var, …)"),
     BuiltinRule("ask.sudo", "ask", "run a command with elevated privileges (sudo, doas, su)"),
     BuiltinRule("ask.git-force-push", "ask", "force-push to a git remote"),
     BuiltinRule("ask.publish", "ask", "publish a package (npm/yarn/pnpm publish, twine upload, …)"),

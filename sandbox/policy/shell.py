@@ -11,6 +11,11 @@ costs about 200 µs per command, so the common case (plain words, quotes, ``&&``
 ``|``, no ``$``, backslash, parenthesis, brace, redirect or reserved word) goes through the
 standard library's POSIX lexer, which agrees with bash on exactly that subset; anything else goes
 to bashlex. Results are cached by command text: parsing is pure.
+
+Brace expansion is bash's first expansion and bashlex leaves it to the caller, so each word of a
+command is expanded here: ``rm -rf /{,}`` runs ``rm -rf / /`` and ``{rm,-rf,~}`` runs ``rm -rf ~``.
+Quotes are gone by then, so a quoted brace expands too, which only ever makes a judgement stricter.
+A word that would expand past :data:`MAX_BRACE_WORDS` is kept whole and marked dynamic.
 """
 
 from __future__ import annotations
@@ -89,6 +94,12 @@ _RESERVED = frozenset(
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 _HOME_PARAM = re.compile(r"^\$(?:HOME\b|\{HOME\})")
 _NESTED = re.compile(r"\$\(|`|[<>]\(")
+_SEQUENCE = re.compile(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$")
+MAX_BRACE_WORDS = 256
+
+
+class _TooMany(Exception):
+    pass
 
 
 @functools.lru_cache(maxsize=2048)
@@ -224,7 +235,7 @@ class _Walker:
         redirects: list[Redirect] = []
         for part in node.parts:
             if part.kind == "word":
-                words.append(self._word(part))
+                words.extend(_brace_words(self._word(part)))
             elif part.kind == "assignment":
                 self._substitutions(part)
                 assignments.append(part.word)
@@ -263,6 +274,77 @@ class _Walker:
                 dynamic = True
                 self.nested.extend(extract_substitutions(part.value))
         return dynamic, procsub
+
+
+def _brace_words(word: Word) -> list[Word]:
+    if word.procsub or "{" not in word.text:
+        return [word]
+    texts = expand_braces(word.text)
+    if texts is None:
+        return [Word(word.text, True, word.procsub)]
+    return [Word(text, word.dynamic, word.procsub) for text in texts]
+
+
+def expand_braces(text: str, limit: int = MAX_BRACE_WORDS) -> list[str] | None:
+    """The words bash's brace expansion makes of ``text``, in order; ``None`` past ``limit`` words."""
+    try:
+        return _expand(text, limit)
+    except _TooMany:
+        return None
+
+
+def _expand(text: str, limit: int) -> list[str]:
+    found = _first_brace(text, limit)
+    if found is None:
+        return [text]
+    prefix, alternatives, suffix = found
+    words: list[str] = []
+    for alternative in alternatives:
+        words.extend(_expand(prefix + alternative + suffix, limit))
+        if len(words) > limit:
+            raise _TooMany
+    return words
+
+
+def _first_brace(text: str, limit: int) -> tuple[str, list[str], str] | None:
+    """The first brace that expands: ``(prefix, alternatives, suffix)``; ``{x}``, ``{}``, ``${…}`` stay."""
+    for start, char in enumerate(text):
+        if char != "{" or text[start - 1 : start] == "$":
+            continue
+        depth = 0
+        commas: list[int] = []
+        for index in range(start, len(text)):
+            if text[index] == "{":
+                depth += 1
+            elif text[index] == "}":
+                depth -= 1
+                if depth == 0:
+                    body = text[start + 1 : index]
+                    alternatives = _alternatives(body, [c - start - 1 for c in commas], limit)
+                    if alternatives is not None:
+                        return text[:start], alternatives, text[index + 1 :]
+                    break
+            elif text[index] == "," and depth == 1:
+                commas.append(index)
+    return None
+
+
+def _alternatives(body: str, commas: list[int], limit: int) -> list[str] | None:
+    if commas:
+        bounds = [-1, *commas, len(body)]
+        return [body[bounds[i] + 1 : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    match = _SEQUENCE.match(body)
+    if match is None:
+        return None
+    first, last, step = match.group(1), match.group(2), abs(int(match.group(3) or 1)) or 1
+    if first.lstrip("-").isdigit() != last.lstrip("-").isdigit():
+        return None
+    numeric = first.lstrip("-").isdigit()
+    low, high = (int(first), int(last)) if numeric else (ord(first), ord(last))
+    if abs(high - low) // step + 1 > limit:
+        raise _TooMany
+    values = range(low, high + 1, step) if low <= high else range(low, high - 1, -step)
+    return [str(v) if numeric else chr(v) for v in values]
 
 
 def _walk(node: Any) -> list[Any]:

@@ -10,9 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.profile import MAX_TIMEOUT_S
@@ -21,6 +30,10 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import Risk
 
 DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
+LIST_LIMIT = 1000  # the most paths one Glob returns (the runner's own ceiling)
+
+OutputMode = Literal["content", "filesWithMatches", "count"]
+OUTPUT_MODE_ALIASES = {"files_with_matches": "filesWithMatches", "files-with-matches": "filesWithMatches"}
 
 
 class _Params(BaseModel):
@@ -67,15 +80,55 @@ class EditParams(_Params):
 class GlobParams(_Params):
     pattern: str = Field(min_length=1, max_length=4096)
     path: str | None = Field(None, min_length=1, max_length=4096)
+    limit: int = Field(LIST_LIMIT, ge=1, le=LIST_LIMIT, description="the most paths to return")
 
 
 class GrepParams(_Params):
+    """Grep's arguments as ADR 0057 names them.
+
+    The earlier names ``limit`` and ``ignore_case``, and the snake_case spellings ``output_mode``,
+    ``head_limit`` and ``case_insensitive``, are accepted as aliases; ``outputMode`` also accepts
+    ``files_with_matches`` and ``files-with-matches``. One argument given under two names is refused.
+    """
+
     pattern: str = Field(min_length=1, max_length=10_000)
     path: str | None = Field(None, min_length=1, max_length=4096)
     include: str | None = Field(None, min_length=1, max_length=1000)
-    context: int = Field(0, ge=0, le=20)
-    limit: int = Field(100, ge=1, le=1000)
-    ignore_case: bool = False
+    context: int = Field(0, ge=0, le=20, description="lines around each match (content mode only)")
+    # camelCase attributes: they are the wire names, so dumps (the audit) and the schema spell them as the ADR does.
+    outputMode: OutputMode = Field(
+        "content",
+        validation_alias=AliasChoices("outputMode", "output_mode"),
+        description="content: matching lines; filesWithMatches: the files' paths; count: matching lines per file",
+    )
+    headLimit: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        validation_alias=AliasChoices("headLimit", "head_limit", "limit"),
+        description="the most matching lines (content) or files (filesWithMatches, count) to return",
+    )
+    caseInsensitive: bool = Field(
+        False, validation_alias=AliasChoices("caseInsensitive", "case_insensitive", "ignore_case")
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling_each(cls, data: object) -> object:
+        # Otherwise the second spelling is refused as an unknown argument, which misleads.
+        if isinstance(data, Mapping):
+            for name, field in cls.model_fields.items():
+                alias = field.validation_alias
+                given = [n for n in getattr(alias, "choices", ()) if isinstance(n, str) and n in data]
+                if len(given) > 1:
+                    raise ValueError(f"{' and '.join(given)} are one argument ({name}); give it once")
+        return data
+
+    @field_validator("outputMode", mode="before")
+    @classmethod
+    def _shell_style_mode(cls, value: object) -> object:
+        # Some providers send rg's spelling; the ADR normalises it before validation.
+        return OUTPUT_MODE_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
 class LSParams(_Params):

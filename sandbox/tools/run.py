@@ -42,6 +42,10 @@ RUNNER_CAPTURE = 48 * 1024 * 1024
 RUNNER_TIMEOUT_S = 120.0
 NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
 # $1 is the command; running bash through sh tells "no bash here" apart from the command's 127.
+# Not `bash -lc` (seed 003 §5): a login shell's job there is to recover the user's profile PATH,
+# but the jail's PATH is the sandbox's own and its HOME holds no profile. Debian's and Alpine's
+# /etc/profile reset PATH, dropping the workspace's .venv/bin and node_modules/.bin, and the host
+# backend's HOME is the workspace, so -l would run the project's own .profile before every command.
 _BASH = f'command -v bash >/dev/null 2>&1 || {{ echo "{NO_BASH}" >&2; exit 127; }}; exec bash -c "$1"'
 
 
@@ -121,22 +125,31 @@ def denial_lines(network: dict[str, Any] | None) -> list[str]:
 def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
     """The in-jail request for a file tool; ``target`` is the approved canonical path."""
     if isinstance(params, ReadParams):
-        return {"op": "read", "path": target, "offset": params.offset, "limit": params.limit, "raw": params.raw}
+        # ``given`` is the caller's spelling, for the Glob call a directory's refusal suggests.
+        return {
+            "op": "read",
+            "path": target,
+            "given": params.path,
+            "offset": params.offset,
+            "limit": params.limit,
+            "raw": params.raw,
+        }
     if isinstance(params, WriteParams):
         return {"op": "write", "path": target, "content": params.content}
     if isinstance(params, EditParams):
         return {"op": "edit", "path": target, "edits": [e.model_dump() for e in params.edits]}
     if isinstance(params, GlobParams):
-        return {"op": "glob", "path": target, "pattern": params.pattern}
+        return {"op": "glob", "path": target, "pattern": params.pattern, "limit": params.limit}
     if isinstance(params, GrepParams):
         return {
             "op": "grep",
             "path": target,
             "pattern": params.pattern,
             "include": params.include,
+            "mode": params.outputMode,
             "context": params.context,
-            "limit": params.limit,
-            "ignore_case": params.ignore_case,
+            "head_limit": params.headLimit,
+            "case_insensitive": params.caseInsensitive,
         }
     if isinstance(params, LSParams):
         return {"op": "ls", "path": target}

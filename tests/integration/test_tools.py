@@ -47,6 +47,7 @@ async def test_read_directory_and_binary(session: Sandbox, workspace: Path) -> N
     (workspace / "blob.bin").write_bytes(b"\0\1\2" * 100)
     directory = await session.call("Read", {"path": "src"})
     assert (directory.ok, directory.error_code) == (False, "INVALID_ARGUMENT") and "Glob" in directory.content
+    assert directory.details["suggestion"] == {"tool": "Glob", "args": {"pattern": "*", "path": "src"}}
     binary = await session.call("Read", {"path": "blob.bin"})
     assert binary.ok and binary.details["binary"] and "\0" not in binary.content
 

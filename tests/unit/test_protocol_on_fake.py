@@ -13,14 +13,13 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base
 from sandbox.backends.fake import Call, FakeBackend, FakeJail, Kill, Script, Step
 from sandbox.session import Sandbox
 from tests.unit import fake_support
 from tests.unit.fake_support import Client, only_process, open_fake
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
 pytestmark = pytest.mark.anyio
@@ -75,15 +74,6 @@ async def test_abort_kills_the_tree_and_says_so(jail: FakeJail) -> None:
 
 
 # -- a session: the five boundaries ----------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeBackend]:
-    """The instance sessions get from the loader, with no script left over from another test."""
-    backend = base.get("fake")
-    assert isinstance(backend, FakeBackend)
-    with backend.scripted():
-        yield backend
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox.audit import AuditLog, AuditRecord, args_preview, redact, redact_value
-from sandbox.policy.authorize import Authorization
+from sandbox.audit import AuditLog, AuditRecord, args_preview, body_summary, redact, redact_value
+from sandbox.policy.authorize import Authorization, request_for
 from sandbox.policy.gate import SessionState
 
 if TYPE_CHECKING:
@@ -39,6 +40,37 @@ SECRETS = [
     ("MY_SERVICE_SECRET='two words' make", "two words"),
     ("password: hunter2", "hunter2"),
     ("Z9x8C7v6B5n4M3a2S1d0F9g8H7j6K5l4Q3w2E1r0T9y8", "Z9x8C7v6B5n4"),
+    # header-style secrets, anywhere on a line
+    ("curl -H 'X-Api-Key: k3yvalue' https://api.example.com", "k3yvalue"),
+    ('curl -H "x-api-key:k3yvalue" https://api.example.com', "k3yvalue"),
+    ("curl -H 'X-Auth-Token: t0kval' https://x", "t0kval"),
+    ("curl --header 'X-Vault-Token: s.vaulttok' https://vault", "s.vaulttok"),
+    ("curl -H 'PRIVATE-TOKEN: gitlabtok' https://gitlab", "gitlabtok"),
+    ("HTTP/1.1 200 OK\nSet-Cookie: sid=c00kie; Path=/\nServer: x", "c00kie"),
+    ("curl -b 'Cookie: sid=c00kie' https://x", "c00kie"),
+    ("curl -H 'Authorization: Basic dXNlcjpwYXNz' https://x", "dXNlcjpwYXNz"),
+    ("curl -H 'Authorization: rawtok3n' https://x", "rawtok3n"),
+    ("curl -H 'Proxy-Authorization: Basic cHJveHk6cHc=' https://x", "cHJveHk6cHc="),
+    ("requests.get(url, headers={'X-Api-Key': 'k3yvalue'})", "k3yvalue"),
+    # inline passwords on command lines
+    ("mysql -u root -pS3cret app", "S3cret"),
+    ("mysqldump -uroot -pS3cret --all-databases", "S3cret"),
+    ("mariadb -h db -p'S3cret' app", "S3cret"),
+    ("mysql --password=S3cret -u root", "S3cret"),
+    ("sshpass -p S3cret ssh deploy@host", "S3cret"),
+    ("sshpass -pS3cret scp f host:", "S3cret"),
+    ("PGPASSWORD=S3cret psql -h db -U app", "S3cret"),
+    ("MYSQL_PWD=S3cret mysql -u root", "S3cret"),
+    ("redis-cli -h cache -a S3cret PING", "S3cret"),
+    ("curl -u alice:S3cret https://x", "S3cret"),
+    ("curl --user 'alice:S3cret' https://x", "S3cret"),
+    # URLs with credentials
+    ("psql postgres://app:S3cret@db:5432/app", "S3cret"),
+    ("redis-cli -u redis://:S3cret@cache:6379", "S3cret"),
+    ("mongosh 'mongodb+srv://app:S3cret@cluster0.example.net/db'", "S3cret"),
+    ("git push HTTPS://alice:S3cret@example.com/r.git", "S3cret"),
+    ("git clone https://alice:p4ss@w0rd@example.com/r.git", "w0rd"),  # an @ inside the password
+    ("curl 'https://api.example.com/v1?access_token=S3cret&page=2'", "S3cret"),
 ]
 
 
@@ -47,15 +79,81 @@ def test_redact_removes_secrets(text: str, secret: str) -> None:
     assert secret not in redact(text)
 
 
-def test_redact_keeps_ordinary_commands() -> None:
-    for text in ("ls -la src", "git commit -m 'fix token parsing'", "pytest -k password_reset"):
-        assert redact(text) == text
+ORDINARY = [
+    "ls -la src",
+    "git commit -m 'fix token parsing'",
+    "pytest -k password_reset",
+    "mkdir -p build/out && cp -p a b",
+    "git add -p",
+    "ssh -p 2222 deploy@host",
+    "mysql -p app",  # prompts: no password on the line
+    "git clone ssh://git@github.com/org/repo.git",
+    "curl -H 'Content-Type: application/json' -H 'X-Request-Id: 42' https://api.example.com",
+    "the token: parsing was fixed",
+    "curl -u alice https://x",
+    # a long path with digits is not a key: an approval card must show it
+    "cat /tmp/pytest-of-root/pytest-296/test_approval_deny_allow_sessi0/ws/a.txt",
+    "ls ~/build/2026-12-03/artifacts/linux_x86_64/release_candidate_7",
+]
+
+
+@pytest.mark.parametrize("text", ORDINARY)
+def test_redact_keeps_ordinary_commands(text: str) -> None:
+    assert redact(text) == text
+
+
+@pytest.mark.parametrize(("text", "secret"), SECRETS)
+def test_redact_is_stable(text: str, secret: str) -> None:
+    """Redacting twice changes nothing: an approval card's resource may be redacted again in the log."""
+    once = redact(text)
+    assert redact(once) == once and secret not in once
+
+
+def test_redact_keeps_what_the_secret_belongs_to() -> None:
+    assert redact("curl -H 'Authorization: Bearer abcdefgh12345' https://x") == (
+        "curl -H 'Authorization: Bearer [REDACTED]' https://x"
+    )
+    assert redact("curl -H 'X-Api-Key: k3y' https://x") == "curl -H 'X-Api-Key: [REDACTED]' https://x"
+    assert redact("mysql -u root -pS3cret app") == "mysql -u root -p[REDACTED] app"
+    assert redact("psql postgres://app:S3cret@db/app") == "psql postgres://app:[REDACTED]@db/app"
 
 
 def test_environment_values_are_dropped() -> None:
     value = redact_value({"command": "run", "env": {"HOME": "/root", "X": "1"}, "token": "abc"})
     assert value == {"command": "run", "env": {"HOME": "[REDACTED]", "X": "[REDACTED]"}, "token": "[REDACTED]"}
     assert "hunter2" not in args_preview({"content": "PASSWORD=hunter2\n" * 100})
+
+
+def test_write_preview_keeps_the_digest_and_size_never_the_body() -> None:
+    body = "print('hello')\n" * 1000
+    preview = json.loads(args_preview({"path": "src/app.py", "content": body}))
+    assert preview == {
+        "content": {"bytes": len(body.encode()), "sha256": hashlib.sha256(body.encode()).hexdigest()},
+        "path": "src/app.py",
+    }
+
+
+def test_edit_preview_keeps_the_digest_size_and_count_never_the_text() -> None:
+    edits = [{"old_text": "hello", "new_text": "goodbye"}, {"old_text": "a", "new_text": "b"}]
+    summary = json.loads(args_preview({"path": "src/app.py", "edits": edits}))["edits"]
+    assert summary == body_summary(edits) and summary["count"] == 2
+    assert "goodbye" not in args_preview({"path": "src/app.py", "edits": edits})
+    assert body_summary(edits) != body_summary([*edits[:1], {"old_text": "a", "new_text": "c"}])
+
+
+def test_a_body_refused_before_validation_is_not_previewed() -> None:
+    assert "hunter2" not in args_preview({"path": 5, "content": ["PASSWORD", "hunter2"]})
+    assert json.loads(args_preview({"content": "\u00e9"}))["content"]["bytes"] == 2
+
+
+def test_the_approval_request_is_redacted(world: World) -> None:
+    gate = world.gate("ask")
+    call = world.call("Bash", {"command": "curl -H 'X-Api-Key: k3yvalue' https://api.example.com"})
+    decision = gate.evaluate(call, SessionState("s1"))
+    assert decision.level == "confirm" and "k3yvalue" in decision.resource  # the gate keeps the real command
+    request = request_for(call, decision)
+    assert "k3yvalue" not in request.resource and "k3yvalue" not in request.reason
+    assert request.resource == redact(decision.resource) and request.reason == redact(decision.reason)
 
 
 def _record(world: World, command: str) -> AuditRecord:

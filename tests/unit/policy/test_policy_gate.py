@@ -86,6 +86,21 @@ def test_a_grant_never_overrides_deny(world: World, state: SessionState) -> None
     assert world.gate("auto").evaluate(world.call("Bash", {"command": "rm -rf /"}), state).level == "deny"
 
 
+@pytest.mark.parametrize("command", ["rm -rf /usr", "rm -rf /etc/*", "find /var -delete"])
+def test_deleting_a_system_directory_is_asked_every_time_even_with_a_grant(
+    world: World, state: SessionState, command: str
+) -> None:
+    state.grant_session("Bash")
+    decision = world.gate("auto").evaluate(world.call("Bash", {"command": command}), state)
+    assert (decision.level, decision.rule_id, decision.grantable) == ("confirm", "ask.delete-system-dir", False)
+
+
+def test_the_system_directory_ask_is_a_removable_builtin(world: World, state: SessionState) -> None:
+    gate = world.gate("auto", rules=RuleSet(removed=frozenset({"ask.delete-system-dir"})))
+    assert gate.evaluate(world.call("Bash", {"command": "rm -rf /usr"}), state).level == "allow"
+    assert gate.evaluate(world.call("Bash", {"command": "rm -rf /home/alice"}), state).level == "deny"
+
+
 def test_state_of_another_session_is_refused(world: World) -> None:
     decision = world.gate().evaluate(world.call("Read", {"path": "README.md"}), SessionState("other"))
     assert (decision.level, decision.rule_id) == ("deny", "session.mismatch")
