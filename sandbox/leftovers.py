@@ -7,7 +7,9 @@ stay. Each of them therefore names its owner: cgroups and copies in their name,
 ``<name>.owner`` file beside it. ``starttime`` is the kernel's start time of the process (in
 clock ticks since boot), so a pid reused by another process never passes for the owner.
 :func:`sweep` removes only what belongs to an executor that is no longer running; a live
-executor's entries are never touched.
+executor's entries are never touched. A session's review snapshots (``review-changes/<session>``)
+go with its scratch directory's claim: :func:`sweep_sessions`, which a session runs as it opens,
+removes both once the session no longer exists.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Swept:
         self.cgroups: list[str] = []
         self.copies: list[str] = []
         self.scratch: list[str] = []
+        self.reviews: list[str] = []  # review-changes/<session> of sessions that no longer exist
         self.kept: list[str] = []  # a dead executor's, but could not be removed (why)
 
 
@@ -87,8 +90,29 @@ def sweep(*, legacy_cgroups: bool = False) -> Swept:
     swept = Swept()
     _sweep_cgroups(swept, legacy_cgroups)
     _sweep_copies(swept)
-    _sweep_scratch(swept)
+    _sweep_sessions(swept, keep=None, cutoff=None)
     return swept
+
+
+def sweep_sessions(*, keep: str | None = None, max_age_s: float | None = None) -> Swept:
+    """Remove the scratch and review-changes directories of sessions that no longer exist.
+
+    A session exists while the executor its scratch dir's ``<id>.owner`` names runs. An unclaimed
+    directory (a 0.1 session's, or one opening this instant) goes only once untouched for
+    ``max_age_s`` (never when None), and ``keep``'s never by age.
+    """
+    swept = Swept()
+    _sweep_sessions(swept, keep=keep, cutoff=None if max_age_s is None else time.time() - max_age_s)
+    return swept
+
+
+def claim_alive(path: Path) -> bool | None:
+    """Whether the executor that claimed ``path`` still runs; None when there is no readable claim."""
+    try:
+        pid, _, start = path.with_name(path.name + ".owner").read_text().strip().partition("-")
+    except OSError:
+        return None
+    return owner_alive(int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
 
 
 def _sweep_cgroups(swept: Swept, legacy: bool) -> None:
@@ -130,19 +154,47 @@ def _sweep_copies(swept: Swept) -> None:
                 swept.copies.append(str(entry))
 
 
-def _sweep_scratch(swept: Swept) -> None:
-    from sandbox import datadir, mounts
+def _sweep_sessions(swept: Swept, *, keep: str | None, cutoff: float | None) -> None:
+    from sandbox import datadir
 
-    root = datadir.data_dir() / "scratch"
-    with contextlib.suppress(OSError):
-        for marker in sorted(root.glob("*.owner")):
-            pid, _, start = marker.read_text().strip().partition("-")
-            if not (pid.isdigit() and start.isdigit()) or owner_alive(int(pid), int(start)):
-                continue
-            target = marker.with_name(marker.name.removesuffix(".owner"))
-            problem = mounts.remove_private_tree(target)
-            if problem:
-                swept.kept.append(f"{target}: {problem}")
-                continue
-            marker.unlink()
-            swept.scratch.append(str(target))
+    data = datadir.data_dir()
+    # Review snapshots first: they are judged by the scratch dir's claim, which goes with it.
+    for found, root in ((swept.reviews, data / "review-changes"), (swept.scratch, data / "scratch")):
+        for entry in _listing(root):
+            if _session_ended(data / "scratch" / entry.name, entry, keep, cutoff):
+                _remove_session_dir(entry, found, swept)
+    for marker in _listing(data / "scratch", "*.owner"):  # a dead executor's claim on a directory gone
+        target = marker.with_name(marker.name.removesuffix(".owner"))
+        if not target.exists() and claim_alive(target) is False:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+
+
+def _listing(root: Path, pattern: str = "*") -> list[Path]:
+    try:
+        return sorted(root.glob(pattern))
+    except OSError:
+        return []
+
+
+def _session_ended(scratch: Path, entry: Path, keep: str | None, cutoff: float | None) -> bool:
+    """Whether ``entry`` (a directory named by its session) belongs to a session that no longer exists."""
+    if not entry.is_dir() or entry.is_symlink():  # a claim file, or not ours to walk into
+        return False
+    alive = claim_alive(scratch)
+    if alive is not None:
+        return not alive
+    try:  # unclaimed: by age
+        return entry.name != keep and cutoff is not None and entry.stat().st_mtime < cutoff
+    except OSError:  # gone meanwhile
+        return False
+
+
+def _remove_session_dir(entry: Path, found: list[str], swept: Swept) -> None:
+    from sandbox import mounts
+
+    problem = mounts.remove_private_tree(entry)
+    if problem:
+        swept.kept.append(f"{entry}: {problem}")
+    else:
+        found.append(str(entry))

@@ -2,11 +2,19 @@
 
 Before a workspace Write or Edit the previous bytes are kept outside the workspace, under
 ``<data_dir>/review-changes/<session>/<snapshot>/{before,meta.json}``; the tool result carries a
-bounded review record. Its hunks are ``difflib.unified_diff``'s (without the file headers), so
-under ``--- a/<path>`` / ``+++ b/<path>`` a patch tool takes them as they are: a new file's hunk
-starts ``@@ -0,0 +1,N @@``. Rollback restores the previous bytes (or removes a file the tool
-created) only while the file still has the hash the tool left; otherwise CONFLICT and the file is
-left alone.
+bounded review record, seed 003 §4c's ``ReviewChange`` in snake_case: ``version``, the snapshot,
+the message that owns it (``message_id``: the tool message, which a client such as pi names by
+its tool call's id, so it is the ``tool_call_id``) and its turn, the path, the operation,
+``status`` (added, modified or deleted: what became of the file, not which tool ran), the state,
+the line counts and the hunks. The hunks are ``difflib.unified_diff``'s (without the file
+headers), so under ``--- a/<path>`` / ``+++ b/<path>`` a patch tool takes them as they are: a
+new file's hunk is ``@@ -0,0 +1,N @@``, a deleted file's ``@@ -1,N +0,0 @@``. Rollback restores
+the previous bytes (or removes a file the tool created) only while the file still has the hash
+the tool left; otherwise CONFLICT and the file is left alone.
+
+No tool deletes a file yet (Write and Edit replace content; there is no ``REM`` or ``MV``): a
+record is ``deleted`` when the runner reports no file after the tool (``after_sha256`` null).
+Restoring one needs the runner's ``restore`` to expect an absent file, which it does not yet.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import ChangeStatus, ReviewOperation, SnapshotState
 
 HUNK_CHARS = 64 * 1024
+REVIEW_VERSION = 1
+"""The review record's ``version`` (seed 003 §4c): bumped when a field changes meaning."""
 
 
 @dataclass
@@ -39,11 +49,14 @@ class Snapshot:
     tool_call_id: str
     path: str
     operation: ReviewOperation
-    status: ChangeStatus  # added or modified: a Write or an Edit never deletes
+    status: ChangeStatus
     existed: bool
     reversible: bool
-    after_sha256: str
+    after_sha256: str | None  # None: the tool left no file (a deletion)
     state: SnapshotState = "active"
+    # Defaulted so that a meta.json written before these fields existed still loads.
+    turn_id: str = ""
+    version: int = REVIEW_VERSION
 
 
 class SnapshotStore:
@@ -83,36 +96,56 @@ class SnapshotStore:
 
 
 def record(
-    store: SnapshotStore, tool_call_id: str, operation: ReviewOperation, path: str, details: dict[str, Any]
+    store: SnapshotStore,
+    tool_call_id: str,
+    operation: ReviewOperation,
+    path: str,
+    details: dict[str, Any],
+    *,
+    turn_id: str = "",
 ) -> dict[str, Any]:
     """Keep the previous bytes the runner returned and build the result's review record."""
     existed = bool(details.get("existed"))
     before_b64 = details.get("before")
     before = base64.b64decode(before_b64) if before_b64 is not None else None
-    reversible = not existed or before is not None
+    after_sha256: str | None = details["after_sha256"]  # present in every reply; None only for a deletion
     snap = Snapshot(
-        uuid.uuid4().hex[:16],
-        store.session_id,
-        tool_call_id,
-        path,
-        operation,
-        "modified" if existed else "added",
-        existed,
-        reversible,
-        details["after_sha256"],
+        snapshot_id=uuid.uuid4().hex[:16],
+        session_id=store.session_id,
+        tool_call_id=tool_call_id,
+        path=path,
+        operation=operation,
+        status=_status(existed, after_sha256),
+        existed=existed,
+        reversible=not existed or before is not None,
+        after_sha256=after_sha256,
+        turn_id=turn_id,
     )
     store.save(snap, before)
-    review = {
+    after = "" if after_sha256 is None else details.get("after")
+    return {**_fields(snap), **_diff(before, after, existed)}
+
+
+def _status(existed: bool, after_sha256: str | None) -> ChangeStatus:
+    if after_sha256 is None:
+        return "deleted"
+    return "modified" if existed else "added"
+
+
+def _fields(snap: Snapshot) -> dict[str, Any]:
+    """The record's identity and state; the diff's fields are added by :func:`_diff`."""
+    return {
+        "version": snap.version,
         "snapshot_id": snap.snapshot_id,
-        "tool_call_id": tool_call_id,
-        "path": path,
-        "operation": operation,
+        "message_id": snap.tool_call_id,
+        "tool_call_id": snap.tool_call_id,
+        "turn_id": snap.turn_id,
+        "path": snap.path,
+        "operation": snap.operation,
         "status": snap.status,
-        "reversible": reversible,
         "state": snap.state,
+        "reversible": snap.reversible,
     }
-    review.update(_diff(before, details.get("after"), existed))
-    return review
 
 
 def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, Any]:

@@ -16,15 +16,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import os
+import re
 import shutil
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 
 from sandbox import changes as kept_changes
 from sandbox import datadir, leftovers, review
@@ -33,11 +37,10 @@ from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
 from sandbox.backends import base
 from sandbox.calls import check_workspace
 from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
-from sandbox.policy import load_ruleset
+from sandbox.policy import live_rules, shell
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, UnattendedApprover, decide
 from sandbox.policy.authorize import Authorization, authorize
 from sandbox.policy.gate import Gate, SessionState, ToolCall
-from sandbox.policy.rules import RuleStore
 from sandbox.tools import params as tool_params
 from sandbox.tools.replies import grep_text
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
@@ -67,18 +70,65 @@ SCRATCH_MAX_AGE_S = 7 * 24 * 3600
 _REVIEWED: dict[str, ReviewOperation] = {"Write": "write", "Edit": "edit"}  # the tools a snapshot is kept for
 PRIVATE_COPY_NOTE = " (in the private copy; review and apply to keep it)"
 
+MutationKind = Literal["edit", "patch"]
+MUTATION_ATTEMPTS = 2  # the failed attempt in a turn that ends the repair loop (seed 003 §4d)
+_TURNS_KEPT = 64  # turns whose failures are remembered when nobody ends them
+_PATCH_TOOLS = frozenset({"patch", "apply_patch"})
+_WRAPPERS = frozenset({"sudo", "doas", "env", "command", "exec", "time", "nice", "nohup"})
+# Only for a command the shell parser cannot read (bashlex reads no quoted here-document, the usual
+# form of apply_patch): its first line, before any here-document body.
+_PATCH_LINE = re.compile(r"(?:^|[;&|(]|\bsudo)\s*(?:apply_patch|patch|git(?:\s+-[Cc]\s*\S+)*\s+apply)(?:\s|$)")
+
 
 def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S) -> list[str]:
-    """Remove scratch directories of sessions that ended without cleaning up (older than a week)."""
-    removed = []
-    root = datadir.subdir("scratch")
-    cutoff = time.time() - max_age_s
-    for entry in root.iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name != keep and entry.is_dir() and entry.stat().st_mtime < cutoff:
-                shutil.rmtree(entry)
-                removed.append(entry.name)
-    return removed
+    """Remove the scratch and review-changes directories of sessions that no longer exist: their
+    executor is gone, or, unclaimed, they were untouched for ``max_age_s``. The sessions' ids."""
+    swept = leftovers.sweep_sessions(keep=keep, max_age_s=max_age_s)
+    return sorted({Path(path).name for path in (*swept.scratch, *swept.reviews)})
+
+
+def is_patch_command(command: str) -> bool:
+    """Whether a Bash command runs ``apply_patch``, ``git apply`` or ``patch``."""
+    try:
+        simples = shell.parse(command).commands
+    except shell.Unparseable:
+        return _PATCH_LINE.search(command.split("\n", 1)[0]) is not None
+    return any(_runs_patch([word.text for word in simple.words]) for simple in simples)
+
+
+def _runs_patch(words: list[str]) -> bool:
+    index = 0  # past wrappers, their options and env's assignments
+    while index < len(words) and (
+        os.path.basename(words[index]) in _WRAPPERS or words[index].startswith("-") or "=" in words[index]
+    ):
+        index += 1
+    if index == len(words):
+        return False
+    name, args = os.path.basename(words[index]), words[index + 1 :]
+    if name in _PATCH_TOOLS:
+        return True
+    index = 0  # past git's global options: -C DIR, -c NAME=VALUE, --no-pager …
+    while index < len(args) and args[index].startswith("-"):
+        index += 2 if args[index] in ("-C", "-c") else 1
+    return name == "git" and args[index : index + 1] == ["apply"]
+
+
+class MutationGuard:
+    """A session's failed mutations, counted per turn: Edits per path, shell patch commands together."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, Counter[tuple[MutationKind, str]]] = {}
+
+    def failed(self, turn_id: str, kind: MutationKind, key: str) -> int:
+        """Count one failure; the attempt it is (1 for the first of its kind and key in the turn)."""
+        counts = self._turns.setdefault(turn_id, Counter())
+        counts[kind, key] += 1
+        if len(self._turns) > _TURNS_KEPT:  # a client that never ends its turns
+            del self._turns[next(iter(self._turns))]
+        return counts[kind, key]
+
+    def end_turn(self, turn_id: str) -> None:
+        self._turns.pop(turn_id, None)
 
 
 class SessionOptions(TypedDict, total=False):
@@ -131,6 +181,7 @@ class Sandbox:
         self.state = SessionState(session_id, mode)
         self.audit = AuditLog()
         self.snapshots = review.SnapshotStore(session_id)
+        self.mutations = MutationGuard()
         self._write_lock = anyio.Lock()
         self._closed = False
         self.kept: kept_changes.Kept | None = None  # what close kept of a copy/overlay session's changes
@@ -153,7 +204,7 @@ class Sandbox:
         prof = _profile(options)
         ws = check_workspace(Path(workspace))
         sid = _session_id(options.get("session_id"))
-        sweep_scratch(keep=sid)
+        await anyio.to_thread.run_sync(sweep_scratch, sid)
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
@@ -162,8 +213,10 @@ class Sandbox:
             cleanup_on_fail.callback(leftovers.release, scratch)
             cleanup_on_fail.callback(shutil.rmtree, scratch, ignore_errors=True)
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
-            rules = load_ruleset(prof.policy, ws, trust_override=options.get("trust_project"))
-            gate = Gate(ws, scratch, prof.policy, rules, global_mode=RuleStore().mode())
+            # Rules saved while the session runs reach it at its next call (seed 004).
+            live = live_rules(prof.policy, ws, trust_override=options.get("trust_project"))
+            rules, global_mode = live.load()
+            gate = Gate(ws, scratch, prof.policy, rules, global_mode=global_mode, live=live)
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
             # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
             cleanup_on_fail.push_async_callback(jail.aclose)
@@ -254,6 +307,7 @@ class Sandbox:
                 result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
         except SandboxError as exc:
             result = _error(exc, root=auth.decision.root)
+        self._guard_mutation(call, auth, result)
         try:
             self._audit(call, auth, result, started, ran_at)
         except SandboxError as exc:
@@ -276,7 +330,7 @@ class Sandbox:
                 return await run_bash(
                     self.jail,
                     params,
-                    env={"SANDBOX_SCRATCH_DIR": str(self.scratch)},
+                    env={"SANDBOX_SCRATCH_DIR": str(self.scratch), "PI_SCRATCH_DIR": str(self.scratch)},
                     on_stdout=on_stdout,
                     on_stderr=on_stderr,
                     abort=abort,
@@ -297,6 +351,17 @@ class Sandbox:
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
         return self._file_result(call, auth, reply, target)
 
+    def _guard_mutation(self, call: ToolCall, auth: Authorization, result: ToolResult) -> None:
+        """Seed 003 §4d: the second failed Edit of a path in a turn, or the second failed shell patch
+        command, ends the repair loop: the result says so and carries ``terminate``."""
+        failure = _mutation_failure(call, auth, result)
+        if failure is None:
+            return
+        attempt = self.mutations.failed(call.turn_id, *failure)
+        terminate = attempt >= MUTATION_ATTEMPTS
+        result.details.update(mutationFailureKind=failure[0], mutationFailureAttempt=attempt, terminate=terminate)
+        result.content += "\n" + _mutation_note(*failure, attempt)
+
     def _runner_target(self, params: BaseModel, auth: Authorization) -> str:
         if isinstance(params, tool_params.GlobParams):
             return self.gate.paths.resolve(params.path or ".").canonical
@@ -312,7 +377,11 @@ class Sandbox:
         result_root = auth.decision.root
         record = None
         if reply["ok"] and call.name in _REVIEWED and result_root == "workspace":
-            record = review.record(self.snapshots, call.tool_call_id, _REVIEWED[call.name], target, details)
+            record = review.record(
+                self.snapshots, call.tool_call_id, _REVIEWED[call.name], target, details, turn_id=call.turn_id
+            )
+        if result_root == "external":
+            details.setdefault("path", target)  # seed 003 §4a: an external result names its absolute canonical path
         for key in ("before", "after"):
             details.pop(key, None)
         if reply["ok"] and call.name in _REVIEWED and result_root == "workspace" and self.jail.tree is not None:
@@ -416,6 +485,7 @@ class Sandbox:
 
     def end_turn(self, turn_id: str) -> None:
         self.state.end_turn(turn_id)
+        self.mutations.end_turn(turn_id)
 
     # -- the private tree of a copy/overlay session -----------------------------------------------
 
@@ -466,6 +536,33 @@ class Sandbox:
             leftovers.release(self.scratch)
             self.snapshots.remove_all()
             self.audit.close()
+
+
+def _mutation_failure(call: ToolCall, auth: Authorization, result: ToolResult) -> tuple[MutationKind, str] | None:
+    """What a failed call counts against: an Edit its path, a patch command all of them; else None.
+
+    Only a tool that ran and failed counts: a refusal, a timeout or an abort is no failed edit."""
+    if result.ok or not auth.allowed or result.error_code != "TOOL_FAILED":
+        return None
+    if call.name == "Edit" and auth.decision.target is not None:
+        return "edit", auth.decision.target.canonical
+    if isinstance(call.params, tool_params.BashParams) and is_patch_command(call.params.command):
+        return "patch", ""
+    return None
+
+
+def _mutation_note(kind: MutationKind, path: str, attempt: int) -> str:
+    what, target = (f"Edit of {path}", "the file") if kind == "edit" else ("patch command", "the target files")
+    if attempt < MUTATION_ATTEMPTS:
+        return (
+            f"[a failed {what}: Read {target} once more and regenerate the change; "
+            "a second failure in this turn stops the attempt]"
+        )
+    what = "a patch command (apply_patch, git apply or patch)" if kind == "patch" else f"the {what}"
+    return (
+        f"[stop: {what} failed again in this turn (failure {attempt}). Do not retry it, nor hand-edit the change: "
+        f"Read {target} again before any other change, or stop and ask the user, saying exactly what did not match]"
+    )
 
 
 def _error(exc: SandboxError, root: Root | None = None) -> ToolResult:

@@ -126,8 +126,9 @@ ChangesetState = Literal["kept", "partial", "applied"]
 held back or refused), every applicable entry applied."""
 ChangesetSource = Literal["run", "session"]
 """What kept a changeset: ``sandbox run``, or a server session's copy mount."""
-ReviewOperation = Literal["write", "edit"]
-"""The tool call a review snapshot was kept for (Write or Edit, in the workspace)."""
+ReviewOperation = Literal["write", "edit", "delete"]
+"""The tool call a review snapshot was kept for (Write or Edit, in the workspace); ``delete``, a
+deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""
 SnapshotState = Literal["active", "rolledBack"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)

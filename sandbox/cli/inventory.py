@@ -105,7 +105,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from sandbox import leftovers
 
     swept = leftovers.sweep(legacy_cgroups=args.all)
-    for path in (*swept.cgroups, *swept.copies, *swept.scratch):
+    for path in (*swept.cgroups, *swept.copies, *swept.scratch, *swept.reviews):
         print(path)
     for line in swept.kept:
         say(f"kept {line}")
@@ -114,6 +114,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(name)
     say(
         f"removed {len(swept.cgroups)} cgroup(s), {len(swept.copies)} private copies, "
-        f"{len(swept.scratch)} scratch dir(s), {len(removed)} container(s)"
+        f"{len(swept.scratch)} scratch dir(s), {len(swept.reviews)} review dir(s), {len(removed)} container(s)"
     )
     return 1 if swept.kept else 0

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sandbox import datadir
-from sandbox.errors import ToolDenied
+from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.policy import commands
 from sandbox.policy.paths import PathPolicy, ResolvedPath
 from sandbox.policy.rules import CompiledRule, RuleSet
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from pydantic import BaseModel
@@ -81,6 +82,30 @@ class SessionState:
         self._denied.pop(turn_id, None)
 
 
+@dataclass(frozen=True)
+class LiveRules:
+    """Rules that follow their files (seed 004: saved configuration takes effect at once).
+
+    ``load`` reads the rules and the user's global mode afresh; ``files`` are what it reads (the
+    user's rules store, the trust store, the project's policy file). A running session's gate
+    looks at their modification stamps before each call and reloads when one changed.
+    """
+
+    load: Callable[[], tuple[RuleSet, PermissionMode | None]]
+    files: tuple[Path, ...]
+
+    def stamp(self) -> tuple[tuple[int, int] | None, ...]:
+        return tuple(_stamp(path) for path in self.files)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
 class Gate:
     def __init__(
         self,
@@ -91,21 +116,54 @@ class Gate:
         global_mode: PermissionMode | None = None,
         *,
         data_dir: Path | None = None,
+        live: LiveRules | None = None,
     ) -> None:
-        """``settings`` is a ``sandbox.profile.Policy``; ``rules`` defaults to the profile's own."""
+        """``settings`` is a ``sandbox.profile.Policy``; ``rules`` defaults to the profile's own.
+
+        With ``live``, rules and the global mode saved while the session runs reach it at its next call.
+        """
         self.settings = settings
-        self.rules = rules if rules is not None else RuleSet.from_settings(settings)
         self.global_mode = global_mode
+        self._roots = (workspace, scratch, data_dir if data_dir is not None else datadir.data_dir())
+        self._use(rules if rules is not None else RuleSet.from_settings(settings))
+        self._live = live
+        self._seen = live.stamp() if live is not None else ()
+        self._broken: str | None = None
+
+    def _use(self, rules: RuleSet) -> None:
+        workspace, scratch, state_dir = self._roots
+        self.rules = rules
         self.paths = PathPolicy(
             workspace,
             scratch,
-            deny_read=self.rules.deny_read,
-            deny_write=self.rules.deny_write,
-            confirm_write=self.rules.confirm_write,
-            state_dir=data_dir if data_dir is not None else datadir.data_dir(),
+            deny_read=rules.deny_read,
+            deny_write=rules.deny_write,
+            confirm_write=rules.confirm_write,
+            state_dir=state_dir,
         )
-        self.policy_version = self.rules.version
-        self._file_rules = [r for r in self.rules.compiled(self.paths.homes) if r.paths is not None]
+        self.policy_version = rules.version
+        self._file_rules = [r for r in rules.compiled(self.paths.homes) if r.paths is not None]
+
+    def follow(self) -> None:
+        """Reload the rules if a file they come from changed since they were read.
+
+        A file that cannot be read any more (a half-saved edit) fails closed: every call is denied,
+        naming the file, until it reads again.
+        """
+        if self._live is None:
+            return
+        stamp = self._live.stamp()
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        try:
+            rules, mode = self._live.load()
+        except InvalidArgument as exc:
+            self._broken = exc.message
+            return
+        self._broken = None
+        self._use(rules)
+        self.global_mode = mode
 
     def mode_for(self, state: SessionState) -> PermissionMode:
         """Session setting, then the profile, then the global default, then ``ask``."""
@@ -113,7 +171,11 @@ class Gate:
         return mode
 
     def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
+        self.follow()
         mode = self.mode_for(state)
+        if self._broken is not None:
+            reason = f"the policy cannot be read, so every call is refused until it can: {self._broken}"
+            return Decision("deny", reason, "policy.unreadable", call.name, None, False, call.name, "execute", mode)
         decision = self._decide(call, state, mode)
         return self._with_session(call, state, decision)
 
@@ -158,6 +220,16 @@ class Gate:
         protected = self.paths.protection(target, operation)
         if protected is not None and protected.layer == "deny":
             return replace(base, level="deny", reason=protected.reason, rule_id=protected.rule_id)
+        if operation == "write" and target.external:
+            # Seed 003 §4a: never ask for what cannot succeed. Outside the session roots the jail's
+            # filesystem is read-only or private to one call: such a write would be lost.
+            return replace(
+                base,
+                level="deny",
+                rule_id="path.external-write",
+                reason=f"{target.canonical} is outside the workspace and the scratch directory; in this sandbox "
+                f"such a write cannot persist. Write inside {self.paths.workspace} or {self.paths.scratch} instead.",
+            )
         ruled = self._file_rule(spec, target, base)
         if ruled is not None:
             return ruled

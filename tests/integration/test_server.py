@@ -249,3 +249,13 @@ async def test_a_client_that_does_not_read_never_holds_the_command_up(client: Cl
             if message.get("id") == "slow":
                 break
     assert message["result"]["details"]["stdout_bytes"] == 32 << 20
+
+
+async def test_a_rule_saved_while_the_session_runs_applies_at_its_next_call(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace)
+    call = {"session_id": sid, "tool": "Bash", "args": {"command": "echo before"}}
+    assert (await client.call("tool.call", call))["result"]["ok"]
+    saved = await anyio.run_process([SANDBOX, "policy", "block", "echo"], check=True)
+    assert saved.returncode == 0
+    refused = (await client.call("tool.call", call))["result"]
+    assert refused["error_code"] == "TOOL_DENIED" and "block rule" in refused["content"], refused

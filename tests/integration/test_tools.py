@@ -145,7 +145,8 @@ async def test_planted_symlink_outside_is_external_for_every_file_tool(
         for name, args in calls:
             result = await s.call(name, args)
             assert (result.ok, result.error_code) == (False, "TOOL_DENIED"), (name, result)
-    assert len(asked) == 4 and all(str(outside) in a for a in asked)
+    # Reads are asked about; writes outside could not persist, so they are refused unasked (seed 003 §4a).
+    assert [a.split(":")[0] for a in asked] == ["Read", "Grep"] and all(str(outside) in a for a in asked)
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == "s3cret needle\n"
 

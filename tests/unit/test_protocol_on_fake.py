@@ -7,14 +7,17 @@ and abort in ``exec.run``; the five boundaries of a session; the JSON-RPC server
 
 from __future__ import annotations
 
+import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from sandbox import exec as executor
+from sandbox import leftovers
 from sandbox.backends.fake import Call, FakeBackend, FakeJail, Kill, Script, Step
-from sandbox.session import Sandbox
+from sandbox.session import Sandbox, sweep_scratch
 from tests.unit import fake_support
 from tests.unit.fake_support import Client, only_process, open_fake
 
@@ -185,6 +188,60 @@ async def test_file_tools_fail_plainly_unless_scripted(fake: FakeBackend, sessio
     fake.handler = runner
     read = await session.call("Read", {"path": "README.md"})
     assert (read.ok, read.content) == (True, f"read {session.workspace / 'README.md'}")
+
+
+async def test_bash_is_told_the_scratch_dir_under_both_names(session: Sandbox) -> None:
+    result = await session.call("Bash", {"command": "echo $PI_SCRATCH_DIR; echo $SANDBOX_SCRATCH_DIR"})
+    assert (result.ok, result.content) == (True, f"{session.scratch}\n{session.scratch}")
+
+
+# -- what ended sessions left: swept as a session opens --------------------------------------------
+
+
+def _session_leftovers(data_dir: Path, sid: str, owner: str | None, *, age_days: float = 0) -> list[Path]:
+    """A session's scratch and review-changes directories, claimed by ``owner`` (a pid-starttime tag)."""
+    dirs = [data_dir / "scratch" / sid, data_dir / "review-changes" / sid]
+    (dirs[0]).mkdir(parents=True)
+    (dirs[0] / "notes.txt").write_text("x")
+    (dirs[1] / "snap1").mkdir(parents=True)
+    (dirs[1] / "snap1" / "before").write_text("the user's previous file")
+    if owner is not None:
+        (data_dir / "scratch" / f"{sid}.owner").write_text(owner + "\n")
+    stamp = time.time() - age_days * 86400
+    for path in dirs:
+        os.utime(path, (stamp, stamp))
+    return dirs
+
+
+def _dead_owner() -> str:
+    start = leftovers.start_time(os.getpid())
+    assert start is not None
+    return f"{os.getpid()}-{start + 1}"  # this pid, another start time: a process that is gone
+
+
+@pytest.mark.usefixtures("fake")
+async def test_opening_a_session_sweeps_what_ended_sessions_left(workspace: Path, data_dir: Path) -> None:
+    dead = _session_leftovers(data_dir, "dead", _dead_owner())
+    live_old = _session_leftovers(data_dir, "live", leftovers.owner_tag(), age_days=30)
+    unclaimed_old = _session_leftovers(data_dir, "old", None, age_days=8)
+    unclaimed_new = _session_leftovers(data_dir, "new", None)
+    (data_dir / "scratch" / "vanished.owner").write_text(_dead_owner() + "\n")  # its directory is gone
+    async with Sandbox.open(workspace, profile="default", backend="fake", session_id="opening") as s:
+        assert s.scratch.is_dir()
+    assert not any(path.exists() for path in (*dead, *unclaimed_old))
+    assert not (data_dir / "scratch" / "dead.owner").exists()
+    assert not (data_dir / "scratch" / "vanished.owner").exists()
+    assert all(path.exists() for path in (*live_old, *unclaimed_new))
+    assert (data_dir / "scratch" / "live.owner").exists()
+
+
+def test_gc_sweeps_ended_sessions_by_their_claim_only(data_dir: Path) -> None:
+    dead = _session_leftovers(data_dir, "dead", _dead_owner())
+    unclaimed_old = _session_leftovers(data_dir, "old", None, age_days=30)
+    swept = leftovers.sweep_sessions()  # as `sandbox gc` does, without an age
+    assert (swept.scratch, swept.reviews, swept.kept) == ([str(dead[0])], [str(dead[1])], [])
+    assert not any(path.exists() for path in dead) and all(path.exists() for path in unclaimed_old)
+    assert sweep_scratch(max_age_s=7 * 86400) == ["old"]
 
 
 # -- sandbox serve over stdio -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The review record's diff: standard unified hunks that ``patch`` and ``git apply`` accept.
+"""The review record (seed 003 §4c): its fields, its status, and a diff of standard unified hunks.
 
 A client shows the hunks and may hand them to a patch tool, so their headers follow the unified
 format: an empty side is ``0,0`` (``@@ -0,0 +1,2 @@`` for a new file), never ``1,0``.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any
@@ -20,24 +21,86 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 PATH = "pkg/app.py"
+SEED_FIELDS = {  # seed 003 §4c's ReviewChange, in the protocol's snake_case
+    "version",
+    "snapshot_id",
+    "message_id",
+    "path",
+    "operation",
+    "status",
+    "state",
+    "additions",
+    "deletions",
+    "hunks",
+    "binary",
+    "truncated",
+    "reversible",
+}
 
 
-def _record(tmp_path: Path, before: str | None, after: str) -> dict[str, Any]:
-    """The review record of a Write that turned ``before`` (``None``: no file) into ``after``."""
-    store = review.SnapshotStore("s1", root=tmp_path / "snapshots")
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _store(tmp_path: Path) -> review.SnapshotStore:
+    return review.SnapshotStore("s1", root=tmp_path / "snapshots")
+
+
+def _record(tmp_path: Path, before: str | None, after: str | None, turn_id: str = "") -> dict[str, Any]:
+    """The review record of a tool that turned ``before`` into ``after`` (``None``: no file)."""
     details = {
         "existed": before is not None,
         "before": None if before is None else base64.b64encode(before.encode()).decode(),
         "after": after,
-        "after_sha256": hashlib.sha256(after.encode()).hexdigest(),
+        "after_sha256": None if after is None else _sha(after),
     }
-    return review.record(store, "call-1", "write", PATH, details)
+    return review.record(_store(tmp_path), "call-1", "write", PATH, details, turn_id=turn_id)
 
 
-def _patch_text(record: dict[str, Any], created: bool) -> str:
+def _patch_text(record: dict[str, Any], before: str | None, after: str | None) -> str:
     """The record's hunks under the file headers a patch tool wants."""
-    old = "/dev/null" if created else f"a/{PATH}"
-    return "\n".join([f"--- {old}", f"+++ b/{PATH}", *record["hunks"]]) + "\n"
+    old = "/dev/null" if before is None else f"a/{PATH}"
+    new = "/dev/null" if after is None else f"b/{PATH}"
+    return "\n".join([f"--- {old}", f"+++ {new}", *record["hunks"]]) + "\n"
+
+
+def test_the_record_has_the_seeds_fields_and_names_its_message(tmp_path: Path) -> None:
+    record = _record(tmp_path, "one\n", "two\n", turn_id="turn-3")
+    assert SEED_FIELDS - record.keys() == set()
+    assert record["version"] == review.REVIEW_VERSION == 1
+    assert (record["message_id"], record["tool_call_id"], record["turn_id"]) == ("call-1", "call-1", "turn-3")
+    assert (record["operation"], record["state"], record["reversible"]) == ("write", "active", True)
+
+
+def test_the_stored_snapshot_is_the_record(tmp_path: Path) -> None:
+    record = _record(tmp_path, "one\n", "two\n", turn_id="turn-3")
+    snap, before = _store(tmp_path).load(record["snapshot_id"])
+    assert before == b"one\n"
+    assert (snap.version, snap.turn_id, snap.status, snap.path) == (1, "turn-3", "modified", PATH)
+
+
+def test_a_snapshot_kept_before_version_and_turn_existed_still_loads(tmp_path: Path) -> None:
+    record = _record(tmp_path, "one\n", "two\n")
+    meta = tmp_path / "snapshots" / "s1" / record["snapshot_id"] / "meta.json"
+    old = {k: v for k, v in json.loads(meta.read_text()).items() if k not in ("version", "turn_id")}
+    meta.write_text(json.dumps(old))
+    snap, _ = _store(tmp_path).load(record["snapshot_id"])
+    assert (snap.version, snap.turn_id, snap.after_sha256) == (1, "", _sha("two\n"))
+
+
+def test_a_file_the_tool_removed_is_deleted_to_0_0(tmp_path: Path) -> None:
+    record = _record(tmp_path, "one\ntwo\n", None)
+    assert (record["status"], record["reversible"]) == ("deleted", True)
+    assert (record["additions"], record["deletions"]) == (0, 2)
+    assert record["hunks"] == ["@@ -1,2 +0,0 @@\n-one\n-two"]
+    snap, before = _store(tmp_path).load(record["snapshot_id"])
+    assert (snap.after_sha256, before) == (None, b"one\ntwo\n")
+
+
+def test_a_deleted_file_too_large_to_keep_is_not_reversible(tmp_path: Path) -> None:
+    details = {"existed": True, "before": None, "before_kept": False, "after": None, "after_sha256": None}
+    record = review.record(_store(tmp_path), "call-1", "edit", PATH, details)
+    assert (record["status"], record["reversible"], record["truncated"]) == ("deleted", False, True)
 
 
 def _tree(root: Path, before: str | None) -> Path:
@@ -75,8 +138,9 @@ def test_a_modified_file_keeps_three_lines_of_context(tmp_path: Path) -> None:
     ]
 
 
-CASES = {
+CASES: dict[str, tuple[str | None, str | None]] = {
     "added": (None, "one\ntwo\n"),
+    "deleted": ("one\ntwo\nthree\n", None),
     "emptied": ("one\ntwo\nthree\n", ""),
     "modified": (
         "".join(f"{n}\n" for n in range(40)),
@@ -93,8 +157,11 @@ def test_the_hunks_apply_with_patch_tools(tmp_path: Path, case: str, tool: str) 
     before, after = CASES[case]
     record = _record(tmp_path, before, after)
     root = _tree(tmp_path / "tree", before)
-    (tmp_path / "change.diff").write_text(_patch_text(record, created=before is None))
+    (tmp_path / "change.diff").write_text(_patch_text(record, before, after))
     argv = ["patch", "-p1", "--batch", "-i"] if tool == "patch" else ["git", "apply", "--unsafe-paths", "-p1"]
     done = subprocess.run([*argv, str(tmp_path / "change.diff")], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (root / PATH).read_text() == after
+    if after is None:
+        assert not (root / PATH).exists()
+    else:
+        assert (root / PATH).read_text() == after

@@ -53,6 +53,7 @@ import type {
 	ToolResult,
 } from "./protocol.ts";
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
+import { observeReviews, ReviewLog, reviewNotice, rollbackCommand } from "./rollback.ts";
 import { type Approver, defaultSandboxBin, NO_ONE, SandboxSession } from "./session.ts";
 
 export { SandboxClient } from "./client.ts";
@@ -61,6 +62,7 @@ export { executeSandboxGrep } from "./grep.ts";
 export * from "./operations.ts";
 export type * from "./protocol.ts";
 export { countsLine, keptMessage, type ReviewContext, type ReviewOutcome, reviewChangeset, reviewText } from "./review.ts";
+export { observeReviews, ReviewLog, reviewNotice, type RollbackOutcome, rollbackCommand } from "./rollback.ts";
 export { type Approver, type ApprovalVerdict, denyAll, NO_ONE, SandboxSession, type SandboxSessionOptions } from "./session.ts";
 
 export interface SandboxExtensionConfig {
@@ -382,11 +384,19 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			return { ...result, content: [...result.content, { type: "text", text: PRIVATE_COPY_NOTE }] };
 		},
 	});
-	register(createWriteToolDefinition(cwd), (c, ctx) => inCopy(createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(c) })));
-	register(createEditToolDefinition(cwd), (c, ctx) => inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(c) })));
+	// A write or edit's review record is told to the user and remembered for /sandbox rollback.
+	const reviews = new ReviewLog();
+	const reviewed = (c: SandboxCallContext, ctx: ExtensionToolContext): SandboxCallContext =>
+		observeReviews(c, (session, review) => {
+			reviews.note(session.info.session_id, review);
+			if (ctx.hasUI) ctx.ui.notify(reviewNotice(review, session.info.workspace), "info");
+		});
+	register(createWriteToolDefinition(cwd), (c, ctx) => inCopy(createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(reviewed(c, ctx)) })));
+	register(createEditToolDefinition(cwd), (c, ctx) => inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(reviewed(c, ctx)) })));
 	register(createLsToolDefinition(cwd), (c, ctx) => createLsToolDefinition(ctx.cwd, { operations: createSandboxLsOperations(c) }));
 	register(createFindToolDefinition(cwd), (c, ctx) => createFindToolDefinition(ctx.cwd, { operations: createSandboxFindOperations(c) }));
-	// PI_* variables are not forwarded into the jail, so pi's hint about them is left out. pi's bash
+	// pi's PI_* variables are not forwarded into the jail (the server sets PI_SCRATCH_DIR itself), so
+	// pi's hint about them is left out. pi's bash
 	// merges the two streams; the model gets them apart (streamsApart) from the server's result.
 	register(createBashToolDefinition(cwd, { exposeSessionEnvironment: false }), (c, ctx) => {
 		let server: ToolResult | undefined;
@@ -447,7 +457,10 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		if (!info) return undefined;
 		const note =
 			`Tools run inside an OS-level sandbox (profile ${info.profile}, ${info.backend}, workspace ${info.workspace} mounted ${info.mount}). ` +
-			"Paths outside the workspace and network access may be refused; a refusal is a policy decision, not a bug to work around." +
+			"Paths outside the workspace and network access may be refused; a refusal is a policy decision, not a bug to work around. " +
+			`For temporary files (one-off scripts, downloads, drafts) use the session's scratch directory ${info.scratch_dir}, not the workspace: ` +
+			"address it by absolute path (relative paths resolve against the workspace); Bash has it as $PI_SCRATCH_DIR. " +
+			"It is removed when the session ends." +
 			(COPYING.has(info.mount)
 				? " Your changes land in a private copy of the workspace; the user reviews them and applies them to the workspace to keep them."
 				: "");
@@ -455,8 +468,14 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	});
 
 	pi.registerCommand("sandbox", {
-		description: "Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox restart` starts a new sandbox server",
+		description:
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
+			const [sub = "", ...rest] = args.trim().split(/\s+/);
+			if (sub === "rollback") {
+				await rollbackCommand(manager.current, reviews, rest.join(" "), ctx.ui);
+				return;
+			}
 			if (args.trim() === "review") {
 				await reviewCommand(manager, ctx).catch((error: Error) => ctx.ui.notify(`Sandbox review failed: ${error.message}`, "error"));
 				return;

@@ -179,6 +179,75 @@ export interface ToolResult {
 	review?: Record<string, unknown> | null;
 }
 
+/** What a reviewed tool did to the file; `delete` is modelled, though no tool deletes yet. */
+export type ReviewOperation = "write" | "edit" | "delete";
+export type ReviewStatus = "added" | "modified" | "deleted";
+export type ReviewState = "active" | "rolledBack";
+
+/**
+ * `ToolResult.review`: the review record of a workspace Write or Edit (seed 003 §4c's
+ * `ReviewChange`, in snake_case). `message_id` is the tool message that owns it, i.e. the call's
+ * `tool_call_id`; the counts are null when the previous content was binary or too large to diff.
+ */
+export interface ReviewChange {
+	version: number;
+	snapshot_id: string;
+	message_id: string;
+	tool_call_id: string;
+	turn_id: string;
+	path: string;
+	operation: ReviewOperation;
+	status: ReviewStatus;
+	state: ReviewState;
+	additions: number | null;
+	deletions: number | null;
+	hunks: string[];
+	binary: boolean;
+	truncated: boolean;
+	reversible: boolean;
+}
+
+/** `snapshot.rollback`'s answer (a CONFLICT or an unknown snapshot is a JSON-RPC error instead). */
+export interface RollbackResult {
+	ok: boolean;
+	path: string | null;
+	content: string;
+}
+
+const REVIEW_OPERATIONS: readonly string[] = ["write", "edit", "delete"];
+const REVIEW_STATUSES: readonly string[] = ["added", "modified", "deleted"];
+
+function countOrNull(value: unknown): number | null {
+	return typeof value === "number" ? value : null;
+}
+
+/** A ToolResult's `review`, when it is a review record this extension can read. */
+export function parseReview(value: unknown): ReviewChange | undefined {
+	if (!isRecord(value)) return undefined;
+	const { snapshot_id, path, operation, status } = value;
+	if (typeof snapshot_id !== "string" || typeof path !== "string") return undefined;
+	if (typeof operation !== "string" || !REVIEW_OPERATIONS.includes(operation)) return undefined;
+	if (typeof status !== "string" || !REVIEW_STATUSES.includes(status)) return undefined;
+	const toolCallId = typeof value.tool_call_id === "string" ? value.tool_call_id : "";
+	return {
+		version: typeof value.version === "number" ? value.version : 0,
+		snapshot_id,
+		message_id: typeof value.message_id === "string" ? value.message_id : toolCallId,
+		tool_call_id: toolCallId,
+		turn_id: typeof value.turn_id === "string" ? value.turn_id : "",
+		path,
+		operation: operation as ReviewOperation,
+		status: status as ReviewStatus,
+		state: value.state === "rolledBack" ? "rolledBack" : "active",
+		additions: countOrNull(value.additions),
+		deletions: countOrNull(value.deletions),
+		hunks: Array.isArray(value.hunks) ? value.hunks.filter((h): h is string => typeof h === "string") : [],
+		binary: value.binary === true,
+		truncated: value.truncated === true,
+		reversible: value.reversible === true,
+	};
+}
+
 export type OutputStream = "stdout" | "stderr";
 
 export interface ToolOutputParams {

@@ -26,6 +26,7 @@ import {
 	parseToolOutput,
 	parseToolResult,
 	type PendingChanges,
+	type RollbackResult,
 	type SessionCloseResult,
 	type SessionOpenParams,
 	type SessionOpenResult,
@@ -258,6 +259,16 @@ export class SandboxSession {
 
 	async discardChanges(id: string): Promise<void> {
 		await this.client.request("changes.discard", { changeset_id: id }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	/**
+	 * Put back the file a Write or Edit of this session changed (its review record's
+	 * `snapshot_id`), as it was before the tool ran. Rejects with a SandboxRpcError: CONFLICT when
+	 * the file changed since (it is left alone) or cannot be restored, INVALID_ARGUMENT when this
+	 * session has no such snapshot. A snapshot already rolled back answers `ok` again.
+	 */
+	rollback(snapshotId: string, timeoutMs = 60_000): Promise<RollbackResult> {
+		return this.client.request<RollbackResult>("snapshot.rollback", { session_id: this.info.session_id, snapshot_id: snapshotId }, { timeoutMs });
 	}
 
 	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision; answered_by?: "nobody" }> {

@@ -178,7 +178,11 @@ describe("the pi extension", () => {
 			const write = tools.get("write");
 			assert.ok(write);
 			const attempt = (id: string) => write.execute(id, { path: "turned.txt", content: "x" }, undefined, undefined, ctx).catch((e: Error) => e);
-			await emit("before_agent_start", { type: "before_agent_start", messageType: "user", prompt: "one", systemPrompt: "" }, ctx);
+			const note = (await emit("before_agent_start", { type: "before_agent_start", messageType: "user", prompt: "one", systemPrompt: "" }, ctx)) as
+				| { systemPrompt: string }
+				| undefined;
+			assert.match(note?.systemPrompt ?? "", /scratch/i); // the model is told its scratch directory
+			assert.match(note?.systemPrompt ?? "", /PI_SCRATCH_DIR/);
 			assert.match(String(await attempt("t1")), /TOOL_DENIED/);
 			assert.match(String(await attempt("t2")), /already denied this call in this turn/);
 			assert.equal(asked.length, 1);

@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox.errors import InvalidArgument, ToolDenied
-from sandbox.policy.gate import SessionState, ToolCall
-from sandbox.policy.rules import RuleSet, UserRule
+from sandbox.policy import live_rules
+from sandbox.policy.gate import Gate, SessionState, ToolCall
+from sandbox.policy.rules import RuleSet, RuleStore, UserRule
+from sandbox.policy.trust import TrustStore
+from sandbox.profile import Policy
 from sandbox.tools.params import REGISTRY, BashParams, lookup, validate
 
 if TYPE_CHECKING:
@@ -187,3 +190,30 @@ def test_plugin_tools_are_denied_in_plan(world: World, state: SessionState) -> N
         assert world.gate("auto").evaluate(call, state).level == "allow"
     finally:
         params.unregister(spec.name)
+
+
+def test_rules_saved_while_a_session_runs_reach_it_at_its_next_call(world: World) -> None:
+    """Seed 004: saved configuration takes effect at once; a half-saved store fails closed."""
+    store = RuleStore(world.data / "policy" / "rules.json")
+    settings = Policy.model_validate({"mode": "auto"})
+    gate = Gate(
+        world.ws,
+        world.scratch,
+        settings,
+        data_dir=world.data,
+        live=live_rules(settings, world.ws, store=store, trust=TrustStore(world.data / "policy" / "trust.json")),
+    )
+    state = SessionState("s1")
+    call = world.call("Bash", {"command": "curl https://example.com"})
+    assert gate.evaluate(call, state).level == "allow"
+    rule = store.add("block", "curl")
+    blocked = gate.evaluate(call, state)
+    assert (blocked.level, blocked.rule_id) == ("deny", rule.id)
+    store.path.write_text("{not json")
+    broken = gate.evaluate(call, state)
+    assert (broken.level, broken.rule_id) == ("deny", "policy.unreadable") and str(store.path) in broken.reason
+    store.path.unlink()
+    assert gate.evaluate(call, state).level == "allow"
+    store.set_mode("accept-edits")  # the user's global mode, read again too
+    gate.evaluate(call, state)
+    assert gate.global_mode == "accept-edits"
