@@ -91,6 +91,11 @@ class SessionParams(_Params):
     session_id: str
 
 
+class SessionConfigureParams(SessionParams):
+    mode: PermissionMode | None = None
+    operating_mode: OperatingMode | None = None
+
+
 class ToolCallParams(_Params):
     session_id: str
     tool: str
@@ -371,6 +376,16 @@ class Server:
             "closed": True,
             "changeset_id": kept.id if kept is not None else None,
             "counts": kept.summary()["counts"] if kept is not None else None,
+        }
+
+    @method("session.configure", SessionConfigureParams)
+    async def session_configure(self, p: SessionConfigureParams) -> dict[str, Any]:
+        sandbox = self._session(p.session_id)
+        sandbox.configure(mode=p.mode, operating_mode=p.operating_mode)
+        return {
+            "session_id": p.session_id,
+            "mode": sandbox.gate.mode_for(sandbox.state),
+            "operating_mode": sandbox.gate.settings.operating_mode,
         }
 
     @method("session.changes", SessionParams)

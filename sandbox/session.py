@@ -186,6 +186,7 @@ class Sandbox:
         self._closed = False
         self.kept: kept_changes.Kept | None = None  # what close kept of a copy/overlay session's changes
         self._commands: dict[str, str] = {}  # the Bash calls running now: tool_call_id -> turn_id
+        self._in_flight = 0  # calls past their validation and not yet answered
         self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
 
     @classmethod
@@ -233,6 +234,22 @@ class Sandbox:
             sandbox._watch_egress()
             cleanup_on_fail.pop_all()
         return sandbox
+
+    def configure(self, *, mode: PermissionMode | None = None, operating_mode: OperatingMode | None = None) -> None:
+        """Change the permission mode or the operating mode of the running session (seed 003 §6).
+
+        Only between calls (seed 003 §10.1: the host validates the active-turn boundary before any
+        transition): with a call in flight it is CONFLICT and nothing changes.
+        """
+        if self._in_flight:
+            raise Conflict(
+                f"the session has {self._in_flight} call(s) in flight; change its mode between calls",
+                session_id=self.session_id,
+            )
+        if mode is not None:
+            self.state.mode = mode
+        if operating_mode is not None:
+            self.gate.settings = self.gate.settings.model_copy(update={"operating_mode": operating_mode})
 
     # -- the network allowlist's proxy ------------------------------------------------------------
 
@@ -295,6 +312,23 @@ class Sandbox:
             self._audit_rejected(name, args, call_id, turn_id, exc, started)
             return _error(exc)
         call = ToolCall(self.session_id, turn_id, call_id, name, params)
+        self._in_flight += 1
+        try:
+            return await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
+        finally:
+            self._in_flight -= 1
+
+    async def _authorized(
+        self,
+        call: ToolCall,
+        spec: tool_params.ToolSpec,
+        started: float,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        abort: anyio.Event | None,
+    ) -> ToolResult:
+        """Boundaries 3 to 5 of a call whose tool and arguments passed 1 and 2."""
+        params = call.params
         auth = await authorize(self.gate, self.state, call, self.approver)  # 3 policy, 4 approval
         ran_at = time.monotonic()
         try:

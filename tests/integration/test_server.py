@@ -259,3 +259,33 @@ async def test_a_rule_saved_while_the_session_runs_applies_at_its_next_call(clie
     assert saved.returncode == 0
     refused = (await client.call("tool.call", call))["result"]
     assert refused["error_code"] == "TOOL_DENIED" and "block rule" in refused["content"], refused
+
+
+async def test_session_configure_changes_the_modes_between_calls_only(client: Client, workspace: Path) -> None:
+    sid = await open_session(client, workspace, mode="ask")
+    write = {"session_id": sid, "tool": "Write", "args": {"path": "m.txt", "content": "x"}}
+    changed = await client.call("session.configure", {"session_id": sid, "mode": "auto"})
+    assert changed["result"] == {"session_id": sid, "mode": "auto", "operating_mode": "agent"}
+    assert (await client.call("tool.call", write))["result"]["ok"] and not client.approvals
+    planned = await client.call("session.configure", {"session_id": sid, "operating_mode": "plan"})
+    assert planned["result"]["operating_mode"] == "plan"
+    refused = (await client.call("tool.call", write))["result"]
+    assert refused["error_code"] == "TOOL_DENIED" and "plan mode" in refused["content"]
+    # With a call in flight the transition is refused (the active-turn boundary) and nothing changes.
+    busy_call = {
+        "session_id": sid,
+        "tool": "Bash",
+        "tool_call_id": "busy",
+        "args": {"command": "echo started; sleep 3"},
+    }
+    await client.send({"jsonrpc": "2.0", "id": "busy", "method": "tool.call", "params": busy_call})
+    with anyio.fail_after(30):
+        while json.loads(await client.lines.receive_until(b"\n", 1 << 26)).get("method") != "tool.output":
+            pass  # the call is running once its output arrives
+    busy = await client.call("session.configure", {"session_id": sid, "operating_mode": "agent"})
+    assert busy["error"]["data"]["code"] == "CONFLICT", busy
+    with anyio.fail_after(30):
+        while json.loads(await client.lines.receive_until(b"\n", 1 << 26)).get("id") != "busy":
+            pass
+    after = await client.call("session.configure", {"session_id": sid})
+    assert after["result"]["operating_mode"] == "plan"

@@ -176,6 +176,29 @@ export function streamsApart<T>(result: AgentToolResult<T>, server: ToolResult |
 	return { ...result, content: [{ type: "text", text }], ...(apart === undefined ? {} : { structuredContent: apart }) };
 }
 
+/** `/sandbox mode X`, `/sandbox plan`, `/sandbox agent`: the running session's modes, changed between calls. */
+async function configureCommand(
+	session: SandboxSession | undefined,
+	change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" },
+	ctx: Pick<ExtensionContext, "ui">,
+): Promise<void> {
+	if (!session?.alive) {
+		ctx.ui.notify("Sandbox: not running; `/sandbox restart` first.", "warning");
+		return;
+	}
+	if (!change.mode && !change.operating_mode) {
+		ctx.ui.notify(`Sandbox: /sandbox mode takes one of ${MODES.join(", ")}`, "warning");
+		return;
+	}
+	try {
+		const now = await session.configure(change);
+		ctx.ui.notify(`Sandbox: permission mode ${now.mode}, operating mode ${now.operating_mode}`, "info");
+		ctx.ui.setStatus("sandbox", `sandbox: ${session.info.profile} ${session.info.backend}/${session.info.mount} ${now.mode}`);
+	} catch (error) {
+		ctx.ui.notify(`Sandbox: the mode was not changed: ${(error as Error).message}`, "error");
+	}
+}
+
 // -- failures without a UI ------------------------------------------------------------------------
 
 const said = new Set<string>();
@@ -469,9 +492,20 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("sandbox", {
 		description:
-			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox restart` starts a new sandbox server",
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|agent` change the running session's modes; `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			const [sub = "", ...rest] = args.trim().split(/\s+/);
+			if (sub === "mode" || sub === "plan" || sub === "agent") {
+				let change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" };
+				try {
+					change = sub === "mode" ? { mode: pick("sandbox mode", rest[0], MODES) } : { operating_mode: sub };
+				} catch (error) {
+					ctx.ui.notify(`Sandbox: ${(error as Error).message}`, "warning");
+					return;
+				}
+				await configureCommand(manager.current, change, ctx);
+				return;
+			}
 			if (sub === "rollback") {
 				await rollbackCommand(manager.current, reviews, rest.join(" "), ctx.ui);
 				return;

@@ -257,6 +257,11 @@ export class SandboxSession {
 		return this.client.request<ApplyReport>("changes.apply", params, { timeoutMs: CHANGES_TIMEOUT_MS });
 	}
 
+	/** Change the session's permission mode or operating mode between calls (CONFLICT with a call in flight). */
+	configure(change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" }): Promise<{ mode: string; operating_mode: string }> {
+		return this.client.request("session.configure", { session_id: this.info.session_id, ...change }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
 	async discardChanges(id: string): Promise<void> {
 		await this.client.request("changes.discard", { changeset_id: id }, { timeoutMs: CHANGES_TIMEOUT_MS });
 	}

@@ -194,4 +194,26 @@ describe("the pi extension", () => {
 			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 		}
 	});
+
+	it("/sandbox mode and /sandbox plan change the running session's modes", async () => {
+		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
+		const { ctx, asked, notes } = fakeContext(workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const write = tools.get("write");
+			assert.ok(write);
+			await commands.get("sandbox")?.handler("mode yolo", ctx);
+			assert.match(notes.at(-1) ?? "", /not one of ask, accept-edits, auto/);
+			await commands.get("sandbox")?.handler("mode auto", ctx);
+			assert.match(notes.at(-1) ?? "", /permission mode auto, operating mode agent/);
+			await write.execute("m1", { path: "moded.txt", content: "x" }, undefined, undefined, ctx);
+			assert.equal(asked.length, 0);
+			assert.equal(readFileSync(path.join(workspace, "moded.txt"), "utf8"), "x");
+			await commands.get("sandbox")?.handler("plan", ctx);
+			await assert.rejects(write.execute("m2", { path: "planned.txt", content: "x" }, undefined, undefined, ctx), /plan mode/);
+			assert.equal(existsSync(path.join(workspace, "planned.txt")), false);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
 });
