@@ -17,6 +17,7 @@ import type {
 	GrepToolInput,
 	ToolDefinition,
 } from "@earendil-works/pi-coding-agent";
+import { execFile } from "node:child_process";
 import type { TSchema } from "typebox";
 import {
 	type AgentToolResult,
@@ -197,6 +198,27 @@ async function configureCommand(
 	} catch (error) {
 		ctx.ui.notify(`Sandbox: the mode was not changed: ${(error as Error).message}`, "error");
 	}
+}
+
+/**
+ * `/sandbox policy …` and `/sandbox audit …`: seed 004's `/safety` set inside pi (show the rules,
+ * the mode and the paths; test a call; allow, block or ask; stats), through the `sandbox` CLI
+ * itself, so pi and the terminal share one store. A rule saved here reaches the running session
+ * at its next call.
+ */
+async function cliCommand(bin: string, args: string[], ctx: Pick<ExtensionContext, "ui">): Promise<void> {
+	const words = args.flatMap((arg) => (arg ? [arg.replace(/^"(.*)"$/, "$1")] : []));
+	if (words.length < 2) {
+		ctx.ui.notify("Sandbox: /sandbox policy list|test|allow|block|ask|remove|restore|mode …, /sandbox audit stats|network", "warning");
+		return;
+	}
+	const outcome = await new Promise<{ code: number; out: string }>((resolve) => {
+		execFile(bin, words, { timeout: 30_000, maxBuffer: 1 << 20 }, (error, stdout, stderr) => {
+			const code = error ? (typeof error.code === "number" ? error.code : 1) : 0;
+			resolve({ code, out: `${stdout}${stderr}`.trim() });
+		});
+	});
+	ctx.ui.notify(`sandbox ${words.join(" ")}\n${outcome.out || "(no output)"}`, outcome.code === 0 ? "info" : "warning");
 }
 
 // -- failures without a UI ------------------------------------------------------------------------
@@ -495,6 +517,10 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|agent` change the running session's modes; `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			const [sub = "", ...rest] = args.trim().split(/\s+/);
+			if (sub === "policy" || sub === "audit") {
+				await cliCommand(resolveConfig(process.env, flag).bin, [sub, ...rest], ctx);
+				return;
+			}
 			if (sub === "mode" || sub === "plan" || sub === "agent") {
 				let change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" };
 				try {

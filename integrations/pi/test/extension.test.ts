@@ -216,4 +216,24 @@ describe("the pi extension", () => {
 			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 		}
 	});
+
+	it("/sandbox policy and /sandbox audit: a rule saved from pi reaches the running session at once", async () => {
+		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "auto" });
+		const { ctx, notes } = fakeContext(workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const bash = tools.get("bash");
+			assert.ok(bash);
+			assert.match(text(await bash.execute("p1", { command: "echo free" }, undefined, undefined, ctx)), /free/);
+			await commands.get("sandbox")?.handler('policy block "echo"', ctx);
+			assert.match(notes.at(-1) ?? "", /sandbox policy block echo/);
+			await assert.rejects(bash.execute("p2", { command: "echo blocked" }, undefined, undefined, ctx), /block rule/);
+			await commands.get("sandbox")?.handler("policy list", ctx);
+			assert.match(notes.at(-1) ?? "", /block\s+echo/);
+			await commands.get("sandbox")?.handler("audit stats", ctx);
+			assert.match(notes.at(-1) ?? "", /calls/);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
 });
