@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-installed test-user test-unit test-pi bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps demo test test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -21,10 +21,13 @@ $(STAMP): pyproject.toml
 # ordinary-user and README tests build with /usr/bin/python3 (an interpreter the jail can see).
 # curl, git and pip are the clients the allowlist network tests drive in a bubblewrap jail (which
 # shows the host's /usr); as root, nftables makes the transparent network (its rules in each
-# call's own network namespace).
+# call's own network namespace). libseccomp2 builds the jail's seccomp filter; gcc compiles the
+# seccomp tests' C probes and is one of the ordinary workloads that must still run under it.
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	  for tool in curl git; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	  command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing="$$missing libseccomp2"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import pip" 2>/dev/null || missing="$$missing python3-pip"; \
 	  [ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
@@ -75,6 +78,12 @@ node-deps:
 # The pi extension, tested against pi's own tool code with the real server.
 test-pi: setup node-deps
 	cd integrations/pi && npm ci --no-audit --no-fund && SANDBOX_BIN="$(CURDIR)/$(BIN)/sandbox" npm test
+
+# Sustained load (tests/soak): 20 sessions, 5,000 mixed calls per backend through `sandbox serve`,
+# then SIGKILLs under load; leftovers, audit records, RSS and p50/p99 in ci-artifacts/soak/.
+soak: setup system-deps
+	-@bash images/dockerd-up.sh
+	$(BIN)/pytest -m soak tests/soak -q -s $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

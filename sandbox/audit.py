@@ -28,9 +28,18 @@ if TYPE_CHECKING:
 
     from sandbox.policy.authorize import Authorization
     from sandbox.policy.gate import ToolCall
-    from sandbox.vocabulary import DecidedBy, Decision, ErrorCode, External, Level, PermissionMode, Root
+    from sandbox.vocabulary import (
+        DecidedBy,
+        Decision,
+        ErrorCode,
+        External,
+        Level,
+        OperatingMode,
+        PermissionMode,
+        Root,
+    )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: operating_mode and delegate (added to older logs on open)
 PREVIEW_CHARS = 400
 REDACTED = "[REDACTED]"
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
@@ -174,6 +183,8 @@ class AuditRecord:
     error_code: ErrorCode | None
     policy_version: str
     ts: float = field(default_factory=time.time)
+    operating_mode: OperatingMode = "agent"  # a contract mode's denial says so (seed 003 §11)
+    delegate: str | None = None  # the delegate that made the call (seed 003 §10.2)
 
     @classmethod
     def build(
@@ -217,6 +228,8 @@ class AuditRecord:
             ok,
             error_code,
             policy_version,
+            operating_mode=decision.operating_mode,
+            delegate=call.delegate.name if call.delegate is not None else None,
         )
 
 
@@ -226,6 +239,8 @@ def _dump(params: BaseModel) -> dict[str, Any]:
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
 _SQL_TYPES = {"bool": "INTEGER", "float": "REAL"}  # every other field is text: a str or a Literal of them
+# Columns added after schema 1, with what an older row holds there: ALTER TABLE adds them on open.
+_ADDED = {"operating_mode": "TEXT NOT NULL DEFAULT 'agent'", "delegate": "TEXT"}
 
 
 _DENIAL_COLUMNS = ("session_id", "tool_call_id", "host", "port", "reason", "rule", "message", "ts")
@@ -242,7 +257,7 @@ def _schema() -> str:
         annotation = str(f.type)  # the annotation as written: this module defers them all
         kind = _SQL_TYPES.get(annotation, "TEXT")
         null = "" if annotation.endswith("| None") else " NOT NULL"
-        cols.append(f"{f.name} {kind}{null}")
+        cols.append(f"{f.name} {_ADDED.get(f.name, kind + null)}")  # an added column as an older log gets it
     return f"CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(cols)})"
 
 
@@ -260,6 +275,14 @@ class AuditLog:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic, survives process crashes
             db.execute(_schema())
+            present = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
+            for column, kind in _ADDED.items():
+                if column not in present:
+                    try:
+                        db.execute(f"ALTER TABLE calls ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
             db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
             db.execute(_DENIALS)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

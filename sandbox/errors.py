@@ -12,7 +12,8 @@ Every error that crosses a public call is a :class:`SandboxError` carrying a sta
     ├── ShellNotFound                 SHELL_NOT_FOUND        no usable shell inside the jail
     ├── BackendUnavailable            BACKEND_UNAVAILABLE    backend missing, daemon gone, jail failed to start
     ├── GuaranteeUnavailable          GUARANTEE_UNAVAILABLE  a profile requires what this host cannot enforce
-    └── Conflict                      CONFLICT               apply/rollback refused: the target changed
+    ├── Conflict                      CONFLICT               apply/rollback refused: the target changed
+    └── PluginDisabledInPlan          PLUGIN_DISABLED_IN_PLAN  a plugin tool called in plan or goal mode
 
 The codes are :data:`sandbox.vocabulary.ErrorCode`, declared once: each class below names its
 own, and the JSON-RPC schema and the pi client derive theirs from that type.
@@ -84,6 +85,12 @@ class GuaranteeUnavailable(SandboxError):
 
 class Conflict(SandboxError):
     code = "CONFLICT"
+
+
+class PluginDisabledInPlan(SandboxError):
+    """Seed 003 §11: no plugin tool runs in a contract mode (plan or goal; the code is shared by both)."""
+
+    code = "PLUGIN_DISABLED_IN_PLAN"
 
 
 E = TypeVar("E", bound=BaseException)

@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -33,10 +34,12 @@ from sandbox.vocabulary import (
     BackendChoice,
     Guarantee,
     Lifecycle,
+    MediumRisk,
     MountStrategy,
     NetworkMode,
     OperatingMode,
     PermissionMode,
+    ProjectTrust,
     Unattended,
 )
 
@@ -218,6 +221,13 @@ class Policy(_Model):
     confirm_write: tuple[str, ...] = ()
     remove_rules: tuple[str, ...] = ()
     rules: tuple[dict[str, Any], ...] = ()
+    # Seed 003 §6: a medium-risk plugin tool (low-risk network or metadata) in agent mode.
+    medium_risk: MediumRisk = "confirm"
+    # Seed 004's askTools: tools (built-in names or plugin tools' exposed names) always confirmed,
+    # never covered by an allow-session grant nor by auto mode; a deny still wins.
+    ask_tools: tuple[str, ...] = ()
+    # Seed 000 §10's defaultProjectTrust: a project with a policy file and no stored decision.
+    default_project_trust: ProjectTrust = "never"
 
 
 class Profile(_Model):
@@ -233,6 +243,9 @@ class Profile(_Model):
     docker: Docker = Docker()
     policy: Policy = Policy()
     source: str | None = None
+    # A session's plugin directories, (host, jail) read-only binds (sandbox.plugins): set by the
+    # session, never by a TOML file; see environment.with_plugin_dirs.
+    _plugin_dirs: tuple[tuple[str, str], ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

@@ -27,12 +27,14 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox import changes
+from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
 from sandbox.backends.base import off_loop
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.live import LiveOutput
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
+from sandbox.policy.delegates import Delegate
 from sandbox.protocol import PROTOCOL, initialize_result
 from sandbox.session import Sandbox, SessionOptions
 from sandbox.tools.params import REGISTRY
@@ -72,6 +74,7 @@ class SessionOpenParams(_Params):
     trust_project: bool | None = None
     network: NetworkMode | None = None
     allow_hosts: list[str] | None = None
+    plugins: list[str] | None = None  # plugin manifests (sandbox.plugins); plugin.register grants each
 
     def options(self, approver: Approver) -> SessionOptions:
         return SessionOptions(
@@ -102,6 +105,24 @@ class ToolCallParams(_Params):
     args: dict[str, Any] = Field(default_factory=dict)
     tool_call_id: str | None = None
     turn_id: str = "turn-0"
+    delegate: Delegate | None = None  # the delegate making the call (seed 003 §10.2)
+
+
+class ToolCheckParams(_Params):
+    """A tool the client runs itself (another extension's), put to the gate before it runs."""
+
+    session_id: str
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = None
+    turn_id: str = "turn-0"
+
+
+class PluginParams(_Params):
+    session_id: str
+    plugin_id: str
+    turn_id: str = "turn-0"
+    tool_call_id: str | None = None  # the approval request's, so the client can route it
 
 
 class ToolCancelParams(_Params):
@@ -171,8 +192,9 @@ def method(name: str, params: type[P]) -> Callable[[Handler[P]], Handler[P]]:
     return register
 
 
-def schema() -> dict[str, Any]:
-    """JSON Schemas of every message, generated from the models above."""
+def schema(plugins: list[plugin_tools.Plugin] | None = None) -> dict[str, Any]:
+    """JSON Schemas of every message, generated from the models above (and ``plugins``' tools)."""
+    plugin_schemas = {name: plugin_tools.schema_of(t.spec) for p in plugins or [] for name, t in p.tools.items()}
     return {
         "protocol": PROTOCOL,
         "requests": {name: m.params.model_json_schema() for name, m in METHODS.items()},
@@ -181,7 +203,7 @@ def schema() -> dict[str, Any]:
         "server_requests": {
             "approval.request": {"params": _approval_schema(), "result": ApprovalAnswer.model_json_schema()}
         },
-        "tools": {name: spec.params.model_json_schema() for name, spec in REGISTRY.items()},
+        "tools": {**{name: spec.params.model_json_schema() for name, spec in REGISTRY.items()}, **plugin_schemas},
     }
 
 
@@ -234,8 +256,14 @@ class RpcApprover(Approver):
 
 
 class Server:
-    def __init__(self, writer: Writer) -> None:
+    def __init__(
+        self, writer: Writer, plugins: list[plugin_tools.Plugin] | None = None, granted: list[str] | None = None
+    ) -> None:
+        """``plugins`` are declared for every session (``serve --plugin``); ``granted``, the ids among
+        them the user granted up front (``serve --grant-plugin``): registered in every session."""
         self.writer = writer
+        self.plugins = plugins or []
+        self.granted = granted or []
         self.sessions: dict[str, Sandbox] = {}
         self.aborts: dict[str, anyio.Event] = {}
         self.by_request: dict[Any, str] = {}
@@ -289,8 +317,16 @@ class Server:
         if "method" not in message:
             self._resolve(message)
             return
+        rid = message.get("id")
+        if not isinstance(rid, (str, int, float, type(None))) or not isinstance(message["method"], str):
+            # JSON-RPC 2.0: an id is a string, a number or null; a method is a string.
+            problem = "an id must be a string, a number or null, and a method a string"
+            await self._reply(None, error=RpcError(INVALID_REQUEST, problem))
+            return
         if message["method"] == "$/cancelRequest":
-            call = self.by_request.get((message.get("params") or {}).get("id"))
+            params = message.get("params")
+            target = params.get("id") if isinstance(params, dict) else None
+            call = self.by_request.get(target) if isinstance(target, (str, int, float)) else None
             if call in self.aborts:
                 self.aborts[call].set()
             return
@@ -346,11 +382,19 @@ class Server:
 
     @method("initialize", InitializeParams)
     async def initialize(self, _params: InitializeParams) -> dict[str, Any]:
-        return initialize_result()
+        result = initialize_result()
+        granted = [p for p in self.plugins if p.id in self.granted]
+        result["tools"] = [*result["tools"], *(name for p in granted for name in p.tools)]
+        if self.plugins:
+            result["plugins"] = [p.describe(p.id in self.granted) for p in self.plugins]
+        return result
 
     @method("session.open", SessionOpenParams)
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
-        sandbox = await Sandbox.create(p.workspace, **p.options(RpcApprover(self)))
+        options = p.options(RpcApprover(self))
+        options["plugins"] = [*(str(plugin.path) for plugin in self.plugins), *(p.plugins or [])]
+        options["granted_plugins"] = list(self.granted)
+        sandbox = await Sandbox.create(p.workspace, **options)
         self.sessions[sandbox.session_id] = sandbox
         if sandbox.jail.egress is not None:
             sandbox.on_denial = self._denied
@@ -362,6 +406,9 @@ class Server:
             "mount": sandbox.jail.mount,
             "profile": sandbox.profile.name,
             "mode": sandbox.gate.mode_for(sandbox.state),
+            "operating_mode": sandbox.gate.settings.operating_mode,
+            "notices": sandbox.notices,
+            "plugins": sandbox.plugins.listing(sandbox.gate.settings.operating_mode == "agent"),
         }
 
     @method("session.close", SessionParams)
@@ -421,6 +468,7 @@ class Server:
                     tool_call_id=call_id,
                     turn_id=p.turn_id,
                     abort=abort,
+                    delegate=p.delegate,
                     on_stdout=live.callback("stdout"),
                     on_stderr=live.callback("stderr"),
                 )
@@ -452,6 +500,30 @@ class Server:
 
     async def _notify(self, method: str, params: dict[str, Any]) -> None:
         await self.writer.send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    @method("tool.check", ToolCheckParams)
+    async def tool_check(self, p: ToolCheckParams) -> dict[str, Any]:
+        """The gate, the approval and the audit for a tool the client runs itself: ``ok`` says it may."""
+        sandbox = self._session(p.session_id)
+        result = await sandbox.check_tool(p.tool, p.args, tool_call_id=p.tool_call_id, turn_id=p.turn_id)
+        return result.model_dump()
+
+    @method("tools.list", SessionParams)
+    async def tools_list(self, p: SessionParams) -> dict[str, Any]:
+        """The tools the session's model may call now, each with its JSON Schema."""
+        return {"tools": self._session(p.session_id).tools_listing()}
+
+    @method("plugin.list", SessionParams)
+    async def plugin_list(self, p: SessionParams) -> dict[str, Any]:
+        sandbox = self._session(p.session_id)
+        return {"plugins": sandbox.plugins.listing(sandbox.gate.settings.operating_mode == "agent")}
+
+    @method("plugin.register", PluginParams)
+    async def plugin_register(self, p: PluginParams) -> dict[str, Any]:
+        """Register a declared plugin's tools after the user's grant (an ``approval.request`` with
+        operation ``register``); refused, ``registered`` is false and ``reason`` says why."""
+        session = self._session(p.session_id)
+        return await session.register_plugin(p.plugin_id, turn_id=p.turn_id, tool_call_id=p.tool_call_id)
 
     @method("tool.cancel", ToolCancelParams)
     async def tool_cancel(self, p: ToolCancelParams) -> dict[str, Any]:
@@ -520,10 +592,16 @@ def _validate(method: str, model: type[BaseModel], params: Any) -> BaseModel:
         ) from exc
 
 
-async def serve(stdin_fd: int = 0, stdout_fd: int = 1, pending: bytes = b"") -> int:
+async def serve(
+    stdin_fd: int = 0,
+    stdout_fd: int = 1,
+    pending: bytes = b"",
+    plugins: list[plugin_tools.Plugin] | None = None,
+    granted: list[str] | None = None,
+) -> int:
     """Serve until ``shutdown`` or the end of stdin; ``pending`` is input already read from it."""
     writer = Writer(stdout_fd)
-    server = Server(writer)
+    server = Server(writer, plugins, granted)
     lines = BufferedByteReceiveStream(FdReceiveStream(stdin_fd))
     lines.feed_data(pending)
     try:
@@ -548,5 +626,7 @@ async def serve(stdin_fd: int = 0, stdout_fd: int = 1, pending: bytes = b"") -> 
     return 0
 
 
-def main(pending: bytes = b"") -> int:
-    return anyio.run(serve, 0, 1, pending)
+def main(
+    pending: bytes = b"", plugins: list[plugin_tools.Plugin] | None = None, granted: list[str] | None = None
+) -> int:
+    return anyio.run(serve, 0, 1, pending, plugins, granted)

@@ -29,18 +29,29 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+from pydantic import ValidationError
 
 from sandbox import changes as kept_changes
 from sandbox import datadir, leftovers, review
+from sandbox import plugins as plugin_tools
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
 from sandbox.backends import base
 from sandbox.calls import check_workspace
 from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
 from sandbox.policy import live_rules, shell
-from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, UnattendedApprover, decide
+from sandbox.policy.approvals import (
+    NO_ONE_ASKED,
+    ApprovalRequest,
+    ApprovalUnavailable,
+    Approver,
+    UnattendedApprover,
+    decide,
+)
 from sandbox.policy.authorize import Authorization, authorize
+from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
+from sandbox.policy.trust import ask_trust, ignored_notice
 from sandbox.tools import params as tool_params
 from sandbox.tools.replies import grep_text
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
@@ -54,10 +65,12 @@ if TYPE_CHECKING:
     from sandbox.exec import OutputCallback
     from sandbox.mounts import Changeset
     from sandbox.network.proxy import Denial
+    from sandbox.policy.delegates import ResolvedDelegate
     from sandbox.tools.replies import RunnerReply
     from sandbox.vocabulary import (
         Answer,
         BackendChoice,
+        DecidedBy,
         MountStrategy,
         NetworkMode,
         OperatingMode,
@@ -141,7 +154,10 @@ class SessionOptions(TypedDict, total=False):
     profile's unattended answer); ``trust_project`` overrides the stored trust of the workspace
     for this session; ``session_id`` names the session (letters, digits and dashes). ``network``
     overrides the profile's mode; ``allow_hosts`` adds allowlist patterns (and implies
-    ``allowlist``), as ``sandbox run --allow-host`` does.
+    ``allowlist``), as ``sandbox run --allow-host`` does. ``plugins`` are plugin manifests
+    (:mod:`sandbox.plugins`) whose directories the jail shows read-only; their tools are callable once
+    registered (:meth:`Sandbox.register_plugin` asks the approver), or at once for the ids in
+    ``granted_plugins`` (the user granted them up front).
     """
 
     profile: str | profiles.Profile
@@ -154,6 +170,8 @@ class SessionOptions(TypedDict, total=False):
     approver: Approver | None
     session_id: str | None
     trust_project: bool | None
+    plugins: list[str | Path] | None
+    granted_plugins: list[str] | None
 
 
 class Sandbox:
@@ -179,6 +197,9 @@ class Sandbox:
         self.gate = gate
         self.approver = approver
         self.state = SessionState(session_id, mode)
+        # This session's tools: the built-ins and its registered plugin tools (never another session's).
+        self.plugins = plugin_tools.PluginHost()
+        self.gate.tools = self.plugins.lookup
         self.audit = AuditLog()
         self.snapshots = review.SnapshotStore(session_id)
         self.mutations = MutationGuard()
@@ -188,6 +209,9 @@ class Sandbox:
         self._commands: dict[str, str] = {}  # the Bash calls running now: tool_call_id -> turn_id
         self._in_flight = 0  # calls past their validation and not yet answered
         self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
+        # What the session says once when it opens: ``{code, message[, file]}`` (``policy.project-ignored``:
+        # the workspace's policy file was ignored because the project is not trusted).
+        self.notices: list[dict[str, str]] = []
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -215,9 +239,17 @@ class Sandbox:
             cleanup_on_fail.callback(shutil.rmtree, scratch, ignore_errors=True)
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
             # Rules saved while the session runs reach it at its next call (seed 004).
-            live = live_rules(prof.policy, ws, trust_override=options.get("trust_project"))
+            approver = options.get("approver") or UnattendedApprover.from_settings(prof.policy)
+            trusted = options.get("trust_project")
+            if trusted is None and prof.policy.default_project_trust == "ask":  # seed 000 §10
+                timeout = float(prof.policy.approval_timeout_s)
+                trusted = await ask_trust(ws, approver, session_id=sid, timeout=timeout)
+            live = live_rules(prof.policy, ws, trust_override=trusted)
             rules, global_mode = live.load()
             gate = Gate(ws, scratch, prof.policy, rules, global_mode=global_mode, live=live)
+            notice = ignored_notice(ws, override=trusted, default=prof.policy.default_project_trust)
+            declared = _plugins(options)  # a bad manifest is refused before a jail exists
+            prof = plugin_tools.for_jail(prof, declared)  # their directories, read-only in the jail
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
             # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
             cleanup_on_fail.push_async_callback(jail.aclose)
@@ -228,9 +260,14 @@ class Sandbox:
                 profile=prof,
                 jail=jail,
                 gate=gate,
-                approver=options.get("approver") or UnattendedApprover.from_settings(prof.policy),
+                approver=approver,
                 mode=options.get("mode"),
             )
+            sandbox.notices = [notice] if notice is not None else []
+            sandbox.plugins = plugin_tools.PluginHost(declared)
+            gate.tools = sandbox.plugins.lookup
+            for plugin_id in options.get("granted_plugins") or []:
+                sandbox._register(plugin_id, "turn-0", "plugin.granted", started=time.monotonic())
             sandbox._watch_egress()
             cleanup_on_fail.pop_all()
         return sandbox
@@ -239,12 +276,22 @@ class Sandbox:
         """Change the permission mode or the operating mode of the running session (seed 003 §6).
 
         Only between calls (seed 003 §10.1: the host validates the active-turn boundary before any
-        transition): with a call in flight it is CONFLICT and nothing changes.
+        transition): with a call in flight it is CONFLICT and nothing changes. Plan and goal are
+        entered from agent only (EnterPlanMode and EnterGoalMode exist in agent mode only): a direct
+        plan <-> goal switch is INVALID_ARGUMENT; back to agent is always allowed.
         """
         if self._in_flight:
             raise Conflict(
                 f"the session has {self._in_flight} call(s) in flight; change its mode between calls",
                 session_id=self.session_id,
+            )
+        current = self.gate.settings.operating_mode
+        if operating_mode not in (None, "agent", current) and current != "agent":
+            raise InvalidArgument(
+                f"the session is in {current} mode; {operating_mode} mode is entered from agent mode only "
+                "(switch to agent first)",
+                session_id=self.session_id,
+                operating_mode=current,
             )
         if mode is not None:
             self.state.mode = mode
@@ -300,23 +347,32 @@ class Sandbox:
         tool_call_id: str | None = None,
         turn_id: str = "turn-0",
         abort: anyio.Event | None = None,
+        delegate: Delegate | dict[str, Any] | None = None,
     ) -> ToolResult:
+        """``delegate`` names the delegate making the call (seed 003 §10.2): its tools and its
+        permission bound the call, never wider than this session; its warnings (a dropped tool or
+        permission) come back in ``details["delegate_warnings"]``."""
         started = time.monotonic()
         call_id = tool_call_id or uuid.uuid4().hex[:16]
         if self._closed:
             return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
         try:
-            spec = tool_params.lookup(name)  # 1 capability
-            params = tool_params.validate(name, args, max_timeout_s=self.profile.timeouts.max_s)  # 2 parameters
+            resolved = _delegate(delegate)
+            tools = self.plugins.tools  # this session's registry: the built-ins and its plugin tools
+            spec = tool_params.lookup(name, tools)  # 1 capability
+            params = tool_params.validate(name, args, max_timeout_s=self.profile.timeouts.max_s, tools=tools)  # 2
         except SandboxError as exc:
             self._audit_rejected(name, args, call_id, turn_id, exc, started)
             return _error(exc)
-        call = ToolCall(self.session_id, turn_id, call_id, name, params)
+        call = ToolCall(self.session_id, turn_id, call_id, name, params, resolved)
         self._in_flight += 1
         try:
-            return await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
+            result = await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
         finally:
             self._in_flight -= 1
+        if resolved is not None and resolved.warnings:
+            result.details["delegate_warnings"] = list(resolved.warnings)
+        return result
 
     async def _authorized(
         self,
@@ -358,13 +414,18 @@ class Sandbox:
         abort: anyio.Event | None,
     ) -> ToolResult:
         params = call.params
+        plugin_tool = self.plugins.tool(call.name)
+        if plugin_tool is not None and isinstance(params, plugin_tools.PluginArgs):
+            return await plugin_tools.run(
+                self.jail, plugin_tool, params, env=self._scratch_env(), cwd=str(self.workspace), abort=abort
+            )
         if isinstance(params, tool_params.BashParams):
             self._commands[call.tool_call_id] = call.turn_id
             try:
                 return await run_bash(
                     self.jail,
                     params,
-                    env={"SANDBOX_SCRATCH_DIR": str(self.scratch), "PI_SCRATCH_DIR": str(self.scratch)},
+                    env=self._scratch_env(),
                     on_stdout=on_stdout,
                     on_stderr=on_stderr,
                     abort=abort,
@@ -384,6 +445,163 @@ class Sandbox:
             )
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
         return self._file_result(call, auth, reply, target)
+
+    def _scratch_env(self) -> dict[str, str]:
+        """What Bash and plugin commands get beyond the scrubbed environment: the scratch directory."""
+        return {"SANDBOX_SCRATCH_DIR": str(self.scratch), "PI_SCRATCH_DIR": str(self.scratch)}
+
+    # -- plugin tools (seed 003 §11) and the client's own tools -----------------------------------
+
+    async def register_plugin(
+        self, plugin_id: str, *, turn_id: str = "turn-0", tool_call_id: str | None = None
+    ) -> dict[str, Any]:
+        """Register a declared plugin's tools after the user's grant (seed 003 §11).
+
+        The approver is asked (operation ``register``, the tools and their risks as the resource);
+        only a user's allow registers them. No one to ask (an unattended session), a timeout, a
+        closed channel or a denial: not registered. Audited either way. Returns the plugin's
+        listing (:meth:`plugin_tools.Plugin.describe`) with ``registered`` and ``reason``.
+        """
+        started = time.monotonic()
+        plugin = self.plugins.plugin(plugin_id)
+        if plugin_id in self.plugins.registered:
+            return {**plugin.describe(True), "reason": "already registered in this session"}
+        call_id = tool_call_id or f"register-{uuid.uuid4().hex[:12]}"
+        resource, reason = plugin_tools.registration_text(plugin)
+        if self.approver.who != "user":
+            why = (
+                f"{NO_ONE_ASKED}: no one attends this session to grant plugin {plugin_id} "
+                "(grant it up front: sandbox serve --grant-plugin, or granted_plugins)"
+            )
+            self._audit_registration(plugin, call_id, turn_id, started, allowed=False, rule_id="plugin.unattended")
+            return {**plugin.describe(False), "reason": why, "decided_by": "unattended"}
+        request = ApprovalRequest(
+            session_id=self.session_id,
+            turn_id=turn_id,
+            tool_call_id=call_id,
+            tool=f"plugin.{plugin.id}",
+            operation="register",
+            resource=resource,
+            reason=reason,
+            rule_id="plugin.register",
+            allow_session=False,
+        )
+        outcome = await decide(self.approver, request, float(self.profile.policy.approval_timeout_s))
+        allowed = outcome.allowed and outcome.decided_by == "user"
+        if allowed:
+            self.plugins.register(plugin_id)
+        self._audit_registration(
+            plugin,
+            call_id,
+            turn_id,
+            started,
+            allowed=allowed,
+            rule_id="plugin.register",
+            decided_by=outcome.decided_by,
+            answer=outcome.answer,
+            wait_ms=outcome.wait_ms,
+        )
+        return {**plugin.describe(allowed), "reason": outcome.reason, "decided_by": outcome.decided_by}
+
+    def _register(self, plugin_id: str, turn_id: str, rule_id: str, *, started: float) -> None:
+        """Register without asking: the user granted the plugin up front (a flag, an option)."""
+        plugin = self.plugins.register(plugin_id)
+        self._audit_registration(plugin, f"register-{uuid.uuid4().hex[:12]}", turn_id, started, True, rule_id)
+
+    def _audit_registration(
+        self,
+        plugin: plugin_tools.Plugin,
+        call_id: str,
+        turn_id: str,
+        started: float,
+        allowed: bool,
+        rule_id: str,
+        decided_by: DecidedBy = "rule",
+        answer: Answer | None = None,
+        wait_ms: float = 0.0,
+    ) -> None:
+        data = {"plugin": plugin.id, "manifest": str(plugin.path), "tools": sorted(plugin.tools)}
+        total = round((time.monotonic() - started) * 1000, 3)
+        prompted = decided_by in ("user", "timeout", "cancelled", "invalid")
+        self.audit.record(
+            AuditRecord(
+                self.session_id,
+                turn_id,
+                call_id,
+                f"plugin.{plugin.id}",
+                args_digest(data),
+                args_preview(data),
+                plugin_tools.registration_text(plugin)[0],
+                "",
+                "none",
+                "confirm" if rule_id == "plugin.register" else ("allow" if allowed else "deny"),
+                (answer or "allow-once") if allowed else "deny",
+                decided_by,
+                rule_id,
+                self.gate.mode_for(self.state),
+                prompted,
+                round(wait_ms, 3),
+                0.0,
+                max(0.0, round(total - wait_ms, 3)),
+                total,
+                allowed,
+                None if allowed else "TOOL_DENIED",
+                self.gate.policy_version,
+            )
+        )
+
+    def tools_listing(self) -> list[dict[str, Any]]:
+        """The tools the model may call in this session now: the built-ins and, in agent mode, the
+        registered plugin tools (plan and goal hide them, seed 003 §10), each with its JSON Schema."""
+        listed = [
+            {"name": spec.name, "description": spec.description, "parameters": plugin_tools.schema_of(spec)}
+            for spec in tool_params.REGISTRY.values()
+        ]
+        if self.gate.settings.operating_mode == "agent":
+            listed += self.plugins.registered_tools()
+        return listed
+
+    async def check_tool(
+        self,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        tool_call_id: str | None = None,
+        turn_id: str = "turn-0",
+    ) -> ToolResult:
+        """Boundaries 3 and 4 for a tool the client runs itself (another pi extension's): decided as a
+        medium-risk plugin tool (denied in plan and goal, asked unless the policy allows medium risk;
+        the policy's ``ask_tools`` always asks), asked, audited. ``ok``: the client may run it. Nothing
+        runs here: such a tool runs in the client's process, not in the jail."""
+        started = time.monotonic()
+        call_id = tool_call_id or uuid.uuid4().hex[:16]
+        if self._closed:
+            return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
+        try:
+            spec = self.plugins.external(name)
+            params = spec.params.model_validate(dict(args or {}))
+        except SandboxError as exc:
+            self._audit_rejected(name, args or {}, call_id, turn_id, exc, started)
+            return _error(exc)
+        except ValidationError as exc:
+            error = InvalidArgument(f"{name}: arguments must be a JSON object ({exc.error_count()} problems)")
+            self._audit_rejected(name, args or {}, call_id, turn_id, error, started)
+            return _error(error)
+        call = ToolCall(self.session_id, turn_id, call_id, name, params)
+        self._in_flight += 1
+        try:
+            auth = await authorize(self.gate, self.state, call, self.approver)
+            ran_at = time.monotonic()
+            try:
+                auth.raise_if_denied()
+                result = ToolResult(ok=True, content=f"{name} may run: {auth.reason}", details={"checked": True})
+            except SandboxError as exc:
+                result = _error(exc)
+            result.details.update(decided_by=auth.decided_by, rule_id=auth.decision.rule_id)
+            self._audit(call, auth, result, started, ran_at)
+        finally:
+            self._in_flight -= 1
+        return result
 
     def _guard_mutation(self, call: ToolCall, auth: Authorization, result: ToolResult) -> None:
         """Seed 003 §4d: the second failed Edit of a path in a turn, or the second failed shell patch
@@ -514,6 +732,7 @@ class Sandbox:
                 False,
                 exc.code,
                 self.gate.policy_version,
+                operating_mode=self.gate.settings.operating_mode,
             )
         )
 
@@ -597,6 +816,26 @@ def _mutation_note(kind: MutationKind, path: str, attempt: int) -> str:
         f"[stop: {what} failed again in this turn (failure {attempt}). Do not retry it, nor hand-edit the change: "
         f"Read {target} again before any other change, or stop and ask the user, saying exactly what did not match]"
     )
+
+
+def _delegate(given: Delegate | dict[str, Any] | None) -> ResolvedDelegate | None:
+    if given is None:
+        return None
+    try:
+        return (given if isinstance(given, Delegate) else Delegate.model_validate(given)).resolve()
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'delegate'}: {e['msg']}" for e in exc.errors())
+        raise InvalidArgument(f"invalid delegate: {problems}") from exc
+
+
+def _plugins(options: SessionOptions) -> list[plugin_tools.Plugin]:
+    """The options' plugin manifests, loaded; a granted id must name one of them."""
+    declared = plugin_tools.load_all(options.get("plugins") or [])
+    ids = {p.id for p in declared}
+    for plugin_id in options.get("granted_plugins") or []:
+        if plugin_id not in ids:
+            raise InvalidArgument(f"granted plugin {plugin_id!r} was not declared", plugin=plugin_id)
+    return declared
 
 
 def _error(exc: SandboxError, root: Root | None = None) -> ToolResult:

@@ -28,6 +28,7 @@ ErrorCode = Literal[
     "BACKEND_UNAVAILABLE",
     "GUARANTEE_UNAVAILABLE",
     "CONFLICT",
+    "PLUGIN_DISABLED_IN_PLAN",
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------
@@ -96,7 +97,18 @@ enforces it on this host."""
 
 # -- the permission layer ---------------------------------------------------------------------
 PermissionMode = Literal["ask", "accept-edits", "auto"]
-OperatingMode = Literal["agent", "plan"]
+OperatingMode = Literal["agent", "plan", "goal"]
+"""Seed 003 §10: ``plan`` and ``goal`` are the contract modes; both hard-deny Write, Edit and plugin tools."""
+PluginRisk = Literal["low", "medium", "high"]
+"""A plugin tool's registered risk (seed 003 §6, §11): low is allowed like a read, medium is decided by
+``policy.medium_risk``, high by the permission mode like Bash; a missing or invalid risk is medium."""
+MediumRisk = Literal["confirm", "allow"]
+"""How a medium-risk tool (low-risk network or metadata) is decided in agent mode (``policy.medium_risk``)."""
+ProjectTrust = Literal["never", "always", "ask"]
+"""Seed 000 §10's ``defaultProjectTrust``: what an untrusted, undecided project with a policy file gets."""
+DelegateSource = Literal["builtin", "user", "project"]
+"""Where a delegate's definition comes from (seed 003 §10.2); a project's cannot declare a permission."""
+DelegatePermission = Literal["inherit", PermissionMode]
 Unattended = Literal["deny", "allow"]
 Level = Literal["allow", "confirm", "deny"]
 """What the policy says of a call before anyone is asked."""
@@ -109,8 +121,9 @@ GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
 ApprovalDecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
 DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]
 Risk = Literal["read", "write", "execute"]
-Operation = Literal["read", "write", "execute", "connect"]
-"""``connect``: a jail's connection to a host no network rule names (``network.ask``)."""
+Operation = Literal["read", "write", "execute", "connect", "register"]
+"""``connect``: a jail's connection to a host no network rule names (``network.ask``); ``register``: a
+plugin's tools registered in a session (seed 003 §11: the user grants ``agent.tool.register``)."""
 Root = Literal["workspace", "scratch", "external"]
 Escape = Literal["absolute", "parent", "symlink", "home"]
 """How a path left the session roots."""
@@ -136,3 +149,4 @@ BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host")  # the real ones
 AUTO_ORDER: tuple[BackendName, ...] = ("bwrap", "docker")  # host is never chosen by auto
 MOUNT_STRATEGIES: tuple[MountStrategy, ...] = get_args(MountStrategy)
 PERMISSION_MODES: tuple[PermissionMode, ...] = get_args(PermissionMode)
+OPERATING_MODES: tuple[OperatingMode, ...] = get_args(OperatingMode)

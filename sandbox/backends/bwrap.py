@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from sandbox.backends import bwrap_argv, cgroups, confine, local
+from sandbox.backends import bwrap_argv, cgroups, confine, local, seccomp
 from sandbox.backends.base import Backend, off_loop
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args, require_bwrap
 from sandbox.backends.child import Child
@@ -30,6 +30,7 @@ from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from sandbox.backends.seal import Seal
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
@@ -51,11 +52,13 @@ class BwrapJail(local.LocalJail):
         tree: CopyTree | None,
         scratch: Path | None = None,
         egress_dir: Path | None = None,
+        sealed: Seal | None = None,
     ) -> None:
         super().__init__(workspace, profile, tree)
         untracked = tree.untracked if tree is not None else ()
-        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir)
+        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir, sealed)
         self._prefix = [require_bwrap(), *args]
+        self._seccomp = seccomp.availability() is None  # absent: `check` says so, a requiring profile is refused
 
     async def _launch(
         self,
@@ -70,14 +73,25 @@ class BwrapJail(local.LocalJail):
             with confine.starting("cannot start bwrap"):
                 info_r, info_w = _pipe(ours, theirs)
                 block_r, block_w = _pipe(theirs, ours)
-            cmd = self._command(argv, env, cwd, info_w, block_r)
+            fds = [info_w, block_r]
+            if self._seccomp:
+                with confine.starting("cannot read the seccomp filter"):
+                    fds.append(seccomp.open_filter())
+                theirs.callback(os.close, fds[-1])
+            cmd = self._command(argv, env, cwd, *fds)
             with confine.starting("cannot start bwrap"):
-                proc = Child(cmd, pass_fds=(info_w, block_r), stdin=stdin)
+                proc = Child(cmd, pass_fds=tuple(fds), stdin=stdin)
             theirs.close()  # bwrap holds them now: end of file on info_r means it is gone
             return await self._release_held(proc, info_r, block_w, group)
 
     def _command(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, info_w: int, block_r: int
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        info_w: int,
+        block_r: int,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         env_args = [
             a for k, v in base_env(self.profile, env, workspace=self.workspace).items() for a in ("--setenv", k, v)
@@ -92,6 +106,7 @@ class BwrapJail(local.LocalJail):
             str(info_w),
             "--block-fd",
             str(block_r),
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--",
             *argv,
         ]
@@ -176,14 +191,16 @@ class BwrapBackend(Backend):
         host_files(profile)  # a file that became a secret is refused before a copy exists
         tree: CopyTree | None = None
         source = workspace
+        sealed = await off_loop(bwrap_argv.find_sealed, profile, workspace)
         if profile.mount.strategy in ("copy", "overlay"):
             kind = OverlayTree if profile.mount.strategy == "overlay" else CopyTree
-            tree = await kind.prepare(workspace, exclude=profile.mount.exclude)
+            # A copy leaves the masked secrets out: the jail masks their (empty) mount points.
+            tree = await kind.prepare(workspace, exclude=(*profile.mount.exclude, *sealed.masked_paths))
             source = tree.root
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
-        return BwrapJail(workspace, profile, source, tree, scratch, egress.socket_dir if egress else None)
+        return BwrapJail(workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed)
 
 
 _ALWAYS = (
@@ -244,7 +261,8 @@ def _report() -> Report:
     for name in _ALWAYS:
         report.grant(name, problem is None, problem or "")
     local.report_limits(report, "bwrap", problem)
-    report.grant("seccomp", False, "the bwrap backend installs no seccomp filter (Docker's default one applies there)")
+    no_filter = problem or seccomp.availability()
+    report.grant("seccomp", no_filter is None, no_filter or "")
     from sandbox.network import netns
 
     transparent = problem or netns.available()

@@ -16,8 +16,9 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from sandbox import datadir
+from sandbox.backends import seal
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, bwrap_args
-from sandbox.errors import BackendUnavailable
+from sandbox.errors import BackendUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -42,6 +43,18 @@ def bwrap_path() -> str | None:
 def empty_dir() -> str:
     path = datadir.subdir("empty")
     path.chmod(0o555)
+    return str(path)
+
+
+@cache
+def empty_file() -> str:
+    """A read-only empty file: what a masked secret reads as (a write to it fails, unlike /dev/null)."""
+    path = datadir.subdir("empty-file") / "empty"
+    if not path.is_file() or path.stat().st_size:
+        temp = path.with_name(f".empty.{os.getpid()}")
+        temp.write_bytes(b"")
+        temp.replace(path)
+    path.chmod(0o444)
     return str(path)
 
 
@@ -90,6 +103,14 @@ def host_paths_shown(workspace: Path) -> tuple[str, ...]:
     return (str(workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
 
 
+def find_sealed(profile: Profile, workspace: Path) -> seal.Seal:
+    """The workspace's entries to mask, as a structured refusal when there are too many."""
+    try:
+        return seal.find(workspace, profile.policy.deny_read)
+    except seal.TooManySecrets as exc:
+        raise InvalidArgument(f"{exc}; narrow policy.deny_read or move them out", workspace=str(workspace)) from exc
+
+
 def untracked_binds(workspace: Path, untracked: Sequence[str]) -> list[str]:
     """Paths kept out of a private copy (``mount.exclude``), bound read-only from the host at their place.
 
@@ -109,15 +130,20 @@ def jail_args(
     scratch: Path | None = None,
     untracked: Sequence[str] = (),
     egress_dir: Path | None = None,
+    sealed: seal.Seal | None = None,
 ) -> list[str]:
     """The bwrap arguments shared by every call of a jail (everything but fds, env and argv).
 
     ``untracked``: the workspace paths a private tree left out, bound read-only from the host.
     ``egress_dir``: the filtering proxy's socket directory (allowlist), bound at its jail path.
+    ``sealed``: the workspace's secrets to mask (found now when not given; see :mod:`.seal`).
     """
     from sandbox.network.egress import JAIL_DIR
 
     ws = str(workspace)
+    if sealed is None:
+        sealed = find_sealed(profile, workspace)
+    masked = set(sealed.masked_paths)
     args = [
         "--unshare-all",
         *(["--share-net"] if profile.network.mode == "host" else []),
@@ -147,7 +173,8 @@ def jail_args(
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind",
         str(source),
         ws,
-        *untracked_binds(workspace, untracked),
+        *untracked_binds(workspace, [rel for rel in untracked if rel not in masked]),
+        *seal.bwrap_args(ws, sealed, empty_dir(), empty_file(), rw=profile.mount.strategy == "rw"),
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         *(["--ro-bind", str(egress_dir), JAIL_DIR] if egress_dir is not None else []),
         "--remount-ro",

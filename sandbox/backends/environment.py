@@ -13,7 +13,9 @@ the host does, and one profile serves machines with and without it. A secret is 
 skipped: by its name (:data:`SECRET_DIRS`, :data:`SECRET_FILES`, :data:`KEY_NAMES`, the
 sandbox's own data directory) and by what it resolves to, when the profile loads and again when
 a jail opens, so a link cannot smuggle one in. Only regular files: a directory would share
-whatever lands in it later.
+whatever lands in it later. The one exception is a session's plugin directories
+(:mod:`sandbox.plugins`), which the user declared and granted: bound read-only at
+``/run/sandbox/plugins/<id>`` by the same call sites (:func:`with_plugin_dirs`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from sandbox.profile import Profile
 
@@ -107,7 +109,31 @@ def workspace_path(profile: Profile, workspace: Path | None) -> str:
 
 
 def host_files(profile: Profile) -> list[tuple[str, str]]:
-    """``(host source, jail target)`` of each ``env.files`` entry that exists; refuses secrets."""
+    """``(host source, jail target)`` of each ``env.files`` entry that exists (refusing secrets), then
+    of each plugin directory of the session (:func:`plugin_dirs`): every one is bound read-only."""
+    return [*_home_files(profile), *plugin_dirs(profile)]
+
+
+def with_plugin_dirs(profile: Profile, binds: Sequence[tuple[str, str]]) -> Profile:
+    """A copy of ``profile`` whose jails also show these host directories read-only (a session's
+    plugins, at ``/run/sandbox/plugins/<id>``); never set from a profile's file."""
+    copy = profile.model_copy()
+    copy._plugin_dirs = tuple((str(source), str(target)) for source, target in binds)
+    return copy
+
+
+def plugin_dirs(profile: Profile) -> list[tuple[str, str]]:
+    """The session's plugin directories, each checked again as the jail opens: a directory, still."""
+    pairs = []
+    # getattr: the CLI's quick path hands in a plain stand-in for the profile, which has no plugins.
+    for source, target in getattr(profile, "_plugin_dirs", ()):
+        if not os.path.isdir(source):
+            raise InvalidArgument(f"plugin directory {source} is gone", directory=source)
+        pairs.append((os.path.realpath(source), target))
+    return pairs
+
+
+def _home_files(profile: Profile) -> list[tuple[str, str]]:
     home = Path(os.path.expanduser("~"))
     pairs = []
     for entry in dict.fromkeys(profile.env.files):  # once each: Docker refuses a mount point twice
@@ -124,7 +150,8 @@ def host_files(profile: Profile) -> list[tuple[str, str]]:
 
 
 def bwrap_args(profile: Profile) -> list[str]:
-    """``--ro-bind`` of each host file; placed after the jail's home exists, before ``/`` turns read-only."""
+    """``--ro-bind`` of each host file (and plugin directory); placed after the jail's home exists,
+    before ``/`` turns read-only."""
     return [arg for source, target in host_files(profile) for arg in ("--ro-bind", source, target)]
 
 

@@ -73,12 +73,13 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     if only_run:
         return parser
     # Imported here: a quick ``sandbox run`` loads none of the other commands' modules.
-    from sandbox.cli import changes, compare, image, inventory, policy, tools
+    from sandbox.cli import changes, compare, image, inventory, mcp, policy, tools
 
     inventory.register(sub)
     changes.register(sub)
     policy.register(sub)
     tools.register(sub)
+    mcp.register(sub)
     compare.register(sub)
     image.register(sub)
     return parser
@@ -113,7 +114,7 @@ def entry() -> typing.NoReturn:
     only our own output buffers remain to flush. ``serve`` exits the ordinary way.
     """
     code = main()
-    if sys.argv[1:2] == ["serve"]:
+    if sys.argv[1:2] in (["serve"], ["mcp"]):
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

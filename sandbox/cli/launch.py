@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from sandbox import __version__, calls, datadir
-from sandbox.backends import bwrap_argv, cgroups, confine
+from sandbox.backends import bwrap_argv, cgroups, confine, seccomp
 from sandbox.backends.environment import base_env, host_files
 from sandbox.errors import BackendUnavailable
 
@@ -229,6 +229,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     if None in streams or bwrap is None or bwrap_argv.passed_smoke(bwrap) is None:
         return None
     handed = [fd for fd in streams if fd is not None]
+    seccomp_filter = seccomp.kept_filter()
+    if seccomp_filter is None:
+        return None  # the full path builds and keeps it (or finds there is none to be had here)
     prof = _recall(args)
     if prof is None:
         return None
@@ -240,13 +243,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     shown = _Shown(ws, prof, bwrap_argv.host_paths_shown(ws))
     env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]
     prefix = [bwrap, *bwrap_argv.jail_args(prof, ws, ws), "--chdir", str(ws), "--clearenv", *env]
-    return _Call(prof, args.timeout_s).run(prefix, calls.checked_argv(shown, argv), handed)
+    return _Call(prof, args.timeout_s, seccomp_filter).run(prefix, calls.checked_argv(shown, argv), handed)
 
 
 class _Call:
-    def __init__(self, profile: Profile, timeout: float) -> None:
+    def __init__(self, profile: Profile, timeout: float, seccomp_filter: str) -> None:
         self.profile = profile
         self.timeout = timeout
+        self.seccomp_filter = seccomp_filter
         self.received: list[int] = []
 
     def run(self, prefix: list[str], argv: list[str], streams: list[int]) -> Outcome:
@@ -275,13 +279,15 @@ class _Call:
         with confine.starting("cannot start bwrap"):
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
+            filter_fd = os.open(self.seccomp_filter, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            cmd = [*prefix, "--info-fd", str(info_w), "--block-fd", str(block_r), "--", *argv]
+            held = ["--info-fd", str(info_w), "--block-fd", str(block_r), "--seccomp", str(filter_fd)]
+            cmd = [*prefix, *held, "--", *argv]
             with confine.starting("cannot start bwrap"):
-                proc = _Bwrap(cmd, streams, (info_w, block_r))
-            os.close(info_w)
-            os.close(block_r)
-            info_w = block_r = -1
+                proc = _Bwrap(cmd, streams, (info_w, block_r, filter_fd))
+            for fd in (info_w, block_r, filter_fd):
+                os.close(fd)
+            info_w = block_r = filter_fd = -1
             tree = None
             try:
                 tree = confine.Tree(_read_init_pid(info_r, proc), group, kernel_reaps=True)
@@ -296,7 +302,7 @@ class _Call:
                 raise
             return proc, tree
         finally:
-            for fd in (info_r, info_w, block_r, block_w):
+            for fd in (info_r, info_w, block_r, block_w, filter_fd):
                 if fd >= 0:
                     os.close(fd)
 

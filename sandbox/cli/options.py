@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 
 from sandbox.errors import InvalidArgument
-from sandbox.vocabulary import BACKENDS, MOUNT_STRATEGIES, PERMISSION_MODES, NetworkMode
+from sandbox.vocabulary import BACKENDS, MOUNT_STRATEGIES, OPERATING_MODES, PERMISSION_MODES, NetworkMode
 
 Subparsers: typing.TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 BACKEND_CHOICES = ("auto", *BACKENDS)
@@ -86,6 +86,20 @@ def add_workspace(parser: argparse.ArgumentParser, default: Path | None = None) 
 
 def add_mode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=PERMISSION_MODES, default=None, help="the permission mode")
+
+
+def add_operating_mode(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--operating-mode agent|plan|goal`` (seed 003 §10), with ``--plan`` and ``--goal`` as shorthands."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--operating-mode", choices=OPERATING_MODES, default=None, help=help)
+    for contract in ("plan", "goal"):
+        group.add_argument(
+            f"--{contract}",
+            dest="operating_mode",
+            action="store_const",
+            const=contract,
+            help=f"--operating-mode {contract}",
+        )
 
 
 def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:

@@ -51,7 +51,7 @@ def _register_policy(subparsers: Subparsers) -> None:
     sub = policy.add_subparsers(dest="policy_command", required=True)
     test = sub.add_parser("test", help="print the decision for a command or tool call, without running it")
     options.add_mode(test)
-    test.add_argument("--plan", action="store_true", help="evaluate in the plan operating mode")
+    options.add_operating_mode(test, help="evaluate in this operating mode (default agent)")
     options.add_workspace(test, default=Path.cwd())
     test.add_argument("--tool", help="a tool name (default Bash)")
     test.add_argument("--args", dest="tool_args", help="the tool's arguments as a JSON object")
@@ -184,7 +184,7 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
     from sandbox.policy.rules import RuleStore
     from sandbox.profile import Policy
 
-    settings = Policy(mode=args.mode, operating_mode="plan" if args.plan else "agent")
+    settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent")
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
         say(notice)

@@ -37,11 +37,25 @@ def register(sub: Subparsers) -> None:
     options.add_profile(tool, default="default")
     options.add_backend(tool)
     options.add_mode(tool)
-    tool.add_argument("--plan", action="store_true", help="plan operating mode: no Write/Edit")
+    options.add_operating_mode(tool, help="the operating mode: plan and goal allow no Write, Edit nor plugin tool")
     options.add_json(tool, help="print the ToolResult as JSON")
     tool.set_defaults(func=guard(cmd_tool, EXIT_SANDBOX, answer=_json_failure))
     serve = sub.add_parser("serve", help="JSON-RPC 2.0 server over stdio for agents (see integrations/pi)")
     serve.add_argument("--schema", action="store_true", help="print the protocol's JSON Schemas and exit")
+    serve.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MANIFEST",
+        help="declare a plugin (its JSON manifest) in every session; its tools need plugin.register's grant",
+    )
+    serve.add_argument(
+        "--grant-plugin",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="grant a declared plugin up front: its tools are registered in every session without asking",
+    )
     serve.set_defaults(func=guard(cmd_serve, EXIT_ERROR))
 
 
@@ -99,9 +113,11 @@ async def _tool(args: argparse.Namespace, parsed: dict[str, Any]) -> ToolResult:
         profile=args.profile,
         backend=args.backend,
         mode=args.mode,
-        operating_mode="plan" if args.plan else None,
+        operating_mode=args.operating_mode,
         approver=_approver(),
     ) as session:
+        for notice in session.notices:  # e.g. the project's policy file was ignored: not trusted
+            say(notice["message"])
         return await session.call(args.name, parsed, on_stdout=out, on_stderr=err)
 
 
@@ -116,12 +132,18 @@ def _echo(fh: Any) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from sandbox import protocol
 
+    declared = _plugins(args.plugin, args.grant_plugin) if args.plugin or args.grant_plugin else []
     if args.schema:
         from sandbox import server
 
-        print(json.dumps(server.schema(), indent=2, sort_keys=True))
+        granted = [plugin for plugin in declared if plugin.id in args.grant_plugin]
+        print(json.dumps(server.schema(granted), indent=2, sort_keys=True))
         return 0
     print("sandbox serve: JSON-RPC 2.0 on stdin/stdout", file=sys.stderr)
+    if declared:  # initialize lists the granted plugins' tools: the full server answers it
+        from sandbox import server
+
+        return server.main(b"", declared, list(args.grant_plugin))
     # Answer the agent's first request before the heavy imports (see sandbox.protocol).
     line, rest = protocol.read_first_line(0)
     reply = protocol.early_reply(line)
@@ -131,3 +153,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sandbox import server
 
     return server.main(pending)
+
+
+def _plugins(paths: list[str], granted: list[str]) -> list[Any]:
+    """``--plugin`` manifests, loaded now (a bad one is refused before serving); each ``--grant-plugin``
+    must name one of them."""
+    from sandbox.errors import InvalidArgument
+    from sandbox.plugins import load_all
+
+    declared = load_all(paths)
+    ids = {plugin.id for plugin in declared}
+    for plugin_id in granted:
+        if plugin_id not in ids:
+            raise InvalidArgument(f"--grant-plugin {plugin_id}: no --plugin declares it (declared: {sorted(ids)})")
+    return declared

@@ -18,7 +18,7 @@ from sandbox.policy.trust import PROJECT_POLICY, TrustStore, project_rules
 if TYPE_CHECKING:
     import os
 
-    from sandbox.vocabulary import PermissionMode
+    from sandbox.vocabulary import PermissionMode, ProjectTrust
 
 
 def load_ruleset(
@@ -31,7 +31,8 @@ def load_ruleset(
 ) -> RuleSet:
     """Profile settings + the user's rules store + the workspace's file when the project is trusted."""
     rules = RuleSet.from_settings(settings).merged((store or RuleStore()).ruleset())
-    return rules.merged(project_rules(workspace, trust, trust_override))
+    default: ProjectTrust = getattr(settings, "default_project_trust", "never")
+    return rules.merged(project_rules(workspace, trust, trust_override, default))
 
 
 def live_rules(

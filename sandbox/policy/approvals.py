@@ -55,6 +55,7 @@ class ApprovalRequest:
     root: Root | None = None
     external: bool = False
     allow_session: bool = True  # whether "allow for this session" may be offered
+    delegate: str | None = None  # the delegate asking (seed 003 §10.2), so the card can say which
 
     @classmethod
     def for_connection(
@@ -140,8 +141,9 @@ class TerminalApprover(Approver):
         """The blocking question itself (for a caller already on a worker thread)."""
         choices = "[o]nce / [s]ession / [d]eny" if request.allow_session else "[o]nce / [d]eny"
         where = " (outside the workspace)" if request.external else ""
+        who = f" (delegate {request.delegate})" if request.delegate else ""
         self.stdout.write(
-            f"\nsandbox: {request.tool} wants to {request.operation}{where}:\n  {request.resource}\n"
+            f"\nsandbox: {request.tool}{who} wants to {request.operation}{where}:\n  {request.resource}\n"
             f"  why: {request.reason}\nallow? {choices}: "
         )
         self.stdout.flush()

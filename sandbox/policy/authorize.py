@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sandbox.audit import redact
-from sandbox.errors import ToolDenied
+from sandbox.errors import PluginDisabledInPlan, ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
 
 if TYPE_CHECKING:
@@ -26,7 +26,9 @@ class Authorization:
 
     def raise_if_denied(self) -> None:
         if not self.allowed:
-            raise ToolDenied(
+            # The contract modes' plugin refusal keeps its own code (seed 003 §11); every other is TOOL_DENIED.
+            kind = PluginDisabledInPlan if self.decision.error_code == "PLUGIN_DISABLED_IN_PLAN" else ToolDenied
+            raise kind(
                 self.reason,
                 rule_id=self.decision.rule_id,
                 decided_by=self.decided_by,
@@ -49,6 +51,7 @@ def request_for(call: ToolCall, decision: Decision) -> ApprovalRequest:
         root=decision.root,
         external=decision.external,
         allow_session=decision.grantable,
+        delegate=call.delegate.name if call.delegate is not None else None,
     )
 
 

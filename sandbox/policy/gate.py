@@ -24,11 +24,24 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from sandbox.policy.delegates import ResolvedDelegate
     from sandbox.policy.verdict import Finding
-    from sandbox.vocabulary import Escape, GateDecidedBy, Level, Operation, PermissionMode, Root, RuleAction
+    from sandbox.vocabulary import (
+        ErrorCode,
+        Escape,
+        GateDecidedBy,
+        Level,
+        OperatingMode,
+        Operation,
+        PermissionMode,
+        PluginRisk,
+        Root,
+        RuleAction,
+    )
 
 _GLOB_CHARS = frozenset("*?[{")
 _RULE_LEVEL: dict[RuleAction, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
+CONTRACT_MODES: frozenset[str] = frozenset({"plan", "goal"})  # seed 003 §10: no Write, Edit nor plugin tool
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,7 @@ class ToolCall:
     tool_call_id: str
     name: str
     params: BaseModel
+    delegate: ResolvedDelegate | None = None  # the delegate making the call (seed 003 §10.2), if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,8 @@ class Decision:
     decided_by: GateDecidedBy = "rule"
     escape: Escape | None = None
     target: ResolvedPath | None = None
+    error_code: ErrorCode = "TOOL_DENIED"  # what a denial answers (PLUGIN_DISABLED_IN_PLAN for a contract mode's)
+    operating_mode: OperatingMode = "agent"
 
 
 @dataclass
@@ -124,6 +140,8 @@ class Gate:
         """
         self.settings = settings
         self.global_mode = global_mode
+        # Boundary 1 as the gate sees it: a session with plugin tools of its own may swap in its registry.
+        self.tools: Callable[[str], ToolSpec] = lookup
         self._roots = (workspace, scratch, data_dir if data_dir is not None else datadir.data_dir())
         self._use(rules if rules is not None else RuleSet.from_settings(settings))
         self._live = live
@@ -173,11 +191,14 @@ class Gate:
     def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
         self.follow()
         mode = self.mode_for(state)
+        if call.delegate is not None:  # never wider than its owner's session
+            mode = call.delegate.mode(mode)
         if self._broken is not None:
             reason = f"the policy cannot be read, so every call is refused until it can: {self._broken}"
-            return Decision("deny", reason, "policy.unreadable", call.name, None, False, call.name, "execute", mode)
-        decision = self._decide(call, state, mode)
-        return self._with_session(call, state, decision)
+            decision = Decision("deny", reason, "policy.unreadable", call.name, None, False, call.name, "execute", mode)
+        else:
+            decision = self._with_session(call, state, self._asked_tools(self._decide(call, state, mode)))
+        return replace(decision, operating_mode=self.settings.operating_mode)
 
     # -- per risk class -----------------------------------------------------------------------
 
@@ -186,20 +207,95 @@ class Gate:
         if state.session_id != call.session_id:
             return replace(base, reason="this call belongs to another session", rule_id="session.mismatch")
         try:
-            spec = lookup(call.name)
+            spec = self.tools(call.name)
         except ToolDenied as exc:
             return replace(base, reason=exc.message, rule_id="capability.unknown-tool")
         if not isinstance(call.params, spec.params):
             return replace(base, reason=f"{call.name} arguments were not validated", rule_id="capability.params")
-        if self.settings.operating_mode == "plan" and (spec.risk == "write" or spec.plugin):
-            return replace(
-                base, reason=f"{call.name} is not available in plan mode", rule_id="mode.plan", operation=spec.risk
-            )
+        contract = self._contract(spec, base)
+        if contract is not None:
+            return contract
+        if call.delegate is not None:
+            refused = self._delegate(spec, call.delegate, base)
+            if refused is not None:
+                return refused
         if spec.name == "Bash":
             return self._bash(call, mode)
+        if spec.plugin:
+            return self._plugin(spec.plugin_risk, replace(base, resource=call.name), mode)
         if spec.risk == "execute":
             return self._by_mode(replace(base, resource=call.name), mode, "mode.execute", f"{call.name} runs code")
         return self._file(spec, call, mode)
+
+    def _contract(self, spec: ToolSpec, base: Decision) -> Decision | None:
+        """Seed 003 §10: plan and goal hard-deny Write, Edit and every plugin tool before any prompt,
+        whatever the permission mode, a grant or a rule says."""
+        operating = self.settings.operating_mode
+        if operating not in CONTRACT_MODES:
+            return None
+        if spec.plugin:
+            return replace(
+                base,
+                reason=f"{spec.name} is a plugin tool; no plugin tool runs in {operating} mode",
+                rule_id="mode.plugin-disabled",
+                decided_by="mode",
+                error_code="PLUGIN_DISABLED_IN_PLAN",
+            )
+        if spec.risk == "write":
+            return replace(
+                base,
+                reason=f"{spec.name} is not available in {operating} mode",
+                rule_id=f"mode.{operating}",
+                operation="write",
+                decided_by="mode",
+            )
+        return None
+
+    def _delegate(self, spec: ToolSpec, delegate: ResolvedDelegate, base: Decision) -> Decision | None:
+        """Seed 003 §10.2: a delegate calls only its definition's tools, and only in agent mode."""
+        operating = self.settings.operating_mode
+        if operating in CONTRACT_MODES:
+            return replace(
+                base,
+                reason=f"delegate {delegate.name}: delegates run in agent mode only, not in {operating} mode",
+                rule_id="delegate.mode",
+                decided_by="mode",
+            )
+        if spec.plugin or not delegate.allows(spec.name):
+            return replace(
+                base,
+                reason=f"delegate {delegate.name} may not call {spec.name}; its tools: {delegate.listing()}",
+                rule_id="delegate.tool",
+            )
+        return None
+
+    def _plugin(self, risk: PluginRisk | None, base: Decision, mode: PermissionMode) -> Decision:
+        """Seed 003 §6 and §11, agent mode: a plugin tool's registered risk decides (missing: medium)."""
+        if risk == "low":
+            return replace(base, level="allow", reason=f"{base.tool} is a low-risk plugin tool", rule_id="plugin.low")
+        if risk == "high":
+            return self._by_mode(base, mode, "plugin.high", f"{base.tool} is a high-risk plugin tool")
+        if self.settings.medium_risk == "allow":
+            reason = f"{base.tool} is a medium-risk plugin tool; the policy allows medium risk (medium_risk = allow)"
+            return replace(base, level="allow", reason=reason, rule_id="plugin.medium")
+        reason = f"{base.tool} is a medium-risk plugin tool (network or metadata); the policy confirms medium risk"
+        return replace(base, level="confirm", reason=reason, rule_id="plugin.medium")
+
+    def _asked_tools(self, decision: Decision) -> Decision:
+        """Seed 004's askTools: a tool the policy names is always asked, never granted for the session,
+        whatever the mode (a denial stays a denial)."""
+        if decision.level == "deny" or decision.tool not in self.settings.ask_tools:
+            return decision
+        if decision.level == "confirm":
+            return replace(decision, grantable=False, reason=f"{decision.reason} ({decision.tool} is always asked)")
+        return replace(
+            decision,
+            level="confirm",
+            grantable=False,
+            rule_id="policy.ask-tools",
+            decided_by="rule",
+            reason=f"the policy's ask_tools names {decision.tool}: it is always asked ({decision.reason})",
+        )
 
     def _file(self, spec: ToolSpec, call: ToolCall, mode: PermissionMode) -> Decision:
         target = self.target(spec, call.params)
@@ -337,7 +433,7 @@ class Gate:
         """After approval, just before running: the target must still be the approved one."""
         if decision.target is None:
             return
-        now = self.target(lookup(decision.tool), params)
+        now = self.target(self.tools(decision.tool), params)
         if now.canonical != decision.target.canonical or now.root != decision.target.root:
             raise ToolDenied(
                 f"{decision.tool}: the target changed after approval ({decision.target.canonical} -> "

@@ -18,12 +18,11 @@ Glob or LS on the directory is caught.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandbox._jailside.glob import translate
 from sandbox.errors import InvalidArgument
+from sandbox.patterns import DEFAULT_DENY_READ, HOME_SECRETS, PatternSet
 from sandbox.policy.verdict import Finding
 
 if TYPE_CHECKING:
@@ -31,33 +30,6 @@ if TYPE_CHECKING:
 
     from sandbox.vocabulary import Escape, Operation, Root
 
-# Defaults a profile or a trusted project extends; a leading "!" carves an exception.
-# Bare names (".env", "*.pem") match at any depth; "~/" and "/" patterns are absolute.
-HOME_SECRETS: tuple[str, ...] = (
-    "~/.ssh/**",
-    "~/.aws/**",
-    "~/.gnupg/**",
-    "~/.netrc",
-    "~/.git-credentials",
-    "~/.docker/config.json",
-    "~/.kube/config",
-    "~/.config/gcloud/**",
-)
-DEFAULT_DENY_READ: tuple[str, ...] = (
-    *HOME_SECRETS,
-    ".env",
-    ".env.*",
-    "!.env.example",
-    "!.env.sample",
-    "!.env.template",
-    "!.env.dist",
-    "*.pem",
-    "*.key",
-    "id_rsa",
-    "id_dsa",
-    "id_ecdsa",
-    "id_ed25519",
-)
 DEFAULT_DENY_WRITE: tuple[str, ...] = HOME_SECRETS
 SHELL_RC_FILES: tuple[str, ...] = (
     ".bashrc",
@@ -94,44 +66,6 @@ def within(root: str, path: str) -> bool:
         return True
     prefix = root if root.endswith(os.sep) else root + os.sep
     return path.startswith(prefix)
-
-
-def _tree(body: str) -> str:
-    """``body`` in the glob dialect; a trailing ``/**`` also covers the directory itself."""
-    if body.endswith("/**"):
-        return translate(body[:-3]) + "(?:/.*)?"
-    return translate(body)
-
-
-def glob_to_regex(pattern: str, homes: Iterable[str]) -> list[str]:
-    """Regexes over absolute '/'-paths for one protected-path glob (several homes when ~ is a link)."""
-    if pattern.startswith("~"):
-        rest = pattern[1:].lstrip("/")
-        return ["^" + re.escape(home.rstrip("/")) + "/" + _tree(rest) + "$" for home in homes]
-    if pattern.startswith("/"):
-        return ["^" + _tree(pattern) + "$"]
-    return ["(?:^|/)" + _tree(pattern.removeprefix("./")) + "$"]
-
-
-class PatternSet:
-    """A list of globs compiled into one include and one exclude regex."""
-
-    def __init__(self, patterns: Iterable[str], homes: Iterable[str]) -> None:
-        homes = tuple(homes)
-        patterns = tuple(patterns)
-        include: list[str] = []
-        exclude: list[str] = []
-        for pattern in patterns:
-            target = exclude if pattern.startswith("!") else include
-            target.extend(glob_to_regex(pattern.lstrip("!"), homes))
-        self.patterns = patterns
-        self._include = re.compile("|".join(include)) if include else None
-        self._exclude = re.compile("|".join(exclude)) if exclude else None
-
-    def matches(self, path: str) -> bool:
-        if self._include is None or not self._include.search(path):
-            return False
-        return not (self._exclude is not None and self._exclude.search(path))
 
 
 @dataclass(frozen=True, slots=True)

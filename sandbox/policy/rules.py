@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from sandbox import datadir
 from sandbox.errors import InvalidArgument
+from sandbox.patterns import PatternSet
 from sandbox.policy.flags import Shape, shape
-from sandbox.policy.paths import PatternSet
 from sandbox.vocabulary import PERMISSION_MODES, RuleAction
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.profile import MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from sandbox.vocabulary import Risk
+    from sandbox.vocabulary import PluginRisk, Risk
 
 DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
 LIST_LIMIT = 1000  # the most paths one Glob returns (the runner's own ceiling)
@@ -140,7 +140,8 @@ class ToolSpec:
     """A registered capability: its name, argument model and risk class.
 
     ``path_field`` names the argument the path policy reads; ``plugin`` marks tools that the
-    plan operating mode hides whatever their risk.
+    plan and goal operating modes hide whatever their risk; ``plugin_risk`` is a plugin tool's
+    registered risk (None for built-ins; a plugin tool without one is decided as ``medium``).
     """
 
     name: str
@@ -149,6 +150,7 @@ class ToolSpec:
     description: str
     path_field: str | None = None
     plugin: bool = False
+    plugin_risk: PluginRisk | None = None
 
 
 _BUILTIN = (
@@ -178,11 +180,14 @@ def unregister(name: str) -> None:
     _registry.pop(name, None)
 
 
-def lookup(name: str) -> ToolSpec:
+def lookup(name: str, tools: Mapping[str, ToolSpec] | None = None) -> ToolSpec:
+    """``name``'s spec in ``tools`` (a session's own registry: the built-ins and its plugin tools),
+    else in the built-in registry."""
+    registry = _registry if tools is None else tools
     try:
-        return _registry[name]
+        return registry[name]
     except KeyError:
-        known = ", ".join(sorted(_registry))
+        known = ", ".join(sorted(registry))
         raise ToolDenied(
             f"unknown tool {name!r}: it is not available in this sandbox; available tools: {known}",
             tool=name,
@@ -196,13 +201,20 @@ def _problems(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
-def validate(name: str, args: Mapping[str, Any], *, max_timeout_s: float | None = None) -> BaseModel:
+def validate(
+    name: str,
+    args: Mapping[str, Any],
+    *,
+    max_timeout_s: float | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
+) -> BaseModel:
     """Boundary 2: the validated arguments are the only thing the policy and the tool ever read.
 
     ``max_timeout_s`` is the session's profile's ``timeouts.max_s``: a Bash timeout above it is
     refused here, before the policy or the user is asked about a call that could not run.
+    ``tools`` is the session's registry (see :func:`lookup`).
     """
-    spec = lookup(name)
+    spec = lookup(name, tools)
     if not isinstance(args, Mapping):
         raise InvalidArgument(f"{name}: arguments must be a JSON object", tool=name)
     context = None if max_timeout_s is None else {"max_timeout_s": max_timeout_s}

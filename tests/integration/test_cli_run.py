@@ -166,12 +166,19 @@ def test_malformed_profile_names_file_key_and_problem(workspace: Path, tmp_path:
     assert str(bad) in done.stderr and "limits.pids" in done.stderr and "limits.bogus" in done.stderr
 
 
-def test_profile_requiring_missing_guarantee_refuses(workspace: Path, tmp_path: Path) -> None:
+def test_profile_requiring_missing_guarantee_refuses(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host without libseccomp: the binding's import fails there, so the bwrap jail has no filter.
+    (tmp_path / "nolib").mkdir()
+    (tmp_path / "nolib" / "pyseccomp.py").write_text('raise OSError("libseccomp.so.2: cannot open shared object")\n')
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nolib"))
     prof = tmp_path / "strict.toml"
     prof.write_text('backend = "bwrap"\nrequires = ["seccomp"]\n')
     done = run("--profile", str(prof), "--json", "--workspace", str(workspace), "--", "true")
     assert done.returncode == 125
-    assert json.loads(done.stdout)["error"]["code"] == "GUARANTEE_UNAVAILABLE"
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "GUARANTEE_UNAVAILABLE" and "libseccomp" in error["message"]
 
 
 def test_host_backend_refuses_isolating_profile(workspace: Path) -> None:

@@ -71,7 +71,8 @@ def check_ran(cell: dict[str, Any], mount: str) -> None:
 def check_safety(cell: dict[str, Any], mount: str) -> None:
     safety = cell["safety"]
     assert safety["survived"] is (mount != "rw"), safety
-    assert safety["hook_planted"] is (mount == "rw")
+    # bwrap seals .git/hooks in rw (sandbox/backends/seal.py); Docker does not yet.
+    assert safety["hook_planted"] is (mount == "rw" and cell["backend"] == "docker"), safety
     if mount in ("copy", "overlay"):
         assert safety["changes"]["deleted"] >= 3 and safety["changes"]["flagged"] >= 1  # the hook is flagged
 

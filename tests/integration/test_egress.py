@@ -77,7 +77,7 @@ Opener: TypeAlias = "Callable[..., Any]"
 @pytest.fixture
 def ca_env(workspace: Path, lab: NetLab) -> dict[str, str]:
     """The lab's CA, copied where the jail sees it (the workspace), named by every client's variable."""
-    ca = workspace / "lab-ca.pem"
+    ca = workspace / "lab-ca.crt"  # not *.pem: the jail masks those (sandbox/backends/seal.py)
     shutil.copyfile(lab.ca_file, ca)
     ca.chmod(0o644)
     return dict.fromkeys(CA_VARIABLES, str(ca))

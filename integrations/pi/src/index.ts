@@ -18,6 +18,7 @@ import type {
 	ToolDefinition,
 } from "@earendil-works/pi-coding-agent";
 import { execFile } from "node:child_process";
+import { homedir } from "node:os";
 import type { TSchema } from "typebox";
 import {
 	type AgentToolResult,
@@ -34,6 +35,7 @@ import {
 } from "@earendil-works/pi-coding-agent";
 import { SandboxError, SandboxUnavailableError } from "./errors.ts";
 import { executeSandboxGrep } from "./grep.ts";
+import { discoverManifests, explicitManifests, needsCheck, pluginFolders, pluginToolDefinition, registrationLine } from "./plugins.ts";
 import {
 	createSandboxBashOperations,
 	createSandboxEditOperations,
@@ -41,6 +43,7 @@ import {
 	createSandboxLsOperations,
 	createSandboxReadOperations,
 	createSandboxWriteOperations,
+	callSandbox,
 	type SandboxCallContext,
 } from "./operations.ts";
 import type {
@@ -49,6 +52,7 @@ import type {
 	Backend,
 	MountStrategy,
 	NetworkMode,
+	OperatingMode,
 	PermissionMode,
 	SessionCloseResult,
 	ToolResult,
@@ -60,6 +64,7 @@ import { type Approver, defaultSandboxBin, NO_ONE, SandboxSession } from "./sess
 export { SandboxClient } from "./client.ts";
 export * from "./errors.ts";
 export { executeSandboxGrep } from "./grep.ts";
+export * from "./plugins.ts";
 export * from "./operations.ts";
 export type * from "./protocol.ts";
 export { countsLine, keptMessage, type ReviewContext, type ReviewOutcome, reviewChangeset, reviewText } from "./review.ts";
@@ -110,9 +115,14 @@ const ALLOW_SESSION = "Allow for this session";
 const DENY = "Deny";
 
 export function approvalTitle(request: ApprovalRequest): string {
+	if (request.rule_id === "trust.ask") {
+		return `Sandbox: trust this project and load its policy file ${request.resource} for this session?${request.reason ? `\n${request.reason}` : ""}`;
+	}
 	const where = request.root && request.root !== "workspace" ? ` (${request.root})` : "";
 	const what = [request.operation, request.resource].filter(Boolean).join(" ");
-	return `Sandbox: allow ${request.tool} to ${what}${where}?${request.reason ? `\n${request.reason}` : ""}`;
+	// A delegate's call says which delegate asks (seed 003 §10.2).
+	const who = request.delegate ? ` (asked by delegate ${request.delegate})` : "";
+	return `Sandbox: allow ${request.tool}${who} to ${what}${where}?${request.reason ? `\n${request.reason}` : ""}`;
 }
 
 /** One dialog at a time: parallel tool calls queue their questions. */
@@ -177,10 +187,10 @@ export function streamsApart<T>(result: AgentToolResult<T>, server: ToolResult |
 	return { ...result, content: [{ type: "text", text }], ...(apart === undefined ? {} : { structuredContent: apart }) };
 }
 
-/** `/sandbox mode X`, `/sandbox plan`, `/sandbox agent`: the running session's modes, changed between calls. */
+/** `/sandbox mode X`, `/sandbox plan|goal|agent`: the running session's modes, changed between calls (plan and goal from agent only). */
 async function configureCommand(
 	session: SandboxSession | undefined,
-	change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" },
+	change: { mode?: PermissionMode; operating_mode?: OperatingMode },
 	ctx: Pick<ExtensionContext, "ui">,
 ): Promise<void> {
 	if (!session?.alive) {
@@ -245,7 +255,11 @@ class SandboxManager {
 	private starting: Promise<SandboxSession> | undefined;
 	private lost: SandboxError | undefined;
 
-	constructor(private readonly config: () => SandboxExtensionConfig) {}
+	constructor(
+		private readonly config: () => SandboxExtensionConfig,
+		/** The plugin manifests a session opened in `cwd` declares (see plugins.ts). */
+		private readonly manifests: (cwd: string) => string[] = () => [],
+	) {}
 
 	get current(): SandboxSession | undefined {
 		return this.session;
@@ -283,12 +297,28 @@ class SandboxManager {
 			onDenial: (denial) => {
 				if (ctx.hasUI) ctx.ui.notify(denial.line, "warning");
 			},
+			trustApprover: createUiApprover(ctx),
+			plugins: this.manifests(ctx.cwd),
 			clientName: "pi",
 		});
 		this.session = session;
+		this.tell(session, ctx);
 		const { backend, mount, mode, profile } = session.info;
 		ctx.ui.setStatus("sandbox", `sandbox: ${profile} ${backend}/${mount} ${mode}`);
 		return session;
+	}
+
+	private readonly told = new Set<string>();
+
+	/** What the session said when it opened (a policy file ignored: the project is not trusted), once. */
+	private tell(session: SandboxSession, ctx: ExtensionContext): void {
+		for (const notice of session.info.notices ?? []) {
+			const key = `${notice.code}\0${notice.file ?? notice.message}`;
+			if (this.told.has(key)) continue;
+			this.told.add(key);
+			if (ctx.hasUI) ctx.ui.notify(`Sandbox: ${notice.message}`, "warning");
+			else process.stderr.write(`sandbox: ${notice.message}\n`);
+		}
 	}
 
 	/** Stop the server; a copy/overlay session's changes are kept first (`changeset_id`). */
@@ -392,7 +422,13 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		const value = pi.getFlag(name);
 		return typeof value === "string" ? value : undefined;
 	};
-	const manager = new SandboxManager(() => resolveConfig(process.env, flag));
+	pi.registerFlag("sandbox-plugin", {
+		type: "string",
+		description: "Sandbox plugin manifests, ':'-separated (also $SANDBOX_PLUGINS, .pi/sandbox-plugins/, ~/.pi/agent/sandbox-plugins/)",
+	});
+	const manifests = (cwd: string): string[] =>
+		discoverManifests(explicitManifests(process.env.SANDBOX_PLUGINS, flag("sandbox-plugin")), pluginFolders(cwd, homedir()));
+	const manager = new SandboxManager(() => resolveConfig(process.env, flag), manifests);
 	const dialogs = new DialogQueue();
 	const cwd = process.cwd();
 
@@ -407,11 +443,14 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		turnId: turnId(),
 	});
 
+	// The tools this extension provides (pi's seven, routed to the sandbox, and registered plugin tools).
+	const ours = new Set<string>();
 	// Each override keeps pi's own definition (schema, prompt text, renderers) and swaps the operations.
 	const register = <TParams extends TSchema, TDetails, TState>(
 		base: ToolDefinition<TParams, TDetails, TState>,
 		withOps: (c: SandboxCallContext, ctx: ExtensionToolContext) => Pick<ToolDefinition<TParams, TDetails, TState>, "execute">,
 	): void => {
+		ours.add(base.name);
 		pi.registerTool<TParams, TDetails, TState>({
 			...base,
 			execute: (id, params, signal, onUpdate, ctx) => withOps(callContext(ctx, signal, id), ctx).execute(id, params, signal, onUpdate, ctx),
@@ -455,6 +494,44 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		execute: (_id: string, params: GrepToolInput, signal: AbortSignal | undefined) => executeSandboxGrep(c, ctx.cwd, params, signal),
 	}));
 
+	// Plugin tools (seed 003 §11): each declared plugin is registered only after the user's grant
+	// (the server asks through pi's dialog); its tools then run their command inside the jail.
+	const registerPlugins = async (session: SandboxSession, ctx: ExtensionContext): Promise<void> => {
+		for (const declared of session.info.plugins ?? []) {
+			const plugin = declared.registered
+				? declared
+				: await session
+						.registerPlugin(declared.id, { approver: createUiApprover(ctx, dialogs), turnId: turnId() })
+						.catch((error: Error) => ({ ...declared, reason: error.message }));
+			if (ctx.hasUI) ctx.ui.notify(registrationLine(plugin), plugin.registered ? "info" : "warning");
+			if (!plugin.registered) continue;
+			for (const tool of plugin.tools) {
+				if (ours.has(tool.name)) continue;
+				ours.add(tool.name);
+				pi.registerTool(pluginToolDefinition(tool, (params, signal, id, toolCtx) => callSandbox(callContext(toolCtx, signal, id), tool.name, params)));
+			}
+		}
+	};
+
+	// Another extension's tool (or an MCP server's) runs in pi's process: the sandbox's gate decides
+	// first (policy, the user's approval, the audit). A refusal, or no server, blocks it (fail closed).
+	pi.on("tool_call", async (event, ctx) => {
+		const all = typeof pi.getAllTools === "function" ? pi.getAllTools() : undefined;
+		if (!needsCheck(event.toolName, ours, all)) return undefined;
+		try {
+			const session = await manager.ensure(ctx);
+			const input = event.input && typeof event.input === "object" ? (event.input as Record<string, unknown>) : {};
+			const verdict = await session.checkTool(event.toolName, input, {
+				approver: createUiApprover(ctx, dialogs),
+				turnId: turnId(),
+				idPrefix: event.toolCallId,
+			});
+			return verdict.ok ? undefined : { block: true, reason: `sandbox: ${verdict.content}` };
+		} catch (error) {
+			return { block: true, reason: `sandbox: ${event.toolName} was not checked, so it does not run: ${(error as Error).message}` };
+		}
+	});
+
 	pi.on("user_bash", (_event, ctx) => ({
 		operations: createSandboxBashOperations(callContext(ctx, ctx.signal, "user-bash")),
 	}));
@@ -462,6 +539,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	pi.on("session_start", async (_event, ctx) => {
 		try {
 			const session = await manager.ensure(ctx);
+			await registerPlugins(session, ctx);
 			const kept = (await session.listChanges().catch(() => [])).filter((c) => c.state !== "applied");
 			if (kept.length > 0 && ctx.hasUI) {
 				ctx.ui.notify(`Sandbox: ${kept.length} changeset(s) kept from earlier sessions of this workspace wait for review: /sandbox review`, "info");
@@ -514,15 +592,15 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("sandbox", {
 		description:
-			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|agent` change the running session's modes; `/sandbox restart` starts a new sandbox server",
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			const [sub = "", ...rest] = args.trim().split(/\s+/);
 			if (sub === "policy" || sub === "audit") {
 				await cliCommand(resolveConfig(process.env, flag).bin, [sub, ...rest], ctx);
 				return;
 			}
-			if (sub === "mode" || sub === "plan" || sub === "agent") {
-				let change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" };
+			if (sub === "mode" || sub === "plan" || sub === "goal" || sub === "agent") {
+				let change: { mode?: PermissionMode; operating_mode?: OperatingMode };
 				try {
 					change = sub === "mode" ? { mode: pick("sandbox mode", rest[0], MODES) } : { operating_mode: sub };
 				} catch (error) {

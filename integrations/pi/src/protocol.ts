@@ -42,6 +42,8 @@ export interface InitializeResult {
 }
 
 export type PermissionMode = "ask" | "accept-edits" | "auto";
+/** Seed 003 §10: plan and goal are the contract modes (no Write, Edit nor plugin tool); entered from agent only. */
+export type OperatingMode = "agent" | "plan" | "goal";
 export type Backend = "auto" | "bwrap" | "docker" | "host";
 export type MountStrategy = "ro" | "rw" | "copy" | "overlay";
 
@@ -50,11 +52,37 @@ export interface SessionOpenParams {
 	profile?: string;
 	backend?: Backend;
 	mode?: PermissionMode;
-	operating_mode?: "agent" | "plan";
+	operating_mode?: OperatingMode;
 	mount?: MountStrategy;
 	network?: NetworkMode;
 	/** Allowlist patterns added to the profile's (implies `network: "allowlist"`). */
 	allow_hosts?: string[];
+	/** Plugin manifests declared for the session; each needs `plugin.register`'s grant. */
+	plugins?: string[];
+}
+
+/** A plugin tool as `plugin.register`, `plugin.list` and `tools.list` describe it. */
+export interface PluginToolInfo {
+	name: string;
+	internal_name?: string;
+	plugin?: string;
+	description: string;
+	parameters: Record<string, unknown>;
+	risk?: "low" | "medium" | "high";
+}
+
+/** A declared plugin; `plugin.register` adds `reason` and `decided_by`. */
+export interface PluginInfo {
+	id: string;
+	name: string;
+	description: string;
+	manifest: string;
+	registered: boolean;
+	visible?: boolean;
+	warnings: string[];
+	tools: PluginToolInfo[];
+	reason?: string;
+	decided_by?: string;
 }
 
 export type NetworkMode = "none" | "allowlist" | "host";
@@ -84,6 +112,17 @@ export interface SessionOpenResult {
 	mount: string;
 	profile: string;
 	mode: string;
+	operating_mode?: OperatingMode;
+	/** What the session says once when it opens, e.g. `policy.project-ignored` (the project's policy file was ignored: not trusted). */
+	notices?: SessionNotice[];
+	/** The plugins declared for the session (`registered`: their tools may be called). */
+	plugins?: PluginInfo[];
+}
+
+export interface SessionNotice {
+	code: string;
+	message: string;
+	file?: string;
 }
 
 /** What `session.close` answers; a copy/overlay session's changes are kept under `changeset_id`. */
@@ -168,7 +207,8 @@ export type ToolErrorCode =
 	| "SHELL_NOT_FOUND"
 	| "BACKEND_UNAVAILABLE"
 	| "GUARANTEE_UNAVAILABLE"
-	| "CONFLICT";
+	| "CONFLICT"
+	| "PLUGIN_DISABLED_IN_PLAN";
 
 export interface ToolResult {
 	ok: boolean;
@@ -269,6 +309,8 @@ export interface ApprovalRequest {
 	external?: boolean;
 	/** Whether "allow for this session" may be offered (default: yes). */
 	allow_session?: boolean;
+	/** The delegate (subagent) asking, when a delegate made the call (seed 003 §10.2). */
+	delegate?: string;
 }
 
 export type ApprovalDecision = "allow-once" | "allow-session" | "deny";
@@ -325,5 +367,6 @@ export function parseApprovalRequest(value: unknown): ApprovalRequest | undefine
 		rule_id: str("rule_id"),
 		external: value.external === true,
 		allow_session: value.allow_session !== false,
+		...(str("delegate") ? { delegate: str("delegate") } : {}),
 	};
 }

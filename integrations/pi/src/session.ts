@@ -18,9 +18,12 @@ import {
 	type MountStrategy,
 	type NetworkDenial,
 	type NetworkMode,
+	type OperatingMode,
 	type OutputStream,
 	PROTOCOL_VERSION,
 	type PermissionMode,
+	type PluginInfo,
+	type PluginToolInfo,
 	parseApprovalRequest,
 	parseNetworkDenial,
 	parseToolOutput,
@@ -60,12 +63,20 @@ export interface SandboxSessionOptions {
 	mount?: MountStrategy;
 	network?: NetworkMode;
 	allowHosts?: string[];
+	/** Plugin manifests to declare (each registered only after `registerPlugin`'s grant). */
+	plugins?: string[];
 	/** Told of each connection the allowlist refused, as it happens. */
 	onDenial?: (denial: NetworkDenial) => void;
 	/** Environment of the server process (default: this process's). */
 	env?: NodeJS.ProcessEnv;
 	/** Used for approvals of calls that bring no approver of their own. Default: deny. */
 	approver?: Approver;
+	/**
+	 * Answers the question `session.open` puts when the profile says `default_project_trust = "ask"`
+	 * and the workspace has an undecided policy file (`rule_id` `trust.ask`). Default: no one, so the
+	 * project stays untrusted. A yes trusts it for this session only.
+	 */
+	trustApprover?: Approver;
 	/** Deadline for starting the server and opening the session (default 60 s). */
 	startupTimeoutMs?: number;
 	clientName?: string;
@@ -146,6 +157,9 @@ export class SandboxSession {
 			if (options.mount) params.mount = options.mount;
 			if (options.network) params.network = options.network;
 			if (options.allowHosts?.length) params.allow_hosts = options.allowHosts;
+			if (options.plugins?.length) params.plugins = options.plugins;
+			// Before the session exists, the only question is whether to trust the project (seed 000 §10).
+			client.handleRequests("approval.request", (request) => answerTrust(request, options.trustApprover));
 			const info = await client.request<SessionOpenResult>("session.open", params, { timeoutMs });
 			if (typeof info?.session_id !== "string") throw new SandboxProtocolError("session.open returned no session_id");
 			const session = new SandboxSession(client, server, info, options.approver ?? denyAll);
@@ -258,7 +272,7 @@ export class SandboxSession {
 	}
 
 	/** Change the session's permission mode or operating mode between calls (CONFLICT with a call in flight). */
-	configure(change: { mode?: PermissionMode; operating_mode?: "agent" | "plan" }): Promise<{ mode: string; operating_mode: string }> {
+	configure(change: { mode?: PermissionMode; operating_mode?: OperatingMode }): Promise<{ mode: string; operating_mode: string }> {
 		return this.client.request("session.configure", { session_id: this.info.session_id, ...change }, { timeoutMs: CHANGES_TIMEOUT_MS });
 	}
 
@@ -274,6 +288,57 @@ export class SandboxSession {
 	 */
 	rollback(snapshotId: string, timeoutMs = 60_000): Promise<RollbackResult> {
 		return this.client.request<RollbackResult>("snapshot.rollback", { session_id: this.info.session_id, snapshot_id: snapshotId }, { timeoutMs });
+	}
+
+	/**
+	 * Register a declared plugin's tools: the server asks the user (an approval request whose
+	 * operation is `register`, answered by `approver`); refused, `registered` is false with the reason.
+	 */
+	registerPlugin(pluginId: string, options: { approver?: Approver; turnId?: string } = {}): Promise<PluginInfo> {
+		return this.routed("register", options.approver, (id) =>
+			this.client.request<PluginInfo>(
+				"plugin.register",
+				{ session_id: this.info.session_id, plugin_id: pluginId, tool_call_id: id, ...(options.turnId ? { turn_id: options.turnId } : {}) },
+				{ timeoutMs: DEFAULT_CALL_TIMEOUT_MS },
+			),
+		);
+	}
+
+	/**
+	 * Put a tool this client runs itself (another extension's) to the sandbox's gate: the policy,
+	 * the user's approval and the audit; `ok` says it may run. Nothing runs in the sandbox.
+	 */
+	async checkTool(tool: string, args: Record<string, unknown>, options: { approver?: Approver; turnId?: string; idPrefix?: string } = {}): Promise<ToolResult> {
+		const raw = await this.routed(options.idPrefix ?? "check", options.approver, (id) =>
+			this.client.request(
+				"tool.check",
+				{ session_id: this.info.session_id, tool, args, tool_call_id: id, ...(options.turnId ? { turn_id: options.turnId } : {}) },
+				{ timeoutMs: DEFAULT_CALL_TIMEOUT_MS },
+			),
+		);
+		const result = parseToolResult(raw);
+		if (!result) throw new SandboxProtocolError(`tool.check ${tool}: the server's answer is not a ToolResult`);
+		return result;
+	}
+
+	/** The tools the session's model may call now (built-ins and registered plugin tools). */
+	async listTools(): Promise<PluginToolInfo[]> {
+		const answer = await this.client.request<{ tools: PluginToolInfo[] }>("tools.list", { session_id: this.info.session_id }, { timeoutMs: CHANGES_TIMEOUT_MS });
+		return answer.tools;
+	}
+
+	/** A request whose approval requests are routed to `approver` under a fresh id. */
+	private async routed<T>(prefix: string, approver: Approver | undefined, send: (id: string) => Promise<T>): Promise<T> {
+		if (!this.alive) throw this.client.error ?? new SandboxError("SANDBOX_UNAVAILABLE", "the sandbox session is closed");
+		const id = `${prefix}:${++this.counter}:${randomUUID().slice(0, 8)}`;
+		const route: Route = { approver: approver ?? this.defaultApprover, done: new AbortController() };
+		this.routes.set(id, route);
+		try {
+			return await send(id);
+		} finally {
+			this.routes.delete(id);
+			route.done.abort();
+		}
 	}
 
 	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision; answered_by?: "nobody" }> {
@@ -292,5 +357,22 @@ export class SandboxSession {
 		} catch {
 			return { decision: "deny" };
 		}
+	}
+}
+
+/** The project-trust question of `session.open`: only `trust.ask` is answered, by `approver` (none: no one). */
+async function answerTrust(params: unknown, approver: Approver | undefined): Promise<{ decision: ApprovalDecision; answered_by?: "nobody" }> {
+	const request = parseApprovalRequest(params);
+	if (!request || request.rule_id !== "trust.ask") return { decision: "deny" };
+	if (!approver) return { decision: "deny", answered_by: "nobody" };
+	const done = new AbortController();
+	try {
+		const decision = await approver(request, done.signal);
+		if (decision === NO_ONE) return { decision: "deny", answered_by: "nobody" };
+		return APPROVAL_DECISIONS.includes(decision) ? { decision } : { decision: "deny" };
+	} catch {
+		return { decision: "deny" };
+	} finally {
+		done.abort();
 	}
 }

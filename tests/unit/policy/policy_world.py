@@ -3,16 +3,40 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.policy.gate import Gate, ToolCall
 from sandbox.profile import Policy
-from sandbox.tools.params import validate
+from sandbox.tools.params import ToolSpec, lookup, validate
+from sandbox.vocabulary import PluginRisk
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
+    from sandbox.policy.delegates import ResolvedDelegate
     from sandbox.policy.rules import RuleSet
+
+
+class PluginArgs(BaseModel):
+    """A demo plugin tool's arguments: anything (its manifest's schema is the plugin's business)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+PLUGIN_TOOLS: dict[str, ToolSpec] = {
+    f"plugin_demo_{risk or 'unrated'}": ToolSpec(
+        f"plugin_demo_{risk or 'unrated'}", PluginArgs, "execute", "a demo plugin tool", plugin=True, plugin_risk=risk
+    )
+    for risk in (*get_args(PluginRisk), None)
+}
+
+
+def tools(name: str) -> ToolSpec:
+    """The built-ins and the demo plugin tools (a session's registry, as the gate sees it)."""
+    return PLUGIN_TOOLS[name] if name in PLUGIN_TOOLS else lookup(name)
 
 
 @dataclass
@@ -35,10 +59,27 @@ class World:
         }
 
     def gate(
-        self, mode: str | None = "ask", plan: bool = False, rules: RuleSet | None = None, **policy: object
+        self,
+        mode: str | None = "ask",
+        plan: bool = False,
+        rules: RuleSet | None = None,
+        settings_table: dict[str, object] | None = None,
+        **policy: object,
     ) -> Gate:
-        settings = Policy.model_validate({"mode": mode, "operating_mode": "plan" if plan else "agent", **policy})
-        return Gate(self.ws, self.scratch, settings, rules, data_dir=self.data)
+        """``settings_table`` is more of the profile's ``[policy]`` (its own ``rules`` included)."""
+        policy = {"operating_mode": "plan" if plan else "agent", **(settings_table or {}), **policy}
+        settings = Policy.model_validate({"mode": mode, **policy})
+        gate = Gate(self.ws, self.scratch, settings, rules, data_dir=self.data)
+        gate.tools = tools
+        return gate
 
-    def call(self, tool: str, args: dict[str, object], session: str = "s1", turn: str = "t1") -> ToolCall:
-        return ToolCall(session, turn, "c1", tool, validate(tool, args))
+    def call(
+        self,
+        tool: str,
+        args: Mapping[str, object],
+        session: str = "s1",
+        turn: str = "t1",
+        delegate: ResolvedDelegate | None = None,
+    ) -> ToolCall:
+        params = PLUGIN_TOOLS[tool].params.model_validate(args) if tool in PLUGIN_TOOLS else validate(tool, args)
+        return ToolCall(session, turn, "c1", tool, params, delegate)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox.patterns import PatternSet
 from sandbox.policy.gate import SessionState
-from sandbox.policy.paths import PathPolicy, PatternSet
+from sandbox.policy.paths import PathPolicy
 from sandbox.tools.run import RUNNER_PROGRAM
 
 if TYPE_CHECKING:

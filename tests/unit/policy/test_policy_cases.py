@@ -7,8 +7,13 @@ To add a case, append a ``[[case]]`` table to a file (or create a new file)::
     command = "rm -rf /"              # a Bash command, or: tool = "Read" + args = { path = "{ws}/x" }
     modes = ["ask", "auto"]           # default: ask; "all" = ask, accept-edits, auto
     plan = false                      # the plan operating mode
+    operating_mode = "goal"           # or any operating mode by name (agent, plan, goal)
+    policy = { medium_risk = "allow" }  # optional: more of the profile's [policy] settings
     expect = "deny"                   # allow | confirm | deny
     rule = "deny.delete-root"         # optional: the rule that must decide
+
+A ``tool`` named ``plugin_demo_<risk>`` is a plugin tool of that registered risk (``low``,
+``medium``, ``high``; ``plugin_demo_unrated`` has none), taking any arguments.
 
 Placeholders: {ws} {home} {app2} {outside} {scratch}. The world (conftest.py) has real files and
 symlinks: ws/link_out -> outside, ws/notes_link.txt -> outside/notes.txt, ws/dangling.txt ->
@@ -71,7 +76,8 @@ def test_there_are_enough_cases() -> None:
 def test_case(case_id: str, case: dict[str, Any], mode: str, world: World) -> None:
     tool = case.get("tool", "Bash")
     args = _fill(case.get("args", {"command": case.get("command", "")}), world)
-    gate = world.gate(mode=mode, plan=case.get("plan", False))
+    operating = case.get("operating_mode", "plan" if case.get("plan", False) else "agent")
+    gate = world.gate(mode=mode, operating_mode=operating, settings_table=case.get("policy"))
     decision = gate.evaluate(world.call(tool, args), SessionState("s1"))
     if case["_bypass"]:
         assert decision.level != "allow", f"bypass allowed: {decision}"

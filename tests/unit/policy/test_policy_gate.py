@@ -181,11 +181,12 @@ def test_profile_extends_protected_paths(world: World, state: SessionState) -> N
 def test_plugin_tools_are_denied_in_plan(world: World, state: SessionState) -> None:
     from sandbox.tools import params
 
-    spec = params.ToolSpec("plugin_demo_run", BashParams, "execute", "demo", plugin=True)
+    spec = params.ToolSpec("plugin_demo_run", BashParams, "execute", "demo", plugin=True, plugin_risk="high")
     params.register(spec)
     try:
         call = ToolCall("s1", "t1", "c1", spec.name, BashParams(command="x"))
-        assert world.gate("auto", plan=True).evaluate(call, state).rule_id == "mode.plan"
+        refused = world.gate("auto", plan=True).evaluate(call, state)
+        assert (refused.rule_id, refused.error_code) == ("mode.plugin-disabled", "PLUGIN_DISABLED_IN_PLAN")
         assert world.gate("ask").evaluate(call, state).level == "confirm"
         assert world.gate("auto").evaluate(call, state).level == "allow"
     finally:

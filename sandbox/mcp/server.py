@@ -1,0 +1,258 @@
+"""The MCP server: one sandbox session per connection, the tools, live output, cancellation.
+
+A connection's session opens at its first tool call (so listing tools never starts a jail) and
+closes with the connection: the SDK unwinds the connection's exit stack when stdin closes, an
+HTTP session is deleted or goes idle. A call runs shielded from the SDK's cancellation: a
+``notifications/cancelled`` (or the connection's end) sets the call's abort event instead, so the
+executor kills the process tree and the session audits an ``ABORTED`` call before the handler
+gives up the request, which the protocol then leaves unanswered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from sandbox import __version__
+from sandbox.errors import SandboxError
+from sandbox.live import LiveOutput
+from sandbox.mcp import review, tools
+from sandbox.mcp.approvals import ElicitationApprover, PendingCall
+from sandbox.session import Sandbox, SessionOptions
+from sandbox.tools.run import ToolResult
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from anyio.abc import TaskGroup
+    from mcp.server.connection import Connection
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+
+    from sandbox.vocabulary import BackendChoice, MountStrategy, PermissionMode, Stream
+
+    Ctx = ServerRequestContext[Any, Any]
+
+INSTRUCTIONS = (
+    "Tools that run inside an OS-level sandbox: Bash, Read, Write, Edit, Glob, Grep and LS act on the "
+    "workspace through a jail (bubblewrap or Docker) with a permission policy; a call the policy asks "
+    "about is put to the user and denied when no one answers. Results carry error codes "
+    "(structuredContent.error_code) that say what to do next: TOOL_DENIED (do not retry the same call), "
+    "INVALID_ARGUMENT (fix the arguments), TIMEOUT, ABORTED, TOOL_FAILED."
+)
+_METHOD_NOT_FOUND = -32601
+
+
+@dataclasses.dataclass(frozen=True)
+class McpOptions:
+    """How each connection's session is opened: ``sandbox mcp``'s options."""
+
+    workspace: str
+    profile: str = "default"
+    backend: BackendChoice | None = None
+    mode: PermissionMode | None = None
+    mount: MountStrategy | None = None
+
+    def session(self, approver: ElicitationApprover) -> SessionOptions:
+        return SessionOptions(
+            profile=self.profile, backend=self.backend, mode=self.mode, mount=self.mount, approver=approver
+        )
+
+
+class Connections:
+    """The sandbox session of each MCP connection, opened at first use, closed with the connection.
+
+    The SDK gives a connection's exit stack a few seconds and then abandons it; a session's close
+    (killing what runs, keeping a copy session's changes) must not be cut short, so the exit stack
+    only hands the close to :attr:`closing`, a task group the transport waits for before it exits.
+    """
+
+    def __init__(self, options: McpOptions) -> None:
+        self.options = options
+        self._ids = itertools.count(1)
+        self.closing: TaskGroup | None = None
+
+    async def session(self, ctx: Ctx) -> tuple[Sandbox, ElicitationApprover]:
+        connection = _connection(ctx)
+        lock: anyio.Lock = connection.state.setdefault("sandbox.lock", anyio.Lock())
+        async with lock:  # two first calls at once open one session
+            opened: tuple[Sandbox, ElicitationApprover] | None = connection.state.get("sandbox")
+            if opened is None:
+                approver = ElicitationApprover()
+                sandbox = await Sandbox.create(self.options.workspace, **self.options.session(approver))
+                connection.exit_stack.push_async_callback(self._close, sandbox)
+                opened = connection.state["sandbox"] = (sandbox, approver)
+        return opened
+
+    async def _close(self, sandbox: Sandbox) -> None:
+        if self.closing is None:
+            await _shielded_close(sandbox)
+        else:
+            self.closing.start_soon(_shielded_close, sandbox)
+
+    def call_id(self, ctx: Ctx) -> str:
+        return f"mcp-{ctx.request_id}-{next(self._ids)}"
+
+
+async def _shielded_close(sandbox: Sandbox) -> None:
+    with anyio.CancelScope(shield=True):
+        await sandbox.aclose()
+    if sandbox.changeset_id is not None:  # the client is gone: the user reads it on our stderr
+        sys.stderr.write(
+            f"sandbox mcp: this session's changes are kept as {sandbox.changeset_id} "
+            f"(sandbox changes show {sandbox.changeset_id}; sandbox changes apply {sandbox.changeset_id})\n"
+        )
+        sys.stderr.flush()
+
+
+def _connection(ctx: Ctx) -> Connection:
+    # The SDK keeps the per-connection state (and the exit stack it unwinds when the connection
+    # ends) on the Connection, which a low-level handler reaches only through its session.
+    connection: Connection = ctx.session._connection
+    return connection
+
+
+def build_server(options: McpOptions, connections: Connections | None = None) -> Server[Any]:
+    """The low-level server with the sandbox's tools, review tools and snapshot resources."""
+    connections = connections or Connections(options)
+
+    async def list_tools(_ctx: Ctx, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[*tools.definitions(), *review.definitions()])
+
+    async def call_tool(ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        name, args = params.name, dict(params.arguments or {})
+        try:
+            sandbox, approver = await connections.session(ctx)
+        except SandboxError as exc:
+            return tools.error_result(name, exc.code, f"the sandbox session could not open: {exc.message}", **exc.data)
+        if name in review.HANDLERS:
+            return await review.call(sandbox, approver, ctx, name, args)
+        return await _run_tool(sandbox, approver, ctx, connections.call_id(ctx), name, args)
+
+    async def list_resources(_ctx: Ctx, _params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=review.resources())
+
+    async def read_resource(ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        opened = _connection(ctx).state.get("sandbox")
+        return review.read_resource(opened[0] if opened else None, str(params.uri))
+
+    server: Server[Any] = Server(
+        "sandbox",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+    server.middleware.append(_handshake_era_only)
+    return server
+
+
+async def _handshake_era_only(ctx: Ctx, call_next: CallNext) -> HandlerResult:
+    """Refuse the 2026-07-28 per-request era: it forbids asking the client mid-call, which the
+    approvals need; ``server/discover`` answered "method not found" sends a client to the handshake."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and ctx.request_id is not None:
+        raise MCPError(
+            code=_METHOD_NOT_FOUND,
+            message="this server speaks the initialize handshake (protocol 2025-11-25 and earlier)",
+        )
+    return await call_next(ctx)
+
+
+async def _run_tool(
+    sandbox: Sandbox, approver: ElicitationApprover, ctx: Ctx, call_id: str, name: str, args: dict[str, Any]
+) -> types.CallToolResult:
+    abort = anyio.Event()
+    approver.calls[call_id] = PendingCall(ctx, abort)
+    limits = sandbox.profile.limits
+    progress = _Progress(ctx)
+    live = LiveOutput(
+        progress.send, progress.withheld, per_stream=limits.live_stream_bytes, total=limits.live_total_bytes
+    )
+
+    async def run() -> ToolResult:
+        async with anyio.create_task_group() as streaming:
+            streaming.start_soon(live.run)
+            result = await sandbox.call(
+                name,
+                args,
+                tool_call_id=call_id,
+                turn_id=_turn(ctx),
+                abort=abort,
+                on_stdout=live.callback("stdout"),
+                on_stderr=live.callback("stderr"),
+            )
+            await live.finish()
+        return result
+
+    try:
+        result = await _abortable(run, abort)
+    finally:
+        approver.calls.pop(call_id, None)
+    if name == "Bash":
+        result.details["live"] = live.summary()
+    return tools.call_result(name, call_id, result)
+
+
+async def _abortable(run: Callable[[], Awaitable[ToolResult]], abort: anyio.Event) -> ToolResult:
+    """``run()`` shielded; a cancellation of ours sets ``abort``, waits for the call to end, re-raises.
+
+    The executor kills the tree on abort and the session audits the call: a cancelled scope would
+    kill the tree too, but leave the call unaudited."""
+    box: list[ToolResult] = []
+    done = anyio.Event()
+
+    async def shielded() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                box.append(await run())
+            except Exception as exc:  # a bug of ours is the call's failure, never a protocol crash
+                content = f"the sandbox failed: {type(exc).__name__}: {exc}"
+                box.append(ToolResult(ok=False, error_code="TOOL_FAILED", content=content))
+            finally:
+                done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(shielded)
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            abort.set()
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+            raise
+    return box[0]
+
+
+def _turn(ctx: Ctx) -> str:
+    """The client's turn id where its request's ``_meta`` names one (``sandbox/turnId``), else one turn."""
+    turn = (ctx.meta or {}).get("sandbox/turnId")
+    return turn if isinstance(turn, str) and turn else "turn-0"
+
+
+class _Progress:
+    """Live output as ``notifications/progress`` (a no-op when the request gave no progress token):
+    ``progress`` counts the bytes sent so far (it must grow), the message is the chunk, its stream named."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.sent = 0
+
+    async def send(self, stream: Stream, chunk: bytes) -> None:
+        self.sent += len(chunk)
+        text = chunk.decode("utf-8", errors="replace")
+        await self.ctx.session.report_progress(float(self.sent), None, f"[{stream}] {text}")
+
+    async def withheld(self, counts: dict[Stream, int]) -> None:
+        what = ", ".join(f"{stream} {count} bytes" for stream, count in counts.items() if count)
+        self.sent += 1
+        note = f"[live output budget reached: {what} not streamed; the result keeps head and tail]"
+        await self.ctx.session.report_progress(float(self.sent), None, note)

@@ -1,0 +1,542 @@
+"""Plugin tools (seed 003 §11): declared in a manifest, registered after the user's grant, run in the jail.
+
+A plugin is a directory with a JSON manifest::
+
+    {"id": "weather", "description": "…",
+     "tools": [{"name": "forecast", "description": "The forecast for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]},
+                "risk": "low", "command": ["python3", "${PLUGIN_DIR}/forecast.py"], "timeout": 20}]}
+
+``id`` is letters, digits, ``.``, ``_`` and ``-``; each tool is exposed to the model as
+``plugin_<idSafe>_<name>`` (``idSafe``: the id with every other character than a letter, a digit
+or ``_`` replaced by ``_``) and named ``plugin.<id>.<name>`` inside. ``risk`` is ``low``,
+``medium`` or ``high``; a missing or invalid one is ``medium``, with a warning. ``parameters`` is
+a JSON Schema (an object's); arguments that do not validate are INVALID_ARGUMENT, nothing runs.
+
+A session declares plugins when it opens (their directories are bound read-only at
+``/run/sandbox/plugins/<id>`` in the jail: a container's mounts are fixed when it starts) and
+registers one only after the user's grant (an approval whose operation is ``register``; no one to
+ask, a timeout or a denial: not registered), or when the user granted it up front
+(``sandbox serve --grant-plugin ID``, ``Sandbox.open(..., granted_plugins=[ID])``). Grants and
+registrations belong to one session.
+
+A call then passes the five boundaries like a built-in tool's and runs the tool's ``command`` in
+the jail: the workspace as its working directory, the environment Bash gets plus
+``SANDBOX_PLUGIN_DIR``, ``SANDBOX_PLUGIN_ID`` and ``SANDBOX_PLUGIN_TOOL`` (``${PLUGIN_DIR}`` in a
+command word is replaced by the plugin's directory in the jail). The arguments arrive on stdin as
+one JSON object; stdout must be one JSON value. An object with a ``content`` key is a result:
+``content`` (a string, or any JSON value, shown as JSON), ``isError`` (true: the call failed,
+TOOL_FAILED) and ``details`` (an object, passed on). Any other JSON value is the content itself.
+A non-zero exit, stdout that is not JSON, a timeout or an abort fail the call (TOOL_FAILED,
+TIMEOUT, ABORTED), keeping stdout and stderr (bounded) in the details.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from sandbox import exec as executor
+from sandbox.errors import InvalidArgument, ToolDenied
+from sandbox.profile import MAX_TIMEOUT_S
+from sandbox.tools.params import REGISTRY, ToolSpec
+from sandbox.tools.run import ToolResult
+from sandbox.vocabulary import PluginRisk
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    import anyio
+
+    from sandbox.backends.base import Jail
+    from sandbox.profile import Profile
+    from sandbox.vocabulary import ErrorCode
+
+JAIL_ROOT = "/run/sandbox/plugins"
+DEFAULT_RISK: PluginRisk = "medium"
+RISKS: tuple[PluginRisk, ...] = get_args(PluginRisk)
+STDOUT_CAPTURE = 8 * 1024 * 1024  # machine-read: kept whole up to this, else the call fails
+KEPT_TEXT = 16 * 1024  # of stdout and of stderr, in a result's details
+MAX_NAME = 64  # what model APIs accept as a tool's name
+PLUGIN_DIR_WORD = "${PLUGIN_DIR}"
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
+_TOOL = r"^[A-Za-z][A-Za-z0-9_-]{0,47}$"
+_EXTERNAL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
+
+
+def id_safe(plugin_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", plugin_id)
+
+
+def exposed_name(plugin_id: str, tool: str) -> str:
+    """The name the model sees: ``plugin_<idSafe>_<tool>`` (seed 003 §11, D015)."""
+    return f"plugin_{id_safe(plugin_id)}_{tool}"
+
+
+# ------------------------------------------------------------------------------ the manifest
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolManifest(_Model):
+    name: str = Field(pattern=_TOOL)
+    description: str = Field("", max_length=4000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    risk: PluginRisk = DEFAULT_RISK  # a missing or invalid risk reads as medium (see _risk)
+    command: list[str] = Field(min_length=1)
+    timeout: float | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
+
+    @field_validator("risk", mode="before")
+    @classmethod
+    def _risk(cls, value: object) -> object:
+        return value if value in RISKS else DEFAULT_RISK
+
+    @field_validator("command")
+    @classmethod
+    def _words(cls, value: list[str]) -> list[str]:
+        if any(not word for word in value):
+            raise ValueError("every word of the command must be a non-empty string")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema
+
+        if value.get("type", "object") != "object":
+            raise ValueError("the parameters schema must describe an object (type: object)")
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        return value
+
+
+class Manifest(_Model):
+    id: str = Field(pattern=_ID)
+    name: str | None = Field(None, max_length=200)
+    version: str | None = Field(None, max_length=100)
+    description: str = Field("", max_length=4000)
+    tools: list[ToolManifest] = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _names(self) -> Manifest:
+        seen: set[str] = set()
+        for tool in self.tools:
+            if tool.name in seen:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            seen.add(tool.name)
+            exposed = exposed_name(self.id, tool.name)
+            if len(exposed) > MAX_NAME:
+                raise ValueError(f"{exposed} is longer than {MAX_NAME} characters; shorten the id or the tool's name")
+        return self
+
+
+def _risk_warnings(raw: Any) -> list[str]:
+    """Seed 003 §11: a missing or invalid risk is medium; the manifest is told so, not refused."""
+    warnings = []
+    for tool in raw.get("tools", []) if isinstance(raw, dict) else []:
+        if not isinstance(tool, dict):
+            continue
+        name = tool.get("name", "?")
+        if "risk" not in tool:
+            warnings.append(f"tool {name}: no risk given; it is registered as medium")
+        elif tool["risk"] not in RISKS:
+            given = tool["risk"]
+            warnings.append(f"tool {name}: risk {given!r} is not low, medium or high; it is registered as medium")
+    return warnings
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+class PluginArgs(BaseModel):
+    """A plugin tool's validated arguments: any JSON object its manifest's schema accepts.
+
+    Each plugin tool gets a subclass (:func:`args_model`) holding its schema; the problems
+    jsonschema finds come out as pydantic errors, one per problem, located at the argument, so
+    :func:`sandbox.tools.params.validate` reports them as it reports a built-in tool's.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    plugin_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _against_schema(cls, data: Any) -> Any:
+        import jsonschema
+
+        validator = jsonschema.validators.validator_for(cls.plugin_schema)(cls.plugin_schema)
+        errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+        if errors:
+            details = [
+                InitErrorDetails(
+                    type=PydanticCustomError("json_schema", "{problem}", {"problem": err.message[:500]}),
+                    loc=tuple(str(p) for p in err.absolute_path),
+                    input=err.instance,
+                )
+                for err in errors[:20]
+            ]
+            raise ValidationError.from_exception_data(cls.__name__, details)
+        return data
+
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ExternalArgs(PluginArgs):
+    """The arguments of a client's own tool (``tool.check``): any object; the client validates them."""
+
+
+def args_model(plugin_id: str, tool: ToolManifest) -> type[PluginArgs]:
+    name = f"Args_{id_safe(plugin_id)}_{tool.name.replace('-', '_')}"
+    model: type[PluginArgs] = type(name, (PluginArgs,), {"plugin_schema": tool.parameters, "__module__": __name__})
+    return model
+
+
+def schema_of(spec: ToolSpec) -> dict[str, Any]:
+    """A tool's arguments' JSON Schema: a plugin tool's manifest's, a built-in's from its model."""
+    if issubclass(spec.params, PluginArgs):
+        return dict(spec.params.plugin_schema)
+    return spec.params.model_json_schema()
+
+
+# ------------------------------------------------------------------------------ a declared plugin
+
+
+@dataclass(frozen=True)
+class PluginTool:
+    plugin: Plugin
+    manifest: ToolManifest
+    spec: ToolSpec
+
+    @property
+    def internal(self) -> str:
+        return f"plugin.{self.plugin.id}.{self.manifest.name}"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "internal_name": self.internal,
+            "plugin": self.plugin.id,
+            "description": self.spec.description,
+            "parameters": schema_of(self.spec),
+            "risk": self.manifest.risk,
+        }
+
+
+@dataclass(frozen=True)
+class Plugin:
+    manifest: Manifest
+    path: Path  # the manifest file
+    directory: Path  # its directory, resolved: bound read-only at jail_dir
+    warnings: tuple[str, ...] = ()
+    tools: dict[str, PluginTool] = field(default_factory=dict, compare=False)  # by exposed name
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def jail_dir(self) -> str:
+        return f"{JAIL_ROOT}/{self.id}"
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plugin:
+        """A manifest file, validated; INVALID_ARGUMENT naming the file and each bad field."""
+        file = Path(path).expanduser()
+        try:
+            raw = json.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InvalidArgument(f"plugin manifest {file}: {exc.strerror or exc}", file=str(file)) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"plugin manifest {file} is not JSON: {exc}", file=str(file)) from None
+        try:
+            manifest = Manifest.model_validate(raw)
+        except ValidationError as exc:
+            problems = [
+                {"field": ".".join(str(p) for p in err["loc"]) or "(manifest)", "problem": err["msg"]}
+                for err in exc.errors()
+            ]
+            text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+            raise InvalidArgument(
+                f"invalid plugin manifest {file}: {text}", file=str(file), problems=problems
+            ) from None
+        directory = file.resolve().parent
+        problem = _dir_refusal(directory)
+        if problem is not None:
+            raise InvalidArgument(f"plugin manifest {file}: {problem}", file=str(file), directory=str(directory))
+        plugin = cls(manifest, file.resolve(), directory, tuple(_risk_warnings(raw)))
+        for tool in manifest.tools:
+            spec = ToolSpec(
+                exposed_name(manifest.id, tool.name),
+                args_model(manifest.id, tool),
+                "execute",
+                tool.description or f"{tool.name} (plugin {manifest.id})",
+                plugin=True,
+                plugin_risk=tool.risk,
+            )
+            plugin.tools[spec.name] = PluginTool(plugin, tool, spec)
+        return plugin
+
+    def describe(self, registered: bool) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.manifest.name or self.id,
+            "description": self.manifest.description,
+            "manifest": str(self.path),
+            "directory": str(self.directory),
+            "jail_directory": self.jail_dir,
+            "registered": registered,
+            "warnings": list(self.warnings),
+            "tools": [tool.describe() for tool in self.tools.values()],
+        }
+
+
+def _dir_refusal(directory: Path) -> str | None:
+    """Why a plugin's directory may not be shown to a jail (it would show a home or a secret), or None."""
+    from sandbox import datadir
+    from sandbox.backends.environment import _secret
+
+    home = Path(os.path.expanduser("~")).resolve()
+    if directory == Path("/") or home.is_relative_to(directory):
+        return f"its directory {directory} holds your home; put the plugin in a directory of its own"
+    if directory.is_relative_to(home):
+        reason = _secret(PurePosixPath(directory.relative_to(home)))
+        if reason is not None:
+            return f"its directory {directory} is a secret ({reason}); it is never shown to a jail"
+    data = datadir.data_dir().resolve()
+    if directory.is_relative_to(data) or data.is_relative_to(directory):
+        return f"its directory {directory} holds the sandbox's own data directory"
+    return None
+
+
+def load_all(paths: Sequence[str | Path]) -> list[Plugin]:
+    """Manifests, each id once (two plugins of one id, or one exposed name twice: INVALID_ARGUMENT)."""
+    plugins: list[Plugin] = []
+    for path in paths:
+        plugin = Plugin.load(path)
+        for other in plugins:
+            if other.id == plugin.id and other.path == plugin.path:
+                break
+            if id_safe(other.id) == id_safe(plugin.id):
+                raise InvalidArgument(
+                    f"plugins {other.path} and {plugin.path} have the id {plugin.id!r} (or one that exposes the same "
+                    "tool names); ids must differ",
+                    plugin=plugin.id,
+                )
+        else:
+            plugins.append(plugin)
+    return plugins
+
+
+def jail_binds(plugins: Sequence[Plugin]) -> tuple[tuple[str, str], ...]:
+    """``(host directory, jail directory)`` of each plugin, for the profile's read-only binds."""
+    return tuple((str(p.directory), p.jail_dir) for p in plugins)
+
+
+def for_jail(profile: Profile, plugins: Sequence[Plugin]) -> Profile:
+    """``profile`` with the plugins' directories among the read-only binds its jails get."""
+    from sandbox.backends import environment
+
+    return environment.with_plugin_dirs(profile, jail_binds(plugins)) if plugins else profile
+
+
+# ------------------------------------------------------------------------------ a session's tools
+
+
+class PluginHost:
+    """One session's plugins and tools: what it declared, what the user granted, what it can call.
+
+    ``tools`` is the session's registry (the built-ins and its registered plugin tools): the
+    session validates against it and the gate looks tools up in it (with the client's own tools
+    that ``tool.check`` put to the gate, which nothing can call). Never shared between sessions.
+    """
+
+    def __init__(self, plugins: Sequence[Plugin] = ()) -> None:
+        self.declared: dict[str, Plugin] = {p.id: p for p in plugins}
+        self.registered: set[str] = set()
+        self.tools: dict[str, ToolSpec] = dict(REGISTRY)
+        self._plugin_tools: dict[str, PluginTool] = {}
+        self._external: dict[str, ToolSpec] = {}
+
+    def lookup(self, name: str) -> ToolSpec:
+        """Boundary 1 as the gate sees it: the session's tools, then the client tools it was asked about."""
+        spec = self.tools.get(name) or self._external.get(name)
+        if spec is not None:
+            return spec
+        known = ", ".join(sorted(self.tools))
+        raise ToolDenied(
+            f"unknown tool {name!r}: it is not available in this sandbox; available tools: {known}",
+            tool=name,
+            rule_id="capability.unknown-tool",
+        )
+
+    def plugin(self, plugin_id: str) -> Plugin:
+        try:
+            return self.declared[plugin_id]
+        except KeyError:
+            known = ", ".join(sorted(self.declared)) or "none"
+            raise InvalidArgument(
+                f"no plugin {plugin_id!r} was declared for this session (declared: {known})", plugin=plugin_id
+            ) from None
+
+    def register(self, plugin_id: str) -> Plugin:
+        plugin = self.plugin(plugin_id)
+        for name, tool in plugin.tools.items():
+            if name in REGISTRY:  # cannot happen (plugin_ prefix), but a built-in is never replaced
+                raise InvalidArgument(f"a built-in tool is named {name!r}", tool=name)
+            self.tools[name] = tool.spec
+            self._plugin_tools[name] = tool
+        self.registered.add(plugin_id)
+        return plugin
+
+    def tool(self, name: str) -> PluginTool | None:
+        """The registered plugin tool of that exposed name, or None (a built-in, or unknown)."""
+        return self._plugin_tools.get(name)
+
+    def external(self, name: str) -> ToolSpec:
+        """The spec the gate decides a client's own tool by: a plugin-like tool of medium risk."""
+        if not _EXTERNAL.match(name):
+            raise InvalidArgument(
+                f"{name!r} is not a tool name (letters, digits, '_', '.', ':' and '-', at most 128)", tool=name
+            )
+        if name in self.tools:
+            raise InvalidArgument(
+                f"{name} is a tool of this sandbox; call it with tool.call, not tool.check", tool=name
+            )
+        spec = self._external.get(name)
+        if spec is None:
+            description = f"{name}: a tool of the client, run by the client"
+            spec = ToolSpec(name, ExternalArgs, "execute", description, plugin=True, plugin_risk=DEFAULT_RISK)
+            self._external[name] = spec
+        return spec
+
+    def listing(self, visible: bool = True) -> list[dict[str, Any]]:
+        """Every declared plugin with its tools; ``visible`` False (plan, goal): say they are hidden."""
+        plugins = [p.describe(p.id in self.registered) for p in self.declared.values()]
+        for item in plugins:
+            item["visible"] = visible and item["registered"]
+        return plugins
+
+    def registered_tools(self) -> list[dict[str, Any]]:
+        return [tool.describe() for tool in self._plugin_tools.values()]
+
+
+# ------------------------------------------------------------------------------ registration
+
+
+def registration_text(plugin: Plugin) -> tuple[str, str]:
+    """The approval card's resource (the tools and their risks) and reason."""
+    tools = ", ".join(f"{name} (risk {t.manifest.risk})" for name, t in plugin.tools.items())
+    reason = (
+        f"plugin {plugin.id} ({plugin.directory}) asks to register {len(plugin.tools)} tool(s) the model may call; "
+        "each runs the plugin's command inside the jail, asked or allowed by its risk"
+    )
+    if plugin.warnings:
+        reason += "; " + "; ".join(plugin.warnings)
+    return tools, reason
+
+
+# ------------------------------------------------------------------------------ execution
+
+
+def command_for(tool: PluginTool) -> list[str]:
+    return [word.replace(PLUGIN_DIR_WORD, tool.plugin.jail_dir) for word in tool.manifest.command]
+
+
+def timeout_for(tool: PluginTool, profile: Profile) -> float:
+    """The manifest's timeout (else the profile's default), never above the profile's ceiling."""
+    wanted = tool.manifest.timeout if tool.manifest.timeout is not None else profile.timeouts.default_s
+    return min(float(wanted), float(profile.timeouts.max_s))
+
+
+async def run(
+    jail: Jail,
+    tool: PluginTool,
+    params: PluginArgs,
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    abort: anyio.Event | None = None,
+) -> ToolResult:
+    """Boundary 5 for a plugin tool: its command in the jail, JSON on stdin, JSON read from stdout."""
+    timeout = timeout_for(tool, jail.profile)
+    plugin_env = {
+        **env,
+        "SANDBOX_PLUGIN_DIR": tool.plugin.jail_dir,
+        "SANDBOX_PLUGIN_ID": tool.plugin.id,
+        "SANDBOX_PLUGIN_TOOL": tool.manifest.name,
+    }
+    result = await executor.run(
+        jail,
+        command_for(tool),
+        stdin=json.dumps(params.arguments()).encode(),
+        timeout=timeout,
+        env=plugin_env,
+        cwd=cwd,
+        capture_bytes=STDOUT_CAPTURE,
+        abort=abort,
+    )
+    details: dict[str, Any] = {
+        "plugin": tool.plugin.id,
+        "tool": tool.manifest.name,
+        "exit_code": result.exit_code,
+        "signal": result.signal,
+        "duration_ms": result.duration_ms,
+        "stdout": _kept(result.stdout),
+        "stderr": _kept(result.stderr),
+        "stdout_bytes": result.stdout_bytes,
+        "stderr_bytes": result.stderr_bytes,
+    }
+    if result.network:
+        details["network"] = result.network
+
+    def failed(code: ErrorCode, text: str) -> ToolResult:
+        stderr = result.stderr.strip()
+        if stderr:
+            text += "\n[stderr]\n" + _kept(stderr, 2000)
+        return ToolResult(ok=False, error_code=code, content=text, details=details, root="workspace")
+
+    name = tool.spec.name
+    if result.timed_out:
+        return failed("TIMEOUT", f"{name} timed out after {timeout:g} s; the process tree was killed")
+    if result.aborted:
+        return failed("ABORTED", f"{name} was aborted; the process tree was killed")
+    if result.exit_code != 0:
+        return failed("TOOL_FAILED", f"{name} failed: its command exited with {result.exit_code}")
+    if result.stdout_truncated:
+        return failed("TOOL_FAILED", f"{name} wrote more than {STDOUT_CAPTURE} bytes on stdout; its result was lost")
+    try:
+        value = json.loads(result.stdout)
+    except ValueError as exc:
+        return failed("TOOL_FAILED", f"{name} did not answer JSON on stdout ({exc})")
+    details.pop("stdout")  # it is the result below
+    if isinstance(value, dict) and "content" in value:
+        content = value["content"]
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        extra = value.get("details")
+        if isinstance(extra, dict):
+            details["result_details"] = extra
+        if value.get("isError") is True:
+            return ToolResult(ok=False, error_code="TOOL_FAILED", content=text, details=details, root="workspace")
+        return ToolResult(ok=True, content=text, details=details, root="workspace")
+    details["result"] = value
+    return ToolResult(ok=True, content=json.dumps(value, ensure_ascii=False), details=details, root="workspace")
+
+
+def _kept(text: str, limit: int = KEPT_TEXT) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[… {len(text) - limit} characters left out …]\n{text[-half:]}"

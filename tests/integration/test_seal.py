@@ -1,0 +1,128 @@
+"""Secrets and git internals sealed at the OS level (sandbox/backends/seal.py), tested by attack:
+a command cannot read a masked secret by any path, nor replace, unlink or link it, nor plant a git
+hook or rewrite ``.git/config`` in ``rw`` mode, nor rename ``.git`` away; a ``copy`` session never
+copies a secret nor reports it as a change; ordinary work (git commits, other files) goes on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandbox import exec as executor
+from sandbox.backends import seal
+from tests.conftest import backend_or_skip, make_profile
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.anyio]
+SANDBOX = str(Path(sys.executable).with_name("sandbox"))
+
+
+@pytest.fixture
+def project(workspace: Path) -> Path:
+    (workspace / ".env").write_text("API_KEY=hunter2\n")
+    (workspace / ".env.example").write_text("API_KEY=\n")
+    (workspace / "deploy").mkdir()
+    (workspace / "deploy" / "server.key").write_text("PRIVATE\n")
+    (workspace / "vault").mkdir()
+    (workspace / "vault" / "token").write_text("TOKEN\n")
+    (workspace / "node_modules" / "pkg").mkdir(parents=True)
+    (workspace / "node_modules" / "pkg" / "ca.pem").write_text("public cert\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(workspace)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "README.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    return workspace
+
+
+async def run(workspace: Path, script: str, **overrides: object) -> executor.ExecResult:
+    backend = backend_or_skip("bwrap")
+    profile = make_profile("default", **{"policy.deny_read": ("vault/**",), **overrides})
+    async with await backend.open_jail(workspace, profile) as jail:
+        return await executor.run(jail, ["bash", "-c", script])
+
+
+def test_find_masks_matching_entries_and_skips_dependency_trees(project: Path) -> None:
+    found = seal.find(project, ("vault/**",))
+    assert found.masked == ((".env", False), ("deploy/server.key", False), ("vault", True))
+    assert found.git
+
+
+async def test_a_secret_reads_as_nothing_by_any_path(project: Path) -> None:
+    result = await run(
+        project,
+        'cat .env; cat ./.env deploy/../.env "$PWD/.env" deploy/server.key; ls vault; cat vault/token; '
+        "ln -s .env link; cat link; cat .env.example; echo end",
+    )
+    assert "hunter2" not in result.stdout and "PRIVATE" not in result.stdout and "TOKEN" not in result.stdout
+    assert result.stdout.endswith("API_KEY=\nend\n"), result.stdout  # the exception (.env.example) stays readable
+
+
+async def test_a_secret_cannot_be_replaced_unlinked_or_linked(project: Path) -> None:
+    result = await run(
+        project,
+        "echo x > .env; echo w=$?; rm -f .env; echo rm=$?; echo new > other; mv other .env; echo mv=$?; "
+        "ln .env hard; echo ln=$?; mv deploy deploy2 && cat deploy2/server.key; echo mvdir=$?; "
+        "rm -rf vault; echo rmdir=$?",
+    )
+    codes = dict(line.split("=") for line in result.stdout.split() if "=" in line and line.split("=")[0].isalpha())
+    assert codes["w"] != "0" and codes["rm"] != "0" and codes["mv"] != "0" and codes["ln"] != "0"
+    assert codes["rmdir"] != "0"
+    assert "PRIVATE" not in result.stdout
+    assert (project / ".env").read_text() == "API_KEY=hunter2\n"
+    assert (project / "vault" / "token").read_text() == "TOKEN\n"
+    assert "EXDEV" in result.stderr or "cross-device" in result.stderr
+
+
+async def test_rw_git_hooks_and_config_are_read_only_but_commits_work(project: Path) -> None:
+    result = await run(
+        project,
+        "echo '#!/bin/sh' > .git/hooks/pre-commit; echo hook=$?; echo '[core]' >> .git/config; echo cfg=$?; "
+        "mv .git .git-old; echo mvgit=$?; rm -rf .git/hooks; echo rmhooks=$?; "
+        "echo change >> README.md && git add README.md && "
+        "git -c user.name=t -c user.email=t@t commit -q -m two && echo committed",
+    )
+    for name in ("hook", "cfg", "mvgit", "rmhooks"):
+        assert f"{name}=0" not in result.stdout, result.stdout
+    assert "committed" in result.stdout, result.stderr
+    assert not (project / ".git" / "hooks" / "pre-commit").exists()
+    assert "[core]\n[core]" not in (project / ".git" / "config").read_text()
+    log = await anyio.run_process(["git", "-C", str(project), "log", "--oneline"])
+    assert len(log.stdout.splitlines()) == 2
+
+
+async def test_rw_a_missing_hooks_directory_is_made_and_sealed(project: Path) -> None:
+    hooks = project / ".git" / "hooks"
+    shutil.rmtree(hooks)
+    result = await run(project, "mkdir -p .git/hooks; echo evil > .git/hooks/post-checkout; echo rc=$?")
+    assert "rc=0" not in result.stdout
+    assert hooks.is_dir() and list(hooks.iterdir()) == []
+
+
+async def test_copy_never_copies_a_secret_nor_reports_it(project: Path) -> None:
+    backend = backend_or_skip("bwrap")
+    profile = make_profile("untrusted", **{"policy.deny_read": ("vault/**",)})
+    async with await backend.open_jail(project, profile) as jail:
+        result = await executor.run(jail, ["bash", "-c", "cat .env; ls vault; echo x > .env; echo hi > new.txt"])
+        assert "hunter2" not in result.stdout and "token" not in result.stdout
+        changes = await jail.changes()
+        assert changes is not None
+        paths = {c.path for c in changes.changes}
+        assert paths == {"new.txt"}
+        await jail.apply(changes)
+    assert (project / ".env").read_text() == "API_KEY=hunter2\n" and (project / "new.txt").read_text() == "hi\n"
+
+
+def test_sandbox_run_seals_on_the_quick_path_too(project: Path) -> None:
+    backend_or_skip("bwrap")
+    for _ in range(2):  # the second run takes the quick path
+        done = subprocess.run(
+            [SANDBOX, "run", "--workspace", str(project), "--", "cat", ".env", "deploy/server.key"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0 and done.stdout == "", (done.stdout, done.stderr)
