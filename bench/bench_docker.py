@@ -1,7 +1,7 @@
 """Docker backend latency against the docker CLI, in one run (part of `make bench`).
 
 * warm exec: one call through our backend in a session container (started by the container's
-  agent over the attach stream, no ``docker exec``) vs ``docker exec`` on that same container
+  agent over its unix socket, no ``docker exec``) vs ``docker exec`` on that same container
   (target: ours <= 0.5x the CLI's);
 * per-call container: our ``lifecycle = "call"`` vs ``docker run --rm`` with the same image;
 * optionally (``--build``) the time of a forced offline image build (rootfs tarball cached).

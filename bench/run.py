@@ -17,6 +17,7 @@ BENCHES = [
     ("start-up: whole processes, ours against bare bwrap, srt, Codex and docker", "bench_startup.py"),
     ("permission layer", "bench_policy.py"),
     ("docker backend", "bench_docker.py"),
+    ("1 GiB of stdout: docker warm jail against bubblewrap against bare bwrap", "bench_streams.py"),
     ("mount strategies", "bench_mounts.py"),
     ("apply: per file against journalled, all or nothing", "bench_apply.py"),
     ("network allowlist: set-up and throughput through the proxy against direct", "bench_network.py"),

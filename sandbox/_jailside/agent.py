@@ -1,7 +1,8 @@
-"""The agent inside a warm Docker jail: PID 1, starts commands on request, over the attach stream.
+"""The agent inside a warm Docker jail: PID 1, starts commands on request, over a unix socket.
 
-Stdlib only: its source is sent as the container's command (``python3 -I -S -c <source> <cpu>``),
-so the image needs nothing of ours. It runs as PID 1 of the container and as the command uid:
+Stdlib only: its source is sent as the container's command (``python3 -I -S -c <source> <cpu>
+<socket>``), so the image needs nothing of ours. It runs as PID 1 of the container and as the
+command uid:
 
 * PID 1 of a pid namespace gets no signal from inside the namespace that it has no handler for,
   SIGKILL and SIGSTOP included (the kernel marks it unkillable), so a command cannot kill or
@@ -12,14 +13,26 @@ so the image needs nothing of ours. It runs as PID 1 of the container and as the
   (and PID 1 is itself): that is the tree kill, for setsid'd and double-forked processes alike.
   Orphans are reparented to it, so it reaps them and they cannot pile up as zombies.
 
-Requests are JSON lines on stdin: ``{"op": "run", "id", "argv", "env", "cwd", "stdin"}``,
-``{"op": "stdin", "id", "data": <base64>}``, ``{"op": "eof", "id"}``, ``{"op": "kill", "id",
-"grace"}``. Replies on stdout are binary frames (``HEADER`` then the payload): ``o``/``e`` carry
-the command's stdout/stderr as it arrives; ``i`` (a decimal count) credits stdin bytes passed on
-to the command, or dropped because it stopped reading, so the executor keeps only a window of
-stdin in flight and this buffer stays bounded; ``x`` (JSON ``{"code", "oom"}``) comes once the
-command exited *and* nothing of the uid is left; ``!`` is a refused request. One call at a
-time; end of stdin (the executor detached or died) kills everything and ends the container.
+Two channels, one protocol. **Socket** (a local engine): ``<socket>`` names a unix socket the
+executor listens on, in a host directory bound read-only into the container; the agent connects
+to it before anything else runs, says ``s`` ``socket`` on stdout, and from then on reads its
+requests from that socket and writes its replies to it. Each ``run`` request arrives with the
+call's pipe ends as ``SCM_RIGHTS``: stdout's and stderr's write ends (and stdin's read end when
+the call has stdin), which the command gets as its fds 1, 2 (and 0) and the agent closes at
+once: the command writes straight into the executor's pipes, no byte of output passes through
+here or through dockerd. **Attach** (the fallback: a remote engine, a socket that cannot be
+reached, ``<socket>`` empty): the agent says ``s`` ``attach: <why>`` (when a socket was named)
+and the requests come on stdin, the command's output goes back on stdout in frames.
+
+Requests are JSON lines: ``{"op": "run", "id", "argv", "env", "cwd", "stdin", "fds"}``,
+``{"op": "stdin", "id", "data": <base64>}``, ``{"op": "eof", "id"}`` (attach only),
+``{"op": "kill", "id", "grace"}``. Replies are binary frames (``HEADER`` then the payload):
+``o``/``e`` carry the command's stdout/stderr as it arrives (attach only); ``i`` (a decimal
+count) credits stdin bytes passed on to the command, or dropped because it stopped reading, so
+the executor keeps only a window of stdin in flight and this buffer stays bounded (attach only);
+``x`` (JSON ``{"code", "oom"}``) comes once the command exited *and* nothing of the uid is left;
+``!`` is a refused request. One call at a time; end of stdin or of the socket (the executor
+detached or died) kills everything and ends the container.
 """
 
 from __future__ import annotations
@@ -32,16 +45,19 @@ import os
 import resource
 import selectors
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 HEADER = struct.Struct(">cII")  # kind, call id, payload length
 READ_SIZE = 1 << 16
 OUT_LIMIT = 1 << 20  # stop reading the command's pipes while this much waits for the executor
 TICK_S = 0.02
+CONNECT_S = 5.0
+MAX_FDS = 3  # stdout, stderr, stdin
 PR_SET_DUMPABLE = 4
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
@@ -103,8 +119,11 @@ class Call:
 
 
 class Agent:
-    def __init__(self, cpu: int | None) -> None:
+    def __init__(self, cpu: int | None, sock: socket.socket | None = None) -> None:
         self.cpu = cpu
+        self.sock = sock  # the executor's socket, or None: requests on stdin, replies on stdout
+        self.out_fd = sock.fileno() if sock is not None else 1
+        self.fds: list[int] = []  # pipe ends received with requests, oldest first
         self.me = os.getpid()
         self.uid = os.getuid()
         self.sel = selectors.DefaultSelector()
@@ -121,8 +140,12 @@ class Agent:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake = wake_r
+        # stdin: the requests in attach mode; in socket mode only its end matters (we are detached).
         self.sel.register(0, selectors.EVENT_READ, "in")
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        if sock is not None:
+            sock.setblocking(False)
+            self.sel.register(sock.fileno(), selectors.EVENT_READ, "sock")
 
     # -- output to the executor
 
@@ -133,13 +156,18 @@ class Agent:
     def flush(self) -> None:
         while self.out:
             try:
-                sent = os.write(1, self.out)
+                sent = os.write(self.out_fd, self.out)
             except BlockingIOError:
                 break
+            except OSError:  # the executor is gone
+                self.shutdown()
             del self.out[:sent]
         want = bool(self.out)
         if want != self.writing:
-            if want:
+            if self.sock is not None:  # one fd, read and written: change its events
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+                self.sel.modify(self.out_fd, events, "sock")
+            elif want:
                 self.sel.register(1, selectors.EVENT_WRITE, "out")
             else:
                 self.sel.unregister(1)
@@ -171,30 +199,54 @@ class Agent:
             call.kill_at = time.monotonic() + max(0.0, float(msg.get("grace", 0)))
 
     def start(self, cid: int, msg: dict[str, Any]) -> None:
+        count = int(msg.get("fds", 0)) if self.sock is not None else 0
+        fds, self.fds = self.fds[:count], self.fds[count:]
+        try:
+            self.spawn(cid, msg, fds)
+        finally:
+            for fd in fds:  # the command has its copies: ours would hold its pipes open
+                os.close(fd)
+
+    def spawn(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
         if self.call is not None or self.retiring:
             self.emit(b"!", cid, b"busy: a call is still running, or this container is retiring")
+            return
+        stdin = bool(msg.get("stdin"))
+        if self.sock is not None and len(fds) != 2 + stdin:
+            self.emit(b"!", cid, f"expected {2 + stdin} pipe ends with the request, got {len(fds)}".encode())
             return
         env = {str(k): str(v) for k, v in msg["env"].items()}
         with contextlib.suppress(OSError):
             os.makedirs(env.get("HOME", "/tmp/home"), exist_ok=True)
+        out: int = subprocess.PIPE
+        err: int = subprocess.PIPE
+        inp: int = subprocess.PIPE if stdin else subprocess.DEVNULL
+        if fds:  # socket mode: the executor's own pipes
+            out, err, inp = fds[0], fds[1], fds[2] if stdin else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(
                 [str(a) for a in msg["argv"]],
                 env=env,
                 cwd=msg["cwd"],
                 start_new_session=True,
-                stdin=subprocess.PIPE if msg.get("stdin") else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdin=inp,
+                stdout=out,
+                stderr=err,
                 preexec_fn=self.limit,
             )
         except OSError as exc:
             text = f"sandbox: cannot run {msg['argv'][0]}: {exc.strerror or exc}\n".encode()
-            self.emit(b"e", cid, text)
+            if fds:
+                with contextlib.suppress(OSError):
+                    os.write(fds[1], text)  # a few bytes into the empty stderr pipe: no wait
+            else:
+                self.emit(b"e", cid, text)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.emit(b"x", cid, json.dumps({"code": code, "oom": False}).encode())
             return
         self.call = Call(cid, proc)
+        if fds:
+            return  # the executor reads the pipes itself
         for stream, kind in ((proc.stdout, b"o"), (proc.stderr, b"e")):
             assert stream is not None
             fd = stream.fileno()
@@ -317,7 +369,7 @@ class Agent:
             self.emit(b"x", call.id, json.dumps(reply).encode())
             self.call = None
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> NoReturn:
         with contextlib.suppress(ProcessLookupError):
             os.kill(-1, signal.SIGKILL)
         sys.exit(0)
@@ -330,6 +382,8 @@ class Agent:
             what = key.data
             if what == "in":
                 self.read_requests()
+            elif what == "sock":
+                self.read_socket()
             elif what == "wake":
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake, 4096)
@@ -351,6 +405,25 @@ class Agent:
             return
         if not data:
             self.shutdown()
+        if self.sock is None:
+            self.take(data)
+
+    def read_socket(self) -> None:
+        assert self.sock is not None
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, READ_SIZE, MAX_FDS)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        # The kernel ends a read at a message that carries fds: they come with its first byte,
+        # so they are here before the request line they belong to is complete.
+        self.fds += fds
+        if not data:
+            self.shutdown()
+        self.take(data)
+
+    def take(self, data: bytes) -> None:
         self.inbuf += data
         *lines, self.inbuf = self.inbuf.split(b"\n")
         for line in lines:
@@ -369,12 +442,36 @@ def nondumpable() -> None:
         sys.exit(70)
 
 
+def connect(path: str) -> tuple[socket.socket | None, str]:
+    """The executor's socket, connected before any command runs; else why not (attach mode)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_S)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        return None, f"attach: cannot connect to {path}: {exc.strerror or exc}"
+    return sock, "socket"
+
+
+def say(kind: bytes, payload: bytes) -> None:
+    """One frame on stdout, blocking (before the loop: the executor reads the attach stream)."""
+    data = HEADER.pack(kind, 0, len(payload)) + payload
+    while data:
+        data = data[os.write(1, data) :]
+
+
 def main() -> None:
     # Python's own SIGINT handler would let a command interrupt PID 1; without one it is ignored.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     nondumpable()
     cpu = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None
-    Agent(cpu).run()
+    path = sys.argv[2] if len(sys.argv) > 2 else ""
+    sock = None
+    if path:
+        sock, mode = connect(path)
+        say(b"s", mode.encode())
+    Agent(cpu, sock).run()
 
 
 if __name__ == "__main__":

@@ -63,6 +63,21 @@ async def _write_all(fd: int, data: bytes) -> None:
             await anyio.wait_writable(fd)
 
 
+async def feed_fd(fd: int, data: bytes | ByteReceiveStream) -> None:
+    """Write ``data`` (or copy a stream as it arrives) to a non-blocking pipe; the caller closes it.
+
+    EPIPE means the reader stopped reading: the rest has nowhere to go, which is no error.
+    """
+    try:
+        if isinstance(data, bytes):
+            await _write_all(fd, data)
+        else:
+            async for chunk in data:
+                await _write_all(fd, chunk)
+    except BrokenPipeError:
+        pass
+
+
 class Child:
     """``subprocess.Popen`` with stdin closed, stdout/stderr as streams and an awaitable exit."""
 
@@ -119,13 +134,7 @@ class Child:
         if fd is None:
             return
         try:
-            if isinstance(data, bytes):
-                await _write_all(fd, data)
-            else:
-                async for chunk in data:
-                    await _write_all(fd, chunk)
-        except BrokenPipeError:
-            pass
+            await feed_fd(fd, data)
         finally:
             self.stdin_fd = None
             os.close(fd)

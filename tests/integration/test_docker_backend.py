@@ -28,6 +28,7 @@ import pytest
 import sandbox
 from sandbox import exec as executor
 from sandbox.backends import docker as dockerb
+from sandbox.backends.docker.links import AGENT_DIR
 from sandbox.errors import BackendUnavailable, find_error
 from tests.conftest import backend_or_skip, make_profile, survivors
 
@@ -124,8 +125,11 @@ async def test_container_confinement_settings(
     assert host["PidsLimit"] == jail.profile.limits.pids and host["NanoCpus"] == 500_000_000
     # CPU seconds count per process: the long-lived agent sets that limit on each command instead.
     assert {u["Name"] for u in host["Ulimits"]} == {"nofile", "fsize"}
-    binds = [m["Source"] for m in client.containers.get(cid).attrs["Mounts"]]
-    assert binds == [str(workspace)] and all("docker.sock" not in b for b in binds)
+    mounts = client.containers.get(cid).attrs["Mounts"]
+    binds = [m["Source"] for m in mounts if m["Destination"] != AGENT_DIR]
+    assert binds == [str(workspace)] and all("docker.sock" not in m["Source"] for m in mounts)
+    # Beside the workspace only the agent's socket directory, read-only (see links.py).
+    assert [m["RW"] for m in mounts if m["Destination"] == AGENT_DIR] == [False]
     seccomp = await executor.run(jail, ["grep", "^Seccomp:", "/proc/self/status"])
     assert seccomp.stdout.split() == ["Seccomp:", "2"]
     limits = await executor.run(jail, ["sh", "-c", "ulimit -t; ulimit -n"])

@@ -4,8 +4,9 @@ Two process models, one module each, behind the common :class:`~.jail.DockerJail
 
 * :mod:`.warm` (``lifecycle = "session"``): one container for the session, whose only process
   is the stdlib agent of :mod:`sandbox._jailside.agent`, PID 1 and the command uid. A call is a
-  request over the container's attach stream and a fork in the container, no ``docker exec``;
-  the agent sweeps the uid's processes out before it reports the exit.
+  request over a unix socket of ours bound into the container, with the call's pipe ends passed
+  along (:mod:`.links`; the attach stream is the fallback), and a fork in the container, no
+  ``docker exec``; the agent sweeps the uid's processes out before it reports the exit.
 * :mod:`.percall` (``lifecycle = "call"``): a container per call, tini and ``sleep infinity`` as
   a keeper uid, the call one ``docker exec`` as the command uid; the container goes with the call.
 
@@ -54,6 +55,7 @@ from sandbox.backends.docker.config import (
 )
 from sandbox.backends.docker.gc import gc
 from sandbox.backends.docker.jail import DockerJail
+from sandbox.backends.docker.links import socket_wanted
 from sandbox.backends.docker.percall import PerCallJail
 from sandbox.backends.docker.warm import WarmJail
 from sandbox.backends.environment import host_files
@@ -203,11 +205,14 @@ def _probe_report(client: docker.DockerClient) -> Report:
 
     transparent = netns.available()
     report.grant("net-transparent", transparent is None, transparent or "")
+    no_socket = socket_wanted(str(client.api.base_url))
     report.details.update(
         server=info.get("ServerVersion"),
         host=client.api.base_url,
         image=DEFAULT_IMAGE,
         kernel=info.get("KernelVersion"),
+        # How a warm jail's output travels: our own pipes (socket) or through dockerd (attach).
+        stream="socket" if no_socket is None else f"attach ({no_socket})",
     )
     try:
         check_image(client, DEFAULT_IMAGE)

@@ -142,8 +142,19 @@ def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
         "user": user,
         "stdin_open": True,
         "detach": False,
-        "command": ["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu)],
+        # The last argument is the socket to connect to (none: the attach stream, see .links).
+        "command": ["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu), ""],
     }
+
+
+def with_agent_socket(config: dict[str, Any], folder: Path, socket_path: str) -> dict[str, Any]:
+    """A warm container's ``config`` with our socket's directory bound read-only for its agent.
+
+    ``socket_path`` is where the agent finds the socket in the container (see :mod:`.links`).
+    """
+    target = socket_path.rpartition("/")[0]
+    mount = Mount(target=target, source=str(folder), type="bind", read_only=True)
+    return {**config, "mounts": [*config["mounts"], mount], "command": [*config["command"][:-1], socket_path]}
 
 
 def _untracked_mounts(workspace: Path, untracked: Sequence[str]) -> list[Mount]:

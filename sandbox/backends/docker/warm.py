@@ -1,23 +1,31 @@
 """The warm Docker jail: one container per session, the agent as its PID 1 (``lifecycle = "session"``).
 
 The container runs one process of ours: the agent of :mod:`sandbox._jailside.agent`, as PID 1
-and as the command uid, its stdin open. We attach to the container once (before starting it)
-and keep that stream for the jail's life (:class:`AgentLink`): requests go to the agent's stdin
-as JSON lines, its replies come back as binary frames (the command's stdout and stderr as they
-arrive, then its exit status). A call therefore costs no ``docker exec`` (runc sets up each one
-in tens of milliseconds), only a fork in the container. The agent starts each command in a
-session of its own and, once the command exited or on a kill request (TERM, the grace, KILL),
-sends ``kill(-1, SIGKILL)`` until ``/proc`` shows no other process of its uid: the tree kill,
-setsid'd, double-forked and TERM-ignoring processes included. Only then does it report the
-exit, so nothing of a call survives into the next; calls are serialised for that reason.
+and as the command uid. We attach to the container once (before starting it) and keep that
+stream for the jail's life; on a local engine the agent also connects to a unix socket of ours
+bound into the container, and the calls go over that (:mod:`.links` says how, and who may
+connect). A call therefore costs no ``docker exec`` (runc sets up each one in tens of
+milliseconds), only a fork in the container.
+
+Streams. Over the socket (:class:`PipeProcess`) each call's stdout and stderr are pipes we
+create; their write ends (and stdin's read end) go to the agent with ``SCM_RIGHTS``, the
+command writes straight into them and we read them as a local child's: no byte of output
+crosses the agent or dockerd. Over the attach stream, the fallback (:class:`FramedProcess`),
+the agent reads the command's pipes and sends the bytes back in frames through dockerd.
+
+The agent starts each command in a session of its own and, once the command exited or on a
+kill request (TERM, the grace, KILL), sends ``kill(-1, SIGKILL)`` until ``/proc`` shows no
+other process of its uid: the tree kill, setsid'd, double-forked and TERM-ignoring processes
+included. Only then does it report the exit, so nothing of a call survives into the next (and
+no writer of our pipes is left: they end); calls are serialised for that reason.
 
 Being PID 1 of the pid namespace, the agent gets no signal from inside it that it has no
 handler for (SIGKILL included); it is non-dumpable, so the same uid can neither ptrace it nor
-open its ``/proc/1/fd`` pipes. Should it die anyway (an OOM kill, ``docker kill``), the stream
-ends: the call fails with BACKEND_UNAVAILABLE saying why, and the next call gets a new
-container. Our socket closing (the executor died) closes the agent's stdin (StdinOnce), which
-ends the container; auto-remove deletes it. Per-call OOM kills are the agent's reading of the
-memory cgroup's ``oom_kill`` count before and after the call.
+open its ``/proc/1/fd`` pipes and socket. Should it die anyway (an OOM kill, ``docker kill``),
+the link ends: the call fails with BACKEND_UNAVAILABLE saying why, and the next call gets a new
+container. Our side closing (the executor died) ends the socket and the agent's stdin
+(StdinOnce), which ends the container; auto-remove deletes it. Per-call OOM kills are the
+agent's reading of the memory cgroup's ``oom_kill`` count before and after the call.
 """
 
 from __future__ import annotations
@@ -25,25 +33,37 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import socket
+import os
 import threading
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import docker
 import docker.errors
-from docker.utils.socket import frames_iter
 
-from sandbox._jailside.agent import HEADER as AGENT_HEADER
 from sandbox.backends.base import Process
+from sandbox.backends.child import FdReceiveStream, feed_fd
 from sandbox.backends.docker.client import quietly, run_sync
+from sandbox.backends.docker.config import with_agent_socket
 from sandbox.backends.docker.jail import DockerJail
+from sandbox.backends.docker.links import (
+    AGENT_SOCKET,
+    HELLO_WAIT_S,
+    AttachLink,
+    Link,
+    Listener,
+    PeerRefused,
+    SocketLink,
+    socket_wanted,
+)
 from sandbox.backends.docker.runtime import Runtime
-from sandbox.backends.docker.streams import BUFFERED_CHUNKS, STDOUT, ChunkStream, unwrap_socket
+from sandbox.backends.docker.streams import BUFFERED_CHUNKS, ChunkStream
 from sandbox.backends.environment import base_env
-from sandbox.errors import BackendUnavailable
+from sandbox.errors import BackendUnavailable, SandboxError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
@@ -53,109 +73,33 @@ if TYPE_CHECKING:
     from sandbox.backends.base import Stdin
 
 STDIN_CHUNK = 1 << 16
-STDIN_WINDOW = 1 << 20  # stdin bytes in flight to a warm container's agent
+STDIN_WINDOW = 1 << 20  # stdin bytes in flight to a warm container's agent (attach stream)
 KILL_WAIT_S = 10  # beyond the grace: an agent this late is wedged, and its container is removed
-DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 
 
 async def _in_chunks(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-class AgentLink:
-    """A warm container's attach stream: requests to its agent, the agent's frames back.
+class AgentCall(Process):
+    """One call in a warm container, started and swept by the agent (see :mod:`sandbox._jailside.agent`).
 
-    One thread reads the multiplexed stream for the jail's life and routes each frame to its
-    call's streams; a full stream blocks it (back-pressure through the daemon to the agent,
-    which then stops reading the command's pipes). Requests are written from worker threads.
+    What both links share: the exit report, refusals, a lost agent, the kill request. How the
+    output comes back is the subclass's: :class:`PipeProcess` or :class:`FramedProcess`.
     """
 
-    def __init__(self, sock: Any) -> None:
-        self.sock = sock
-        raw = unwrap_socket(sock)
-        if raw is None:
-            raise BackendUnavailable("this Docker connection cannot carry the agent's requests", backend="docker")
-        raw.settimeout(None)  # an idle session is not a dead daemon; close() unblocks the reader
-        self._raw = raw
-        self.calls: dict[int, AgentProcess] = {}
-        self.dead = False
-        self.retired = False
-        self.error: BaseException | None = None
-        self.diagnostics = b""
-        self._lock = threading.Lock()
-        self._ids = iter(range(1, 1 << 31))
-        self._token = anyio.lowlevel.current_token()
-        threading.Thread(target=self._run, name="docker-agent-link", daemon=True).start()
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def send(self, message: dict[str, Any]) -> None:
-        """Write one request (blocking: call from a worker thread)."""
-        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-        with self._lock:
-            self._raw.sendall(line)
-
-    def _run(self) -> None:
-        buffer = bytearray()
-        try:
-            for stream_id, data in frames_iter(self.sock, tty=False):  # type: ignore[no-untyped-call]
-                if stream_id == STDOUT:
-                    buffer += data
-                    self._parse(buffer)
-                else:
-                    self.diagnostics = (self.diagnostics + data)[-DIAGNOSTICS:]
-        except (OSError, ValueError) as exc:  # the daemon died or we closed the socket
-            self.error = exc
-        finally:
-            self.dead = True
-            for proc in self.calls.copy().values():  # copy(): atomic, the loop may forget one meanwhile
-                with contextlib.suppress(RuntimeError):  # the event loop is gone
-                    anyio.from_thread.run_sync(proc.lost, token=self._token)
-
-    def _parse(self, buffer: bytearray) -> None:
-        size = AGENT_HEADER.size
-        while len(buffer) >= size:
-            kind, cid, length = AGENT_HEADER.unpack_from(buffer)
-            if len(buffer) < size + length:
-                return
-            payload = bytes(buffer[size : size + length])
-            del buffer[: size + length]
-            proc = self.calls.get(cid)
-            if proc is not None:
-                proc.frame(kind, payload)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._raw.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
-            self._raw.close()
-
-
-class AgentProcess(Process):
-    """One call in a warm container, started and swept by the agent (see :mod:`sandbox._jailside.agent`)."""
-
-    def __init__(self, jail: WarmJail, runtime: Runtime, link: AgentLink, stdin: Stdin) -> None:
+    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
         self.runtime = runtime
         self._jail = jail
         self._link = link
         self.id = link.next_id()
         self._stdin = stdin
-        out_send, out_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
-        err_send, err_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
-        self._sends: dict[bytes, MemoryObjectSendStream[bytes]] = {b"o": out_send, b"e": err_send}
-        self._out, self._err = ChunkStream(out_recv), ChunkStream(err_recv)
-        self.stdout, self.stderr = self._out, self._err
         self._token = anyio.lowlevel.current_token()
         self._exited = anyio.Event()
         self._result: dict[str, Any] | None = None
         self._refused: str | None = None
         self._lost = False
-        self._draining = False  # killing: output nobody may read any more is dropped, not waited on
-        self._blocked: anyio.CancelScope | None = None
         self._released = False
-        self._unacked = 0  # stdin bytes sent that the agent has not yet passed on (or dropped)
-        self._credit = anyio.Event()
         self.returncode: int | None = None
         link.calls[self.id] = self
 
@@ -163,31 +107,31 @@ class AgentProcess(Process):
     def finished(self) -> bool:
         return self._exited.is_set()
 
+    def request(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> dict[str, Any]:
+        stdin = self._stdin is not None
+        return {"op": "run", "id": self.id, "argv": list(argv), "env": env, "cwd": cwd, "stdin": stdin}
+
+    def remote_fds(self) -> list[int]:
+        """The fds that go with the run request (the command's ends of our pipes)."""
+        return []
+
+    def handed_over(self) -> None:
+        """The run request is sent (or failed): drop our copies of the command's ends."""
+
     # -- from the link's reader thread
 
     def frame(self, kind: bytes, payload: bytes) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone
-            if kind in self._sends:
-                anyio.from_thread.run(self._deliver, self._sends[kind], payload, token=self._token)
-            elif kind == b"x":
+            if kind == b"x":
                 anyio.from_thread.run_sync(self._exit, json.loads(payload), token=self._token)
-            elif kind == b"i":
-                anyio.from_thread.run_sync(self._credited, int(payload), token=self._token)
             elif kind == b"!":
                 self._refused = payload.decode(errors="replace")
                 anyio.from_thread.run_sync(self._end, token=self._token)
+            else:
+                self._output(kind, payload)
 
-    async def _deliver(self, send: MemoryObjectSendStream[bytes], data: bytes) -> None:
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
-            if self._draining:
-                send.send_nowait(data)
-                return
-            with anyio.CancelScope() as scope:
-                self._blocked = scope
-                try:
-                    await send.send(data)  # blocks while the buffer is full: memory stays bounded
-                finally:
-                    self._blocked = None
+    def _output(self, kind: bytes, payload: bytes) -> None:
+        """An output or credit frame (attach stream only)."""
 
     def _exit(self, result: dict[str, Any]) -> None:
         self._result = result
@@ -199,39 +143,10 @@ class AgentProcess(Process):
         self._lost = True
         self._end()
 
-    def _credited(self, count: int) -> None:
-        self._unacked -= count
-        self._credit.set()
-        self._credit = anyio.Event()
-
     def _end(self) -> None:
-        for send in self._sends.values():
-            send.close()
         self._exited.set()
-        self._credit.set()
 
     # -- the Process interface
-
-    async def feed_stdin(self) -> None:
-        # At most STDIN_WINDOW bytes ride between us and the command: the agent credits what it
-        # passed on, so its buffer stays bounded and a kill request never waits behind stdin.
-        source = self._stdin or b""
-        chunks = _in_chunks(source) if isinstance(source, bytes) else source
-        async for data in chunks:
-            for start in range(0, len(data), STDIN_CHUNK):
-                while self._unacked >= STDIN_WINDOW and not self.finished:
-                    await self._credit.wait()
-                if self.finished:
-                    return
-                piece = data[start : start + STDIN_CHUNK]
-                self._unacked += len(piece)
-                await self._request({"op": "stdin", "id": self.id, "data": base64.b64encode(piece).decode()})
-        await self._request({"op": "eof", "id": self.id})
-
-    async def _request(self, message: dict[str, Any]) -> None:
-        if self._link.dead:
-            return  # wait() tells what happened
-        await run_sync("cannot write to the container's agent", self._link.send, message)
 
     async def wait(self) -> int:
         await self._exited.wait()
@@ -250,12 +165,13 @@ class AgentProcess(Process):
         await self._jail.agent_lost(self)
         raise AssertionError("unreachable")  # agent_lost always raises
 
+    def _stop_output(self) -> None:
+        """Killing: output nobody may read any more must not hold the agent back."""
+
     async def kill_tree(self, grace: float) -> None:
         if self.finished and not self._lost:
             return
-        self._draining = True
-        if self._blocked is not None:
-            self._blocked.cancel()
+        self._stop_output()
         with anyio.CancelScope(shield=True):
             if self._lost or self._link.dead:
                 await self._jail.discard(self.runtime)
@@ -279,13 +195,16 @@ class AgentProcess(Process):
     def oom_killed(self) -> bool:
         return bool(self._result and self._result.get("oom"))
 
+    @abstractmethod
+    def _close_streams(self) -> None:
+        """Release what carries the call's output (the call is over, or abandoned)."""
+
     def release(self) -> None:
         if self._released:
             return
         self._released = True
-        self._draining = True
-        self._out.close()
-        self._err.close()
+        self._stop_output()
+        self._close_streams()
         if not self.finished and not self._link.dead:
             # Never waited for (a jail closing, a failed caller): have the agent sweep it anyway;
             # the next call waits for that (WarmJail._ready_agent).
@@ -297,6 +216,138 @@ class AgentProcess(Process):
         self._link.calls.pop(self.id, None)
 
 
+class PipeProcess(AgentCall):
+    """A call over the socket: the command writes into our pipes, which we read like a local child's."""
+
+    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
+        ours: list[int] = []
+        theirs: list[int] = []
+        with contextlib.ExitStack() as cleanup_on_fail:
+            for _ in ("stdout", "stderr"):
+                read, write = os.pipe()
+                cleanup_on_fail.callback(os.close, read)
+                cleanup_on_fail.callback(os.close, write)
+                ours.append(read)
+                theirs.append(write)
+            self._stdin_fd: int | None = None
+            if stdin is not None:
+                read, write = os.pipe()
+                cleanup_on_fail.callback(os.close, read)
+                cleanup_on_fail.callback(os.close, write)
+                theirs.append(read)
+                self._stdin_fd = write
+            cleanup_on_fail.pop_all()
+        super().__init__(jail, runtime, link, stdin)  # registered with the link only once it exists
+        self._theirs = theirs
+        self._out, self._err = FdReceiveStream(ours[0]), FdReceiveStream(ours[1])
+        self.stdout, self.stderr = self._out, self._err
+        if self._stdin_fd is not None:
+            os.set_blocking(self._stdin_fd, False)
+
+    def remote_fds(self) -> list[int]:
+        return self._theirs
+
+    def handed_over(self) -> None:
+        theirs, self._theirs = self._theirs, []
+        for fd in theirs:
+            os.close(fd)
+
+    async def feed_stdin(self) -> None:
+        fd = self._stdin_fd
+        if fd is None:
+            return
+        try:
+            await feed_fd(fd, self._stdin or b"")
+        finally:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        fd, self._stdin_fd = self._stdin_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _close_streams(self) -> None:
+        self.handed_over()  # a request that never went out
+        self._out.close()
+        self._err.close()
+        self._close_stdin()
+
+
+class FramedProcess(AgentCall):
+    """A call over the attach stream: its output comes back in the agent's frames."""
+
+    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
+        super().__init__(jail, runtime, link, stdin)
+        out_send, out_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        err_send, err_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
+        self._sends: dict[bytes, MemoryObjectSendStream[bytes]] = {b"o": out_send, b"e": err_send}
+        self._out, self._err = ChunkStream(out_recv), ChunkStream(err_recv)
+        self.stdout, self.stderr = self._out, self._err
+        self._draining = False  # killing: output nobody may read any more is dropped, not waited on
+        self._blocked: anyio.CancelScope | None = None
+        self._unacked = 0  # stdin bytes sent that the agent has not yet passed on (or dropped)
+        self._credit = anyio.Event()
+
+    def _output(self, kind: bytes, payload: bytes) -> None:
+        if kind in self._sends:
+            anyio.from_thread.run(self._deliver, self._sends[kind], payload, token=self._token)
+        elif kind == b"i":
+            anyio.from_thread.run_sync(self._credited, int(payload), token=self._token)
+
+    async def _deliver(self, send: MemoryObjectSendStream[bytes], data: bytes) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+            if self._draining:
+                send.send_nowait(data)
+                return
+            with anyio.CancelScope() as scope:
+                self._blocked = scope
+                try:
+                    await send.send(data)  # blocks while the buffer is full: memory stays bounded
+                finally:
+                    self._blocked = None
+
+    def _credited(self, count: int) -> None:
+        self._unacked -= count
+        self._credit.set()
+        self._credit = anyio.Event()
+
+    def _end(self) -> None:
+        for send in self._sends.values():
+            send.close()
+        super()._end()
+        self._credit.set()
+
+    async def feed_stdin(self) -> None:
+        # At most STDIN_WINDOW bytes ride between us and the command: the agent credits what it
+        # passed on, so its buffer stays bounded and a kill request never waits behind stdin.
+        source = self._stdin or b""
+        chunks = _in_chunks(source) if isinstance(source, bytes) else source
+        async for data in chunks:
+            for start in range(0, len(data), STDIN_CHUNK):
+                while self._unacked >= STDIN_WINDOW and not self.finished:
+                    await self._credit.wait()
+                if self.finished:
+                    return
+                piece = data[start : start + STDIN_CHUNK]
+                self._unacked += len(piece)
+                await self._request({"op": "stdin", "id": self.id, "data": base64.b64encode(piece).decode()})
+        await self._request({"op": "eof", "id": self.id})
+
+    async def _request(self, message: dict[str, Any]) -> None:
+        if self._link.dead:
+            return  # wait() tells what happened
+        await run_sync("cannot write to the container's agent", self._link.send, message)
+
+    def _stop_output(self) -> None:
+        self._draining = True
+        if self._blocked is not None:
+            self._blocked.cancel()
+
+    def _close_streams(self) -> None:
+        self._out.close()
+        self._err.close()
+
+
 class WarmJail(DockerJail):
     """One container for the session's calls, one call at a time, through its agent."""
 
@@ -305,33 +356,97 @@ class WarmJail(DockerJail):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._warm: Runtime | None = None
-        self._link: AgentLink | None = None
+        self._link: Link | None = None
         self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
-        self._held: AgentProcess | None = None
-        self._pending: AgentProcess | None = None  # released before its exit was reported
+        self._held: AgentCall | None = None
+        self._pending: AgentCall | None = None  # released before its exit was reported
+        self._no_socket: str | None = socket_wanted(str(self.client.api.base_url))
+        self.stream_note = self._no_socket or ""  # why the calls use the attach stream, if they do
 
     @property
     def container_id(self) -> str | None:
         return self._warm.id if self._warm else None
 
+    @property
+    def stream(self) -> str | None:
+        """How the current agent's calls travel: ``socket`` (pipes passed to it) or ``attach``."""
+        return self._link.stream if self._link is not None else None
+
     async def start(self) -> None:
         await self._new_agent()
 
     async def _new_agent(self) -> Runtime:
-        runtime, sock = await run_sync(
-            "cannot start the jail's container", Runtime.create_attached, self.client, self._config, self.user
-        )
+        listener = None
+        if self._no_socket is None:
+            try:
+                listener = await anyio.to_thread.run_sync(Listener)
+            except OSError as exc:  # a file system without sockets, a full disk: attach will do
+                self.stream_note = f"cannot listen for the agent: {exc.strerror or exc}"
+            except SandboxError as exc:  # no data directory
+                self.stream_note = f"cannot listen for the agent: {exc.message}"
+        try:
+            return await self._start_agent(listener)
+        except PeerRefused as exc:
+            self._no_socket = self.stream_note = str(exc)
+            return await self._start_agent(None)
+        finally:
+            if listener is not None:
+                listener.close()
+
+    async def _start_agent(self, listener: Listener | None) -> Runtime:
+        config = self._config
+        if listener is not None:
+            config = with_agent_socket(config, listener.folder, AGENT_SOCKET)
+        try:
+            runtime, sock = await run_sync(
+                "cannot start the jail's container", Runtime.create_attached, self.client, config, self.user
+            )
+        except BackendUnavailable as exc:
+            if listener is None:
+                raise
+            # An engine that cannot bind our directory (a VM's, one that only shares some paths):
+            # the attach stream needs no bind.
+            self._no_socket = self.stream_note = f"the engine cannot bind the agent's socket: {exc.message}"
+            listener.close()
+            listener = None
+            runtime, sock = await run_sync(
+                "cannot start the jail's container", Runtime.create_attached, self.client, self._config, self.user
+            )
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             cleanup_on_fail.push_async_callback(_remove, runtime)
             await self._way_out(runtime)
-            self._link = AgentLink(sock)
+            attach = AttachLink(sock)
+            cleanup_on_fail.callback(attach.close)
+            link: Link = attach
+            if listener is not None:
+                link = await self._connect(runtime, attach, listener)
             cleanup_on_fail.pop_all()
+        self._link = link
         self._warm = runtime
         return runtime
 
+    async def _connect(self, runtime: Runtime, attach: AttachLink, listener: Listener) -> Link:
+        """The agent's word on the socket, then its connection, checked (see :mod:`.links`)."""
+        seen = await anyio.to_thread.run_sync(attach.hello_seen.wait, HELLO_WAIT_S, abandon_on_cancel=True)
+        if not seen or attach.hello is None:
+            diagnostics = attach.diagnostics.decode(errors="replace").strip()
+            why = f": {diagnostics.splitlines()[-1][:200]}" if diagnostics else ""
+            raise BackendUnavailable(
+                f"the container's agent did not start{why}",
+                backend="docker",
+                container=runtime.id,
+            )
+        if attach.hello != "socket":
+            self.stream_note = attach.hello.removeprefix("attach: ")
+            return attach
+        pid = await run_sync("cannot find the container's process", runtime.pid)
+        conn = listener.accept(pid)
+        self.stream_note = ""
+        return SocketLink(conn, attach)
+
     async def _start(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
-    ) -> AgentProcess:
+    ) -> AgentCall:
         await self._slot.acquire()
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(self._slot.release)
@@ -342,24 +457,25 @@ class WarmJail(DockerJail):
 
     async def _run_in_agent(
         self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
-    ) -> AgentProcess:
+    ) -> AgentCall:
         runtime, link = await self._ready_agent()
-        proc = AgentProcess(self, runtime, link, stdin)
-        request = {
-            "op": "run",
-            "id": proc.id,
-            "argv": list(argv),
-            "env": base_env(self.profile, env, workspace=self.workspace),
-            "cwd": cwd or str(self.workspace),
-            "stdin": stdin is not None,
-        }
+        kind = PipeProcess if isinstance(link, SocketLink) else FramedProcess
+        proc = kind(self, runtime, link, stdin)
+        request = proc.request(argv, base_env(self.profile, env, workspace=self.workspace), cwd or str(self.workspace))
+        fds = proc.remote_fds()
+        if fds:
+            request["fds"] = len(fds)
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(proc.forget)
-            await run_sync("cannot start the command in the container", link.send, request)
+            cleanup_on_fail.callback(proc._close_streams)
+            try:
+                await run_sync("cannot start the command in the container", link.send, request, fds)
+            finally:
+                proc.handed_over()
             cleanup_on_fail.pop_all()
         return proc
 
-    async def _ready_agent(self) -> tuple[Runtime, AgentLink]:
+    async def _ready_agent(self) -> tuple[Runtime, Link]:
         """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
         pending, self._pending = self._pending, None
         if pending is not None and not pending.finished:
@@ -387,7 +503,7 @@ class WarmJail(DockerJail):
         if not runtime.removed:
             await run_sync("cannot remove the container", runtime.remove)
 
-    async def agent_lost(self, proc: AgentProcess) -> None:
+    async def agent_lost(self, proc: AgentCall) -> None:
         """The agent's stream ended mid-call: say why, structured, and never reuse the container."""
         runtime = proc.runtime
         diagnostics = proc._link.diagnostics.decode(errors="replace").strip()
@@ -416,7 +532,7 @@ class WarmJail(DockerJail):
             oom_killed=oom,
         )
 
-    def call_done(self, proc: AgentProcess) -> None:
+    def call_done(self, proc: AgentCall) -> None:
         if not proc.finished:
             self._pending = proc
         else:

@@ -1,0 +1,303 @@
+"""A warm container's links to its agent: a unix socket carrying pipe ends, or the attach stream.
+
+**The socket** (a local engine, the default). Before creating the container the host listens on
+a unix socket in a directory of its own, ``<data dir>/run/agent-XXXX/agent.sock`` (or a
+``/tmp/sbx-agent-XXXX`` directory when that path is too long for a socket address): the data
+directory is ``0700`` and ours, the directory ``0711``, the socket ``0666``, so the command uid of
+the container (whatever it maps to on the host, user namespaces included) can reach it and no
+other host user can. The directory is bound **read-only** at :data:`AGENT_DIR` in the container
+(connecting to a socket needs no write access to its file system); the agent connects to it
+first thing, before anything else runs in the container, and tells us on its attach stream.
+
+*Who may connect.* A jailed command runs as the agent's uid and could try to connect to the
+socket too, so the host accepts **exactly one** connection and checks it: ``SO_PEERCRED`` gives
+the peer's pid as the kernel sees it from our pid namespace, which must be the container's
+first process (``State.Pid``: the agent, PID 1 inside). Only then is the connection used; the
+listener is closed and the socket and its directory are removed at once, so a command that
+later connects to the path finds nothing there (and could not have run earlier: commands start
+only on our requests, which follow the check). The agent in turn trusts the one socket it
+connected to, in a directory the container cannot write. The host never connects to anything
+in the container, so a command that plants a socket of its own in its view gets no peer.
+A pid that does not match (our process sees the container from another pid namespace, say)
+makes the jail start over on the attach stream rather than trust the connection. What a command
+can see: the empty, unreadable mount point, and (the kernel files an accepted connection under
+the connecting side's network namespace) our socket's host path in ``/proc/net/unix``, a name
+that leads nowhere in the container.
+
+*What travels on it.* Requests as JSON lines, each ``run`` with its call's pipe ends as
+``SCM_RIGHTS`` (:func:`socket.send_fds`): the write ends of the stdout and stderr pipes, and the
+read end of stdin's; the agent's replies (exit status, refusals) as frames. The output itself
+never crosses the socket: the command writes into our pipes, which we read like a local child's
+(:class:`~sandbox.backends.child.FdReceiveStream`). The attach stream stays open beside it: it
+carries the agent's start-up word and its stderr (diagnostics when it dies), and its end (the
+daemon lost the container) ends the socket link too.
+
+**The attach stream** (the fallback: a remote engine, whose daemon cannot bind our directory;
+a socket the agent cannot reach; ``SANDBOX_DOCKER_STREAMS=attach``): requests go to the agent's
+stdin, and the command's output comes back in frames through dockerd, at dockerd's pace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from docker.utils.socket import frames_iter
+
+from sandbox._jailside.agent import HEADER as AGENT_HEADER
+from sandbox.backends.docker.streams import STDOUT, unwrap_socket
+from sandbox.datadir import subdir
+from sandbox.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sandbox.backends.docker.warm import AgentCall
+
+AGENT_DIR = "/run/sandbox-agent"  # where the container sees the socket's directory
+SOCKET_NAME = "agent.sock"
+AGENT_SOCKET = f"{AGENT_DIR}/{SOCKET_NAME}"
+MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+HELLO_WAIT_S = 30  # the agent's first word: Python's start-up in a busy container
+DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
+STREAMS_ENV = "SANDBOX_DOCKER_STREAMS"  # "attach" forces the fallback (tests, odd engines)
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class Link(ABC):
+    """What both links share: calls by id, the agent's frames parsed and routed, death told to the calls."""
+
+    stream: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.calls: dict[int, AgentCall] = {}
+        self.dead = False
+        self.retired = False
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._ids = iter(range(1, 1 << 31))
+        self._token = anyio.lowlevel.current_token()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    @abstractmethod
+    def diagnostics(self) -> bytes:
+        """The tail of the agent's stderr."""
+
+    @abstractmethod
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        """Write one request (blocking: call from a worker thread)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop the link (the reader thread ends, the agent sees the end and stops)."""
+
+    def _parse(self, buffer: bytearray) -> None:
+        size = AGENT_HEADER.size
+        while len(buffer) >= size:
+            kind, cid, length = AGENT_HEADER.unpack_from(buffer)
+            if len(buffer) < size + length:
+                return
+            payload = bytes(buffer[size : size + length])
+            del buffer[: size + length]
+            if cid == 0:
+                self._said(kind, payload)
+                continue
+            proc = self.calls.get(cid)
+            if proc is not None:
+                proc.frame(kind, payload)
+
+    def _said(self, kind: bytes, payload: bytes) -> None:  # noqa: B027 - only the attach stream has them
+        """A frame of the agent's own (call id 0)."""
+
+    def ended(self, error: BaseException | None = None) -> None:
+        """The link is gone: every call in flight is lost (from a reader thread)."""
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = True
+            self.error = error
+        for proc in self.calls.copy().values():  # copy(): atomic, the loop may forget one meanwhile
+            with contextlib.suppress(RuntimeError):  # the event loop is gone
+                anyio.from_thread.run_sync(proc.lost, token=self._token)
+
+    @staticmethod
+    def line(message: dict[str, Any]) -> bytes:
+        return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+class AttachLink(Link):
+    """A warm container's attach stream: the agent's start-up word and stderr, and in attach mode
+    its requests and frames.
+
+    One thread reads the multiplexed stream for the jail's life and routes each frame to its
+    call; a full stream blocks it (back-pressure through the daemon to the agent, which then
+    stops reading the command's pipes). Requests are written from worker threads.
+    """
+
+    stream = "attach"
+
+    def __init__(self, sock: Any) -> None:
+        super().__init__()
+        self.sock = sock
+        raw = unwrap_socket(sock)
+        if raw is None:
+            raise BackendUnavailable("this Docker connection cannot carry the agent's requests", backend="docker")
+        raw.settimeout(None)  # an idle session is not a dead daemon; close() unblocks the reader
+        self._raw = raw
+        self._diagnostics = b""
+        self.hello: str | None = None  # the agent's first word when it was given a socket
+        self.hello_seen = threading.Event()
+        self.also_ends: Link | None = None  # the socket link, which cannot outlive this stream
+        threading.Thread(target=self._run, name="docker-agent-link", daemon=True).start()
+
+    @property
+    def diagnostics(self) -> bytes:
+        return self._diagnostics
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        if fds:
+            raise BackendUnavailable("the attach stream cannot carry file descriptors", backend="docker")
+        with self._lock:
+            self._raw.sendall(self.line(message))
+
+    def _said(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"s":
+            self.hello = payload.decode(errors="replace")
+            self.hello_seen.set()
+
+    def _run(self) -> None:
+        buffer = bytearray()
+        error: BaseException | None = None
+        try:
+            for stream_id, data in frames_iter(self.sock, tty=False):  # type: ignore[no-untyped-call]
+                if stream_id == STDOUT:
+                    buffer += data
+                    self._parse(buffer)
+                else:
+                    self._diagnostics = (self._diagnostics + data)[-DIAGNOSTICS:]
+        except (OSError, ValueError) as exc:  # the daemon died or we closed the socket
+            error = exc
+        finally:
+            self.hello_seen.set()
+            self.ended(error)
+            if self.also_ends is not None:
+                self.also_ends.ended(error)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+            self._raw.close()
+
+
+class SocketLink(Link):
+    """The agent's connection to our socket: requests with pipe ends, replies as frames."""
+
+    stream = "socket"
+
+    def __init__(self, sock: socket.socket, attach: AttachLink) -> None:
+        super().__init__()
+        sock.setblocking(True)  # the reader thread waits in recv(); close() unblocks it
+        self.sock = sock
+        self.attach = attach
+        attach.also_ends = self
+        if attach.dead:
+            self.ended(attach.error)
+        threading.Thread(target=self._run, name="docker-agent-socket", daemon=True).start()
+
+    @property
+    def diagnostics(self) -> bytes:
+        return self.attach.diagnostics
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = self.line(message)
+        with self._lock:
+            # The fds ride with the request's first bytes; the agent holds them until its line is whole.
+            sent = socket.send_fds(self.sock, [data], list(fds)) if fds else 0
+            self.sock.sendall(data[sent:])
+
+    def _run(self) -> None:
+        buffer = bytearray()
+        error: BaseException | None = None
+        try:
+            while data := self.sock.recv(1 << 16):
+                buffer += data
+                self._parse(buffer)
+        except OSError as exc:
+            error = exc
+        finally:
+            self.ended(error)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.attach.close()
+
+
+def socket_wanted(base_url: str) -> str | None:
+    """Why this engine gets the attach stream, or ``None`` for the socket."""
+    if os.environ.get(STREAMS_ENV, "").strip().lower() == "attach":
+        return f"{STREAMS_ENV}=attach"
+    if base_url != "http+docker://localhost":  # docker-py's name for a local unix socket
+        return f"a remote engine ({base_url}) cannot bind a directory of this host"
+    return None
+
+
+class Listener:
+    """Our end before the agent connects: a unix socket in a directory of its own (see the module doc)."""
+
+    def __init__(self) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="agent-", dir=subdir("run")))
+        if len(str(folder / SOCKET_NAME)) > MAX_SOCKET_PATH:
+            folder.rmdir()
+            folder = Path(tempfile.mkdtemp(prefix="sbx-agent-"))
+        self.folder = folder
+        self.path = folder / SOCKET_NAME
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            folder.chmod(0o711)  # the container's uid passes through to the socket, and lists nothing
+            self.sock.bind(str(self.path))
+            self.path.chmod(0o666)  # whatever uid the container's maps to; the peer check decides
+            self.sock.listen(1)
+            self.sock.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+
+    def accept(self, agent_pid: int) -> socket.socket:
+        """The one connection we take: the agent's, proven by its pid; the listener is gone after it."""
+        try:
+            conn, _ = self.sock.accept()
+        except BlockingIOError:
+            raise PeerRefused("the container's agent said it connected, but no connection was waiting") from None
+        finally:
+            self.close()
+        pid, _uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        if pid != agent_pid:
+            conn.close()
+            raise PeerRefused(f"the socket's peer is pid {pid}, not the container's agent (pid {agent_pid})")
+        return conn
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class PeerRefused(Exception):
+    """The one connection to the listener was not the agent's (or none came): the jail uses the attach stream."""
