@@ -22,6 +22,7 @@ BENCHES = [
     ("apply: per file against journalled, all or nothing", "bench_apply.py"),
     ("network allowlist: set-up and throughput through the proxy against direct", "bench_network.py"),
     ("a 1 GiB flood through sandbox serve against sandbox run", "bench_flood.py"),
+    ("per-call cost through sandbox mcp (the MCP SDK's client) against sandbox serve", "bench_mcp.py"),
     ("per-call cost, two revisions side by side (SANDBOX_BENCH_BEFORE=<rev>)", "before_after.py"),
 ]
 # before_after.py needs a revision to compare with; without one it is skipped and says so.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sandbox import datadir
 from sandbox.backends import seal
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, bwrap_args
-from sandbox.errors import BackendUnavailable, InvalidArgument
+from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -103,12 +103,7 @@ def host_paths_shown(workspace: Path) -> tuple[str, ...]:
     return (str(workspace), *(os.path.realpath(d) for d in SYSTEM_DIRS), "/etc")
 
 
-def find_sealed(profile: Profile, workspace: Path) -> seal.Seal:
-    """The workspace's entries to mask, as a structured refusal when there are too many."""
-    try:
-        return seal.find(workspace, profile.policy.deny_read)
-    except seal.TooManySecrets as exc:
-        raise InvalidArgument(f"{exc}; narrow policy.deny_read or move them out", workspace=str(workspace)) from exc
+find_sealed = seal.for_profile
 
 
 def untracked_binds(workspace: Path, untracked: Sequence[str]) -> list[str]:

@@ -24,11 +24,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
+from sandbox.errors import InvalidArgument
 from sandbox.patterns import DEFAULT_DENY_READ, PatternSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from pathlib import Path
+
+    from sandbox.profile import Profile
 
 GIT_READONLY = ("hooks", "config")
 """Inside ``.git``: bound read-only in ``rw`` mode (seed 000's protected write paths)."""
@@ -94,21 +97,38 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     return Seal(tuple(sorted(masked)), git)
 
 
-def bwrap_args(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[str]:
-    """bwrap arguments, after the workspace's own bind: masks, then (``rw``) git's protected paths."""
-    args: list[str] = []
+def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[tuple[str, str, bool]]:
+    """``(source, target, read-only)`` binds after the workspace's own: (``rw``) git's protected
+    paths, then the masks. bwrap takes them in this order; Docker mounts parents first anyway."""
+    found: list[tuple[str, str, bool]] = []
     if rw and seal.git:
         git = f"{workspace}/.git"
-        args += ["--bind", git, git]
+        found.append((git, git, False))  # a mount point: it cannot be renamed away and replaced
         for name in GIT_READONLY:
             path = f"{git}/{name}"
             if name == "hooks" and not os.path.lexists(path):
                 _make_hooks_dir(path)
             if not os.path.islink(path) and (os.path.isdir(path) or os.path.isfile(path)):
-                args += ["--ro-bind", path, path]
-    for rel, is_dir in seal.masked:
-        args += ["--ro-bind", empty_dir if is_dir else empty_file, f"{workspace}/{rel}"]
-    return args
+                found.append((path, path, True))
+    found += [(empty_dir if is_dir else empty_file, f"{workspace}/{rel}", True) for rel, is_dir in seal.masked]
+    return found
+
+
+def bwrap_args(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[str]:
+    """bwrap arguments, after the workspace's own bind: see :func:`binds`."""
+    return [
+        arg
+        for source, target, read_only in binds(workspace, seal, empty_dir, empty_file, rw=rw)
+        for arg in ("--ro-bind" if read_only else "--bind", source, target)
+    ]
+
+
+def for_profile(profile: Profile, workspace: Path) -> Seal:
+    """The workspace's entries to mask under ``profile``, as a structured refusal when there are too many."""
+    try:
+        return find(workspace, profile.policy.deny_read)
+    except TooManySecrets as exc:
+        raise InvalidArgument(f"{exc}; narrow policy.deny_read or move them out", workspace=str(workspace)) from exc
 
 
 def _make_hooks_dir(path: str) -> None:

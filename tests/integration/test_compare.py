@@ -71,8 +71,8 @@ def check_ran(cell: dict[str, Any], mount: str) -> None:
 def check_safety(cell: dict[str, Any], mount: str) -> None:
     safety = cell["safety"]
     assert safety["survived"] is (mount != "rw"), safety
-    # bwrap seals .git/hooks in rw (sandbox/backends/seal.py); Docker does not yet.
-    assert safety["hook_planted"] is (mount == "rw" and cell["backend"] == "docker"), safety
+    # No mount lets the probe plant a hook: rw binds .git/hooks read-only (sandbox/backends/seal.py).
+    assert safety["hook_planted"] is False, safety
     if mount in ("copy", "overlay"):
         assert safety["changes"]["deleted"] >= 3 and safety["changes"]["flagged"] >= 1  # the hook is flagged
 

@@ -14,15 +14,15 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import seal
-from tests.conftest import backend_or_skip, make_profile
+from sandbox.backends import base, seal
+from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
 
-pytestmark = [pytest.mark.bwrap, pytest.mark.anyio]
+pytestmark = [pytest.mark.anyio]
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 
 
 @pytest.fixture
-def project(workspace: Path) -> Path:
+def project(workspace: Path, request: pytest.FixtureRequest) -> Path:
     (workspace / ".env").write_text("API_KEY=hunter2\n")
     (workspace / ".env.example").write_text("API_KEY=\n")
     (workspace / "deploy").mkdir()
@@ -31,28 +31,37 @@ def project(workspace: Path) -> Path:
     (workspace / "vault" / "token").write_text("TOKEN\n")
     (workspace / "node_modules" / "pkg").mkdir(parents=True)
     (workspace / "node_modules" / "pkg" / "ca.pem").write_text("public cert\n")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(workspace)]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "safe.directory=*", "-C", str(workspace)]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "README.md"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    if "backend" in request.fixturenames and request.getfixturevalue("backend").name == "docker":
+        own_like_a_checkout(workspace)  # Docker runs commands as the workspace's owner, never root
     return workspace
 
 
-async def run(workspace: Path, script: str, **overrides: object) -> executor.ExecResult:
-    backend = backend_or_skip("bwrap")
+@pytest.fixture(
+    params=[pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
+)
+def backend(request: pytest.FixtureRequest) -> base.Backend:
+    return backend_or_skip(request.param)
+
+
+async def run(backend: base.Backend, workspace: Path, script: str, **overrides: object) -> executor.ExecResult:
     profile = make_profile("default", **{"policy.deny_read": ("vault/**",), **overrides})
     async with await backend.open_jail(workspace, profile) as jail:
         return await executor.run(jail, ["bash", "-c", script])
 
 
-def test_find_masks_matching_entries_and_skips_dependency_trees(project: Path) -> None:
+def test_find_masks_matching_entries_and_skips_dependency_trees(project: Path) -> None:  # no jail
     found = seal.find(project, ("vault/**",))
     assert found.masked == ((".env", False), ("deploy/server.key", False), ("vault", True))
     assert found.git
 
 
-async def test_a_secret_reads_as_nothing_by_any_path(project: Path) -> None:
+async def test_a_secret_reads_as_nothing_by_any_path(backend: base.Backend, project: Path) -> None:
     result = await run(
+        backend,
         project,
         'cat .env; cat ./.env deploy/../.env "$PWD/.env" deploy/server.key; ls vault; cat vault/token; '
         "ln -s .env link; cat link; cat .env.example; echo end",
@@ -61,8 +70,9 @@ async def test_a_secret_reads_as_nothing_by_any_path(project: Path) -> None:
     assert result.stdout.endswith("API_KEY=\nend\n"), result.stdout  # the exception (.env.example) stays readable
 
 
-async def test_a_secret_cannot_be_replaced_unlinked_or_linked(project: Path) -> None:
+async def test_a_secret_cannot_be_replaced_unlinked_or_linked(backend: base.Backend, project: Path) -> None:
     result = await run(
+        backend,
         project,
         "echo x > .env; echo w=$?; rm -f .env; echo rm=$?; echo new > other; mv other .env; echo mv=$?; "
         "ln .env hard; echo ln=$?; mv deploy deploy2 && cat deploy2/server.key; echo mvdir=$?; "
@@ -77,8 +87,9 @@ async def test_a_secret_cannot_be_replaced_unlinked_or_linked(project: Path) -> 
     assert "EXDEV" in result.stderr or "cross-device" in result.stderr
 
 
-async def test_rw_git_hooks_and_config_are_read_only_but_commits_work(project: Path) -> None:
+async def test_rw_git_hooks_and_config_are_read_only_but_commits_work(backend: base.Backend, project: Path) -> None:
     result = await run(
+        backend,
         project,
         "echo '#!/bin/sh' > .git/hooks/pre-commit; echo hook=$?; echo '[core]' >> .git/config; echo cfg=$?; "
         "mv .git .git-old; echo mvgit=$?; rm -rf .git/hooks; echo rmhooks=$?; "
@@ -90,20 +101,19 @@ async def test_rw_git_hooks_and_config_are_read_only_but_commits_work(project: P
     assert "committed" in result.stdout, result.stderr
     assert not (project / ".git" / "hooks" / "pre-commit").exists()
     assert "[core]\n[core]" not in (project / ".git" / "config").read_text()
-    log = await anyio.run_process(["git", "-C", str(project), "log", "--oneline"])
+    log = await anyio.run_process(["git", "-c", "safe.directory=*", "-C", str(project), "log", "--oneline"])
     assert len(log.stdout.splitlines()) == 2
 
 
-async def test_rw_a_missing_hooks_directory_is_made_and_sealed(project: Path) -> None:
+async def test_rw_a_missing_hooks_directory_is_made_and_sealed(backend: base.Backend, project: Path) -> None:
     hooks = project / ".git" / "hooks"
     shutil.rmtree(hooks)
-    result = await run(project, "mkdir -p .git/hooks; echo evil > .git/hooks/post-checkout; echo rc=$?")
+    result = await run(backend, project, "mkdir -p .git/hooks; echo evil > .git/hooks/post-checkout; echo rc=$?")
     assert "rc=0" not in result.stdout
     assert hooks.is_dir() and list(hooks.iterdir()) == []
 
 
-async def test_copy_never_copies_a_secret_nor_reports_it(project: Path) -> None:
-    backend = backend_or_skip("bwrap")
+async def test_copy_never_copies_a_secret_nor_reports_it(backend: base.Backend, project: Path) -> None:
     profile = make_profile("untrusted", **{"policy.deny_read": ("vault/**",)})
     async with await backend.open_jail(project, profile) as jail:
         result = await executor.run(jail, ["bash", "-c", "cat .env; ls vault; echo x > .env; echo hi > new.txt"])
@@ -116,6 +126,7 @@ async def test_copy_never_copies_a_secret_nor_reports_it(project: Path) -> None:
     assert (project / ".env").read_text() == "API_KEY=hunter2\n" and (project / "new.txt").read_text() == "hi\n"
 
 
+@pytest.mark.bwrap
 def test_sandbox_run_seals_on_the_quick_path_too(project: Path) -> None:
     backend_or_skip("bwrap")
     for _ in range(2):  # the second run takes the quick path

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from sandbox.backends import seal
 from sandbox.backends.base import Backend, get
 from sandbox.backends.docker.client import (
     API_TIMEOUT_S,
@@ -136,10 +137,14 @@ async def _new_jail(
         cleanup_on_fail.callback(client.close)
         await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
         copy = profile.mount.strategy == "copy"
-        tree = await CopyTree.prepare(workspace, exclude=profile.mount.exclude) if copy else None
+        sealed = await anyio.to_thread.run_sync(seal.for_profile, profile, workspace)
+        # A copy leaves the masked secrets out: the container masks their (empty) mount points.
+        exclude = (*profile.mount.exclude, *sealed.masked_paths)
+        tree = await CopyTree.prepare(workspace, exclude=exclude) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
-        jail = kind(client, workspace, profile, tree.root if tree else workspace, tree, user, scratch, egress)
+        source = tree.root if tree else workspace
+        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed)
         cleanup_on_fail.pop_all()
     return jail
 

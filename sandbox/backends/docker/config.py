@@ -18,6 +18,8 @@ import psutil
 from docker.types import Mount, Ulimit
 
 from sandbox import __version__, _jailside
+from sandbox.backends import seal
+from sandbox.backends.bwrap_argv import empty_dir, empty_file
 from sandbox.backends.docker.client import image_ref
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
 from sandbox.errors import InvalidArgument
@@ -89,6 +91,7 @@ def container_config(
     agent_user: str | None = None,
     untracked: Sequence[str] = (),
     egress_dir: Path | None = None,
+    sealed: seal.Seal | None = None,
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -99,8 +102,14 @@ def container_config(
     as that uid with stdin open; without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
     """
     ws = str(workspace)
+    if sealed is None:
+        sealed = seal.for_profile(profile, workspace)
+    masked = set(sealed.masked_paths)
     mounts = [Mount(target=ws, source=str(source), type="bind", read_only=profile.mount.strategy == "ro")]
-    mounts += _untracked_mounts(workspace, untracked)
+    mounts += _untracked_mounts(workspace, [rel for rel in untracked if rel not in masked])
+    # The workspace's secrets masked, its git internals read-only in rw (sandbox/backends/seal.py).
+    sealing = seal.binds(ws, sealed, empty_dir(), empty_file(), rw=profile.mount.strategy == "rw")
+    mounts += [Mount(target=target, source=src, type="bind", read_only=ro) for src, target, ro in sealing]
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
     if egress_dir is not None:  # allowlist: the filtering proxy's socket, the only way out

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import docker
 
     from sandbox.backends.docker.runtime import Runtime
+    from sandbox.backends.seal import Seal
     from sandbox.mounts import CopyTree
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
@@ -45,6 +46,7 @@ class DockerJail(Jail):
         user: str,
         scratch: Path | None = None,
         egress: Egress | None = None,
+        sealed: Seal | None = None,
     ) -> None:
         self.client = client
         self.workspace = workspace
@@ -62,6 +64,7 @@ class DockerJail(Jail):
             agent_user=user if self.agent else None,
             untracked=tree.untracked if tree is not None else (),
             egress_dir=egress.socket_dir if egress is not None else None,
+            sealed=sealed,
         )
 
     @property
