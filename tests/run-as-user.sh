@@ -33,7 +33,7 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='*/node_modules'
   | as_user tar -C "$work/src" -xf -
 as_user cp -r "$work/src/tests" "$work/run/tests"
 # Checkout files some tests read beside tests/ (never the package: that is the installed one).
-for extra in images integrations/protocol.schema.json integrations/pi/src/protocol.ts; do
+for extra in images README.md integrations/protocol.schema.json integrations/pi/src/protocol.ts; do
   if [ -e "$work/src/$extra" ]; then (cd "$work/src" && as_user cp -r --parents "$extra" "$work/run/"); fi
 done
 # The suite's pytest settings, with nothing of the checkout on sys.path.
@@ -54,7 +54,7 @@ say "running pytest as $(as_user id)"
 started=$(date +%s)
 set +e
 as_user env -u SANDBOX_DATA_DIR HOME="$home" "$work/venv/bin/python" -m pytest -p no:cacheprovider \
-  -m "not docker and not root" "$@" tests
+  -m "not docker and not root and not soak" "$@" tests
 rc=$?
 set -e
 say "pytest exited $rc after $(( $(date +%s) - started )) s"
