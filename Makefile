@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps demo test test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -60,6 +60,12 @@ test: setup
 	@$(MAKE) --no-print-directory test-installed
 	@$(MAKE) --no-print-directory test-user
 
+# The Windows backend (winjob) under Wine with the official embeddable CPython: installs Wine as root,
+# prepares ~/.cache/sandbox-wine (tests/run-wine.sh), runs the Windows suite and the Linux-side ps checks.
+test-wine: setup
+	bash tests/run-wine.sh --setup
+	$(BIN)/pytest tests/integration/test_wine.py $(PYTEST_ARGS)
+
 # The wheel, installed into a fresh venv outside the checkout (needs python3-venv and npm).
 test-installed: setup system-deps node-deps
 	PYTHON=$(BIN)/python bash tests/run-installed.sh $(CURDIR)
@@ -79,7 +85,7 @@ node-deps:
 test-pi: setup node-deps
 	cd integrations/pi && npm ci --no-audit --no-fund && SANDBOX_BIN="$(CURDIR)/$(BIN)/sandbox" npm test
 
-# Sustained load (tests/soak): 20 sessions, 5,000 mixed calls per backend through `sandbox serve`,
+# Sustained load (tests/soak): 20 sessions, 5,000 mixed calls (2,500 per backend) through `sandbox serve`,
 # then SIGKILLs under load; leftovers, audit records, RSS and p50/p99 in ci-artifacts/soak/.
 soak: setup system-deps
 	-@bash images/dockerd-up.sh
