@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps demo test test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps mcp-inspector demo test test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -53,7 +53,7 @@ image: setup docker-up
 # The whole suite, as users meet the product: the checkout's suite as root, then the installed
 # wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
 # suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
-test: setup
+test: setup mcp-inspector
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
@@ -80,6 +80,10 @@ node-deps:
 	@command -v npm >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) nodejs npm; \
 	  else echo "npm is missing: sudo apt-get install nodejs npm" >&2; exit 1; fi; }
+
+# The MCP Inspector's command-line mode (npm), a second real client for tests/integration/test_mcp_inspector.py.
+mcp-inspector: node-deps
+	@cd tests/mcp-inspector && npm ci --no-audit --no-fund --loglevel=error
 
 # The pi extension, tested against pi's own tool code with the real server.
 test-pi: setup node-deps

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from sandbox.policy.authorize import Authorization
     from sandbox.policy.gate import ToolCall
     from sandbox.vocabulary import (
+        Answer,
+        ClassifierVerdict,
         DecidedBy,
         Decision,
         ErrorCode,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
         Root,
     )
 
-SCHEMA_VERSION = 2  # 2: operating_mode and delegate (added to older logs on open)
+SCHEMA_VERSION = 3  # 2: operating_mode and delegate; 3: the classifier's columns (added to older logs on open)
 PREVIEW_CHARS = 400
 REDACTED = "[REDACTED]"
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
@@ -185,6 +187,13 @@ class AuditRecord:
     ts: float = field(default_factory=time.time)
     operating_mode: OperatingMode = "agent"  # a contract mode's denial says so (seed 003 §11)
     delegate: str | None = None  # the delegate that made the call (seed 003 §10.2)
+    # Seed 004's classifier: its verdict, reason, model and latency (0 for a cached judgement), and what
+    # the user then chose when asked (null: nobody answered, or nobody was asked).
+    classifier_verdict: ClassifierVerdict | None = None
+    classifier_reason: str | None = None
+    classifier_model: str | None = None
+    classifier_ms: float | None = None
+    user_choice: Answer | None = None
 
     @classmethod
     def build(
@@ -205,6 +214,16 @@ class AuditRecord:
         decision = auth.decision
         final: Decision = (auth.answer or "allow") if auth.allowed else "deny"
         external: External = decision.escape or ("command" if decision.external else "none")
+        judgement = auth.judgement
+        classifier: dict[str, Any] = {}
+        if judgement is not None:
+            classifier = {
+                "classifier_verdict": judgement.verdict,
+                "classifier_reason": redact(judgement.reason),
+                "classifier_model": judgement.model,
+                "classifier_ms": judgement.latency_ms,
+                "user_choice": auth.answer if auth.decided_by == "user" else None,
+            }
         return cls(
             call.session_id,
             call.turn_id,
@@ -217,7 +236,7 @@ class AuditRecord:
             external,
             decision.level,
             final,
-            auth.decided_by,
+            "classifier" if judgement is not None else auth.decided_by,
             decision.rule_id,
             decision.mode,
             auth.prompted,
@@ -230,6 +249,7 @@ class AuditRecord:
             policy_version,
             operating_mode=decision.operating_mode,
             delegate=call.delegate.name if call.delegate is not None else None,
+            **classifier,
         )
 
 
@@ -238,10 +258,29 @@ def _dump(params: BaseModel) -> dict[str, Any]:
 
 
 _COLUMNS = tuple(f.name for f in fields(AuditRecord))
-_SQL_TYPES = {"bool": "INTEGER", "float": "REAL"}  # every other field is text: a str or a Literal of them
+_SQL_TYPES = {
+    "bool": "INTEGER",
+    "float": "REAL",
+    "float | None": "REAL",
+}  # every other field is text: a str or a Literal of them
 # Columns added after schema 1, with what an older row holds there: ALTER TABLE adds them on open.
-_ADDED = {"operating_mode": "TEXT NOT NULL DEFAULT 'agent'", "delegate": "TEXT"}
+_ADDED = {
+    "operating_mode": "TEXT NOT NULL DEFAULT 'agent'",
+    "delegate": "TEXT",
+    "classifier_verdict": "TEXT",
+    "classifier_reason": "TEXT",
+    "classifier_model": "TEXT",
+    "classifier_ms": "REAL",
+    "user_choice": "TEXT",
+}
 
+
+# Seed 004's four layers, per row: what the classifier judged; what the deny and ask layers (or a
+# contract mode) decided; what ran without asking (exempt: a rule; mode: the permission mode; grant).
+_LAYER = (
+    "CASE WHEN classifier_verdict IS NOT NULL THEN 'classifier' WHEN level = 'deny' THEN 'deny' "
+    "WHEN level = 'confirm' THEN 'ask' WHEN decided_by = 'rule' THEN 'exempt' ELSE decided_by END"
+)
 
 _DENIAL_COLUMNS = ("session_id", "tool_call_id", "host", "port", "reason", "rule", "message", "ts")
 _DENIALS = (
@@ -352,6 +391,24 @@ class AuditLog:
             prompted, wait = self._db.execute(
                 "SELECT COALESCE(SUM(prompted), 0), COALESCE(AVG(permission_wait_ms), 0) FROM calls WHERE prompted = 1"
             ).fetchone()
+            layers = dict(
+                self._db.execute(f"SELECT {_LAYER}, COUNT(*) FROM calls GROUP BY 1 ORDER BY 2 DESC").fetchall()
+            )
+            verdicts = dict(
+                self._db.execute(
+                    "SELECT classifier_verdict, COUNT(*) FROM calls WHERE classifier_verdict IS NOT NULL "
+                    "GROUP BY 1 ORDER BY 2 DESC"
+                ).fetchall()
+            )
+            after_block = dict(
+                self._db.execute(
+                    "SELECT COALESCE(user_choice, CASE WHEN prompted = 1 THEN 'unanswered' ELSE 'refused' END), "
+                    "COUNT(*) FROM calls WHERE classifier_verdict = 'block' GROUP BY 1 ORDER BY 2 DESC"
+                ).fetchall()
+            )
+            latency = self._db.execute(
+                "SELECT COALESCE(AVG(classifier_ms), 0) FROM calls WHERE classifier_ms > 0"
+            ).fetchone()[0]
         return {
             "total": total,
             "by_decision": by["decision"],
@@ -361,6 +418,12 @@ class AuditLog:
             "top_denying_rules": dict(denied),
             "prompted": prompted,
             "mean_permission_wait_ms": round(wait, 3),
+            "by_layer": layers,
+            "classifier": {
+                "by_verdict": verdicts,
+                "after_block": after_block,
+                "mean_latency_ms": round(latency, 3),
+            },
         }
 
     def export_jsonl(self, fp: IO[str]) -> int:

@@ -56,6 +56,8 @@ def checked_argv(jail: Shown, argv: Sequence[str], cwd: str | None = None) -> li
     """``argv`` run so that a missing command exits 127 and an unexecutable one 126, on every
     backend, with one line on stderr naming it (and, where a host-side look finds it, that it
     resolves into a part of the host the jail does not show)."""
+    if getattr(jail, "backend", None) == "winjob":
+        return list(argv)  # no /bin/sh there: the winjob jail itself answers 127 for a missing command
     hint = _hidden_hint(jail, argv[0], cwd or str(jail.workspace))
     return ["/bin/sh", "-c", _CHECKED, "sandbox", hint, *argv]
 

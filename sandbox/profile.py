@@ -32,6 +32,7 @@ from sandbox.backends import environment
 from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import (
     BackendChoice,
+    ClassifierMode,
     Guarantee,
     Lifecycle,
     MediumRisk,
@@ -209,6 +210,39 @@ class Docker(_Model):
     user: str = "1000:1000"
 
 
+class Bwrap(_Model):
+    """The bubblewrap backend's settings.
+
+    ``lifecycle``: ``call`` starts a fresh ``bwrap`` (namespaces, mounts) for every call;
+    ``session`` keeps one jail per session whose PID 1 is the agent of
+    :mod:`sandbox._jailside.agent`: a call costs a fork in the jail, and what one call leaves in
+    ``/tmp``, the jail's home or the workspace is there for the next (each call's processes
+    still die with it). See :mod:`sandbox.backends.bwrap_warm`.
+    """
+
+    lifecycle: Lifecycle = "call"
+
+
+class Exemptions(_Model):
+    """Seed 004's ``allowExceptions``: what runs without a model call once the classifier is on
+    (``policy.classifier`` ``rules`` or ``auto``); with it off, the permission mode decides as before."""
+
+    in_project_writes: bool = True  # Write, Edit (and Bash redirects) inside the workspace
+    read_only_commands: bool = True  # ls, cat, git status … (the built-in exempt.read-only)
+    declared_dependencies: bool = True  # npm ci, pip install -r requirements.txt, uv sync …
+    read_only_web_fetch: bool = True  # a fetch tool's public http(s) URL; private addresses are judged
+
+
+class Trusted(_Model):
+    """Seed 004's ``trusted``: ``git_remotes`` (a remote's name or URL; a plain push to one is exempt),
+    ``domains`` (a fetch tool's URL host exempt: ``host`` or ``*.host``), ``paths`` (accepted, not
+    consulted yet: the jail persists writes only in the workspace and the scratch directory)."""
+
+    paths: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()
+    git_remotes: tuple[str, ...] = ()
+
+
 class Policy(_Model):
     """Permission-layer settings; the policy package reads them (see sandbox/policy)."""
 
@@ -228,6 +262,18 @@ class Policy(_Model):
     ask_tools: tuple[str, ...] = ()
     # Seed 000 §10's defaultProjectTrust: a project with a policy file and no stored decision.
     default_project_trust: ProjectTrust = "never"
+    # Seed 004's classifier layer (sandbox.policy.classifier). None: the user's global setting
+    # (``sandbox policy classifier``), else "off".
+    classifier: ClassifierMode | None = None
+    ask_on_block: bool = True  # a block is asked with the model's reason (False: refused silently)
+    classifier_timeout_s: float = Field(30, gt=0, le=600)
+    # The built-in client (CLI, MCP, a library session without a callable): an OpenAI-compatible
+    # chat-completions endpoint, its model, and the environment variable holding its API key.
+    classifier_endpoint: str | None = None
+    classifier_model: str | None = None
+    classifier_key_env: str | None = None
+    exemptions: Exemptions = Exemptions()
+    trusted: Trusted = Trusted()
 
 
 class Profile(_Model):
@@ -241,6 +287,7 @@ class Profile(_Model):
     timeouts: Timeouts = Timeouts()
     env: Env = Env()
     docker: Docker = Docker()
+    bwrap: Bwrap = Bwrap()
     policy: Policy = Policy()
     source: str | None = None
     # A session's plugin directories, (host, jail) read-only binds (sandbox.plugins): set by the

@@ -34,6 +34,7 @@ from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.live import LiveOutput
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
+from sandbox.policy.classifier import Classifier, ClassifierAnswer, ClassifierFailed, ClassifyRequest
 from sandbox.policy.delegates import Delegate
 from sandbox.protocol import PROTOCOL, initialize_result
 from sandbox.session import Sandbox, SessionOptions
@@ -75,6 +76,10 @@ class SessionOpenParams(_Params):
     network: NetworkMode | None = None
     allow_hosts: list[str] | None = None
     plugins: list[str] | None = None  # plugin manifests (sandbox.plugins); plugin.register grants each
+    # Who judges what the rules leave open when policy.classifier is auto (seed 004): "client" (a
+    # classify.request to this client), "builtin" (the profile's policy.classifier_endpoint), "none"
+    # (every such call is asked). Absent: builtin when the profile names an endpoint, else client.
+    classifier: Literal["client", "builtin", "none"] | None = None
 
     def options(self, approver: Approver) -> SessionOptions:
         return SessionOptions(
@@ -106,6 +111,7 @@ class ToolCallParams(_Params):
     tool_call_id: str | None = None
     turn_id: str = "turn-0"
     delegate: Delegate | None = None  # the delegate making the call (seed 003 §10.2)
+    user_message: str | None = None  # the user's latest message, handed to the classifier (seed 004)
 
 
 class ToolCheckParams(_Params):
@@ -116,6 +122,7 @@ class ToolCheckParams(_Params):
     args: dict[str, Any] = Field(default_factory=dict)
     tool_call_id: str | None = None
     turn_id: str = "turn-0"
+    user_message: str | None = None
 
 
 class PluginParams(_Params):
@@ -201,7 +208,8 @@ def schema(plugins: list[plugin_tools.Plugin] | None = None) -> dict[str, Any]:
         "results": {"tool.call": ToolResult.model_json_schema()},
         "notifications": {"tool.output": ToolOutput.model_json_schema()},
         "server_requests": {
-            "approval.request": {"params": _approval_schema(), "result": ApprovalAnswer.model_json_schema()}
+            "approval.request": {"params": _approval_schema(), "result": ApprovalAnswer.model_json_schema()},
+            "classify.request": {"params": _classify_schema(), "result": ClassifierAnswer.model_json_schema()},
         },
         "tools": {**{name: spec.params.model_json_schema() for name, spec in REGISTRY.items()}, **plugin_schemas},
     }
@@ -211,6 +219,12 @@ def _approval_schema() -> dict[str, Any]:
     from pydantic import TypeAdapter
 
     return TypeAdapter(ApprovalRequest).json_schema()
+
+
+def _classify_schema() -> dict[str, Any]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ClassifyRequest).json_schema()
 
 
 class RpcError(Exception):
@@ -253,6 +267,22 @@ class RpcApprover(Approver):
         if answer.answered_by == "nobody":
             raise NoOneToAsk("the client has no one to ask")
         return answer.decision
+
+
+class RpcClassifier(Classifier):
+    """Asks the client (``classify.request``), which judges with its own model and credentials (seed
+    004: safety-gate reuses pi's); an error answer or a closed pipe is a failed judgement (asked)."""
+
+    model = "client"
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def classify(self, request: ClassifyRequest) -> object:
+        try:
+            return await self.server.request("classify.request", request.params())
+        except ApprovalUnavailable as exc:
+            raise ClassifierFailed(str(exc)) from None
 
 
 class Server:
@@ -395,6 +425,11 @@ class Server:
         options["plugins"] = [*(str(plugin.path) for plugin in self.plugins), *(p.plugins or [])]
         options["granted_plugins"] = list(self.granted)
         sandbox = await Sandbox.create(p.workspace, **options)
+        try:
+            sandbox.classifier = self._classifier(p, sandbox.classifier)
+        except SandboxError:
+            await sandbox.aclose()
+            raise
         self.sessions[sandbox.session_id] = sandbox
         if sandbox.jail.egress is not None:
             sandbox.on_denial = self._denied
@@ -410,6 +445,16 @@ class Server:
             "notices": sandbox.notices,
             "plugins": sandbox.plugins.listing(sandbox.gate.settings.operating_mode == "agent"),
         }
+
+    def _classifier(self, p: SessionOpenParams, builtin: Classifier | None) -> Classifier | None:
+        """Who judges for a session; ``builtin`` is the profile's client, if it names an endpoint."""
+        if p.classifier == "none":
+            return None
+        if p.classifier == "client":
+            return RpcClassifier(self)
+        if p.classifier == "builtin" and builtin is None:
+            raise InvalidArgument("classifier 'builtin' needs the profile's policy.classifier_endpoint")
+        return builtin or RpcClassifier(self)
 
     @method("session.close", SessionParams)
     async def session_close(self, p: SessionParams) -> dict[str, Any]:
@@ -469,6 +514,7 @@ class Server:
                     turn_id=p.turn_id,
                     abort=abort,
                     delegate=p.delegate,
+                    user_message=p.user_message,
                     on_stdout=live.callback("stdout"),
                     on_stderr=live.callback("stderr"),
                 )
@@ -505,7 +551,9 @@ class Server:
     async def tool_check(self, p: ToolCheckParams) -> dict[str, Any]:
         """The gate, the approval and the audit for a tool the client runs itself: ``ok`` says it may."""
         sandbox = self._session(p.session_id)
-        result = await sandbox.check_tool(p.tool, p.args, tool_call_id=p.tool_call_id, turn_id=p.turn_id)
+        result = await sandbox.check_tool(
+            p.tool, p.args, tool_call_id=p.tool_call_id, turn_id=p.turn_id, user_message=p.user_message
+        )
         return result.model_dump()
 
     @method("tools.list", SessionParams)

@@ -49,6 +49,8 @@ from sandbox.policy.approvals import (
     decide,
 )
 from sandbox.policy.authorize import Authorization, authorize
+from sandbox.policy.classifier import Callback as ClassifierCallback
+from sandbox.policy.classifier import CallbackClassifier, ChatClassifier, Classifier
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.trust import ask_trust, ignored_notice
@@ -157,7 +159,11 @@ class SessionOptions(TypedDict, total=False):
     ``allowlist``), as ``sandbox run --allow-host`` does. ``plugins`` are plugin manifests
     (:mod:`sandbox.plugins`) whose directories the jail shows read-only; their tools are callable once
     registered (:meth:`Sandbox.register_plugin` asks the approver), or at once for the ids in
-    ``granted_plugins`` (the user granted them up front).
+    ``granted_plugins`` (the user granted them up front). ``classifier`` judges the calls the
+    rules leave open when ``policy.classifier`` is ``auto`` (seed 004): a
+    :class:`~sandbox.policy.classifier.Classifier` or a function of a
+    :class:`~sandbox.policy.classifier.ClassifyRequest` returning ``{"verdict", "reason"}``; absent,
+    the profile's built-in client (``policy.classifier_endpoint``), else none (each such call is asked).
     """
 
     profile: str | profiles.Profile
@@ -172,6 +178,7 @@ class SessionOptions(TypedDict, total=False):
     trust_project: bool | None
     plugins: list[str | Path] | None
     granted_plugins: list[str] | None
+    classifier: Classifier | ClassifierCallback | None
 
 
 class Sandbox:
@@ -197,6 +204,7 @@ class Sandbox:
         self.gate = gate
         self.approver = approver
         self.state = SessionState(session_id, mode)
+        self.classifier: Classifier | None = None  # seed 004's model judgement (sandbox.policy.classifier)
         # This session's tools: the built-ins and its registered plugin tools (never another session's).
         self.plugins = plugin_tools.PluginHost()
         self.gate.tools = self.plugins.lookup
@@ -264,6 +272,7 @@ class Sandbox:
                 mode=options.get("mode"),
             )
             sandbox.notices = [notice] if notice is not None else []
+            sandbox.classifier = _classifier(options.get("classifier"), prof)
             sandbox.plugins = plugin_tools.PluginHost(declared)
             gate.tools = sandbox.plugins.lookup
             for plugin_id in options.get("granted_plugins") or []:
@@ -348,6 +357,7 @@ class Sandbox:
         turn_id: str = "turn-0",
         abort: anyio.Event | None = None,
         delegate: Delegate | dict[str, Any] | None = None,
+        user_message: str | None = None,
     ) -> ToolResult:
         """``delegate`` names the delegate making the call (seed 003 §10.2): its tools and its
         permission bound the call, never wider than this session; its warnings (a dropped tool or
@@ -364,7 +374,7 @@ class Sandbox:
         except SandboxError as exc:
             self._audit_rejected(name, args, call_id, turn_id, exc, started)
             return _error(exc)
-        call = ToolCall(self.session_id, turn_id, call_id, name, params, resolved)
+        call = ToolCall(self.session_id, turn_id, call_id, name, params, resolved, user_message=user_message)
         self._in_flight += 1
         try:
             result = await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
@@ -385,7 +395,7 @@ class Sandbox:
     ) -> ToolResult:
         """Boundaries 3 to 5 of a call whose tool and arguments passed 1 and 2."""
         params = call.params
-        auth = await authorize(self.gate, self.state, call, self.approver)  # 3 policy, 4 approval
+        auth = await authorize(self.gate, self.state, call, self.approver, classifier=self.classifier)  # 3, 4
         ran_at = time.monotonic()
         try:
             auth.raise_if_denied()
@@ -568,6 +578,7 @@ class Sandbox:
         *,
         tool_call_id: str | None = None,
         turn_id: str = "turn-0",
+        user_message: str | None = None,
     ) -> ToolResult:
         """Boundaries 3 and 4 for a tool the client runs itself (another pi extension's): decided as a
         medium-risk plugin tool (denied in plan and goal, asked unless the policy allows medium risk;
@@ -587,10 +598,10 @@ class Sandbox:
             error = InvalidArgument(f"{name}: arguments must be a JSON object ({exc.error_count()} problems)")
             self._audit_rejected(name, args or {}, call_id, turn_id, error, started)
             return _error(error)
-        call = ToolCall(self.session_id, turn_id, call_id, name, params)
+        call = ToolCall(self.session_id, turn_id, call_id, name, params, user_message=user_message)
         self._in_flight += 1
         try:
-            auth = await authorize(self.gate, self.state, call, self.approver)
+            auth = await authorize(self.gate, self.state, call, self.approver, classifier=self.classifier)
             ran_at = time.monotonic()
             try:
                 auth.raise_if_denied()
@@ -861,6 +872,14 @@ def _profile(options: SessionOptions) -> profiles.Profile:
         "network.allow": [*profile.network.allow, *hosts] if hosts else None,
     }
     return profile.with_overrides(**overrides)
+
+
+def _classifier(given: Classifier | ClassifierCallback | None, prof: profiles.Profile) -> Classifier | None:
+    if isinstance(given, Classifier):
+        return given
+    if given is not None:
+        return CallbackClassifier(given)
+    return ChatClassifier.from_settings(prof.policy)
 
 
 def _session_id(given: str | None) -> str:

@@ -11,6 +11,7 @@ Standard library only: the CLI's quick path imports this module.
 
 from __future__ import annotations
 
+import sys
 from typing import Literal, get_args
 
 EXIT_SANDBOX = 125
@@ -32,7 +33,7 @@ ErrorCode = Literal[
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------
-BackendName = Literal["bwrap", "docker", "host", "fake"]
+BackendName = Literal["bwrap", "docker", "host", "winjob", "fake"]
 """Every loadable backend. ``fake`` is the scripted one shipped for protocol tests: loadable by
 name (``session.open``), never chosen by ``auto``, not offered by the CLI nor listed by ``check``."""
 BackendChoice = Literal["auto", BackendName]
@@ -113,11 +114,18 @@ Unattended = Literal["deny", "allow"]
 Level = Literal["allow", "confirm", "deny"]
 """What the policy says of a call before anyone is asked."""
 Layer = Literal["exempt", "mode", "ask", "deny"]
+ClassifierMode = Literal["off", "rules", "auto"]
+"""Seed 004's ``mode`` (``policy.classifier``, ``sandbox policy classifier``): what decides the calls the
+deterministic layers leave open. ``off``: the permission mode (as before the classifier existed);
+``rules``: rules only, what no rule decides runs; ``auto``: a model judges it (allow runs, block asks)."""
+ClassifierVerdict = Literal["allow", "block", "failed"]
+"""What the classifier said of a call; ``failed``: no classifier, an error, a timeout or a malformed
+answer, which never allows (the call is asked, or refused where nobody can be asked)."""
 RuleAction = Literal["allow", "block", "ask"]
 Answer = Literal["allow-once", "allow-session", "deny"]
 Decision = Literal["allow", "allow-once", "allow-session", "deny"]
 """The final word on a call, as the audit records it."""
-GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial"]
+GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial", "classifier"]
 ApprovalDecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
 DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]
 Risk = Literal["read", "write", "execute"]
@@ -145,8 +153,11 @@ deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""
 SnapshotState = Literal["active", "rolledBack"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
-BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host")  # the real ones: offered, checked
-AUTO_ORDER: tuple[BackendName, ...] = ("bwrap", "docker")  # host is never chosen by auto
+BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host", "winjob")  # the real ones: offered, checked
+# host is never chosen by auto; winjob (Windows job objects) only on Windows, where it is the one
+# (elsewhere `sandbox check` lists it as unavailable, with the reason).
+AUTO_ORDER: tuple[BackendName, ...] = ("winjob",) if sys.platform == "win32" else ("bwrap", "docker")
 MOUNT_STRATEGIES: tuple[MountStrategy, ...] = get_args(MountStrategy)
 PERMISSION_MODES: tuple[PermissionMode, ...] = get_args(PermissionMode)
 OPERATING_MODES: tuple[OperatingMode, ...] = get_args(OperatingMode)
+CLASSIFIER_MODES: tuple[ClassifierMode, ...] = get_args(ClassifierMode)

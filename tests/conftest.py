@@ -25,10 +25,23 @@ if TYPE_CHECKING:
     from sandbox.backends.fake import FakeBackend
 
 BACKENDS = ("bwrap", "docker")
+# The warm bubblewrap jail ([bwrap] lifecycle = "session"): the contract and attack suites run
+# against it too; other modules keep the two backends (their bwrap tests are per-call specifics).
+WARM = "bwrap-warm"
+WARM_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits", "test_bwrap_warm"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``@pytest.mark.root`` tests skip, saying so, when the suite runs as an ordinary user."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``bwrap-warm`` only where it is meant; ``@pytest.mark.root`` tests skip, saying so, as an ordinary user."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        warm = callspec is not None and callspec.params.get("backend") == WARM
+        (dropped if warm and item.path.stem not in WARM_MODULES else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="needs root (marked root); this run is as an ordinary user")
@@ -60,9 +73,27 @@ def backend_or_skip(name: str) -> base.Backend:
     return backend
 
 
-@pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])
-def backend(request: pytest.FixtureRequest) -> base.Backend:
-    return backend_or_skip(request.param)
+@pytest.fixture(
+    params=[
+        *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS),
+        pytest.param(WARM, marks=pytest.mark.bwrap),
+    ]
+)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> base.Backend:
+    if request.param != WARM:
+        return backend_or_skip(request.param)
+    found = backend_or_skip("bwrap")
+    # Every jail this test opens on bwrap (its own, a session's) is the warm one.
+    cls = type(found)
+    opened = cls._open
+
+    async def warm_open(self: base.Backend, workspace: Path, profile: profiles.Profile, **kwargs: Any) -> base.Jail:
+        if profile.bwrap.lifecycle == "call":
+            profile = profile.with_overrides(**{"bwrap.lifecycle": "session"})
+        return await opened(self, workspace, profile, **kwargs)
+
+    monkeypatch.setattr(cls, "_open", warm_open)
+    return found
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from anyio.abc import Process
 
@@ -36,6 +36,10 @@ class Client:
         self.approvals: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.answer: Any = {"decision": "deny"}
+        # classify.request (seed 004's classifier): the params seen, and the reply: a result, or
+        # {"error": ...} for an error answer, or None for no answer at all.
+        self.classifications: list[dict[str, Any]] = []
+        self.classify: Callable[[dict[str, Any]], Any] = lambda _params: {"error": {"code": -32601, "message": "no"}}
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -54,6 +58,12 @@ class Client:
                 self.notes.append(message["params"])
             elif "method" in message and "id" not in message:
                 self.events.append(message)  # other notifications (network.denied ...)
+            elif message.get("method") == "classify.request":
+                self.classifications.append(message["params"])
+                reply = self.classify(message["params"])
+                if reply is not None:
+                    body = reply if isinstance(reply, dict) and "error" in reply else {"result": reply}
+                    await self.send({"jsonrpc": "2.0", "id": message["id"], **body})
             elif message.get("method") == "approval.request":
                 self.approvals.append(message["params"])
                 if self.answer == "close":

@@ -1,8 +1,10 @@
-"""The agent inside a warm Docker jail: PID 1, starts commands on request, over a unix socket.
+"""The agent inside a warm jail (Docker, bubblewrap): PID 1, starts commands on request, over a unix socket.
 
 Stdlib only: its source is sent as the container's command (``python3 -I -S -c <source> <cpu>
-<socket>``), so the image needs nothing of ours. It runs as PID 1 of the container and as the
-command uid:
+<socket> [<seccomp>]``), so the image needs nothing of ours. ``<seccomp>``, on a local engine, is
+the bubblewrap jail's filter (:mod:`sandbox.backends.seccomp`, base64 BPF): the agent loads it
+first, on top of Docker's default profile, so commands get the same extra denials under both.
+It runs as PID 1 of the container and as the command uid:
 
 * PID 1 of a pid namespace gets no signal from inside the namespace that it has no handler for,
   SIGKILL and SIGSTOP included (the kernel marks it unkillable), so a command cannot kill or
@@ -33,6 +35,21 @@ the executor keeps only a window of stdin in flight and this buffer stays bounde
 ``x`` (JSON ``{"code", "oom"}``) comes once the command exited *and* nothing of the uid is left;
 ``!`` is a refused request. One call at a time; end of stdin or of the socket (the executor
 detached or died) kills everything and ends the container.
+
+**Inherited socket** (bubblewrap: ``<socket>`` is ``fd:N``): one end of a socketpair the executor
+made before starting ``bwrap --as-pid-1``, so there is no path to connect to nor any peer to
+check. The agent says ``s`` ``socket`` on the socket itself (its stdin is not watched). A ``run``
+request with ``"hold": true`` carries one more fd, the last: a socket on which the command,
+forked but not yet exec'd, writes one byte (the executor has ``SO_PASSCRED`` set, so the kernel
+tells it the command's pid as the host sees it) and then waits for ``1``: meanwhile the
+executor moves it into the call's cgroup and sets its rlimits, as ``bwrap --block-fd`` holds a
+fresh jail's init. Anything but ``1`` (the executor refused, or died) and the command never runs.
+
+**The file tools** (``"py": "runner"`` instead of an ``argv``; bubblewrap, whose agent program
+carries :mod:`sandbox._jailside.runner`): the agent forks and the child runs the runner's
+``main()`` on the call's pipes, as a command would: held and placed like one, in a session of
+its own, killed and swept like one. No Python starts and nothing is compiled per call; the
+runner resolves the path again in the jail as it does when it runs as a program.
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -57,8 +75,9 @@ READ_SIZE = 1 << 16
 OUT_LIMIT = 1 << 20  # stop reading the command's pipes while this much waits for the executor
 TICK_S = 0.02
 CONNECT_S = 5.0
-MAX_FDS = 3  # stdout, stderr, stdin
+MAX_FDS = 4  # stdout, stderr, stdin, the hold socket (bubblewrap)
 PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 22, 2, 38
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
 
@@ -106,8 +125,17 @@ def owner(pid: str) -> int:
     return -1
 
 
+class Forked:
+    """What :class:`Call` reads of a ``Popen``, for a child that runs code of ours without exec."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.stdin: Any = None
+        self.returncode: int | None = None
+
+
 class Call:
-    def __init__(self, cid: int, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, cid: int, proc: subprocess.Popen[bytes] | Forked) -> None:
         self.id = cid
         self.proc = proc
         self.status: int | None = None
@@ -119,7 +147,7 @@ class Call:
 
 
 class Agent:
-    def __init__(self, cpu: int | None, sock: socket.socket | None = None) -> None:
+    def __init__(self, cpu: int | None, sock: socket.socket | None = None, *, watch_stdin: bool = True) -> None:
         self.cpu = cpu
         self.sock = sock  # the executor's socket, or None: requests on stdin, replies on stdout
         self.out_fd = sock.fileno() if sock is not None else 1
@@ -141,7 +169,8 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake = wake_r
         # stdin: the requests in attach mode; in socket mode only its end matters (we are detached).
-        self.sel.register(0, selectors.EVENT_READ, "in")
+        if watch_stdin:
+            self.sel.register(0, selectors.EVENT_READ, "in")
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         if sock is not None:
             sock.setblocking(False)
@@ -212,8 +241,16 @@ class Agent:
             self.emit(b"!", cid, b"busy: a call is still running, or this container is retiring")
             return
         stdin = bool(msg.get("stdin"))
-        if self.sock is not None and len(fds) != 2 + stdin:
-            self.emit(b"!", cid, f"expected {2 + stdin} pipe ends with the request, got {len(fds)}".encode())
+        hold = bool(msg.get("hold"))
+        if self.sock is not None and len(fds) != 2 + stdin + hold:
+            self.emit(b"!", cid, f"expected {2 + stdin + hold} pipe ends with the request, got {len(fds)}".encode())
+            return
+        if hold and self.sock is None:
+            self.emit(b"!", cid, b"a held start needs the socket link")
+            return
+        held = fds[-1] if hold else None
+        if msg.get("py") == "runner" and fds:
+            self.fork_runner(cid, msg, fds, held, stdin)
             return
         env = {str(k): str(v) for k, v in msg["env"].items()}
         with contextlib.suppress(OSError):
@@ -232,10 +269,11 @@ class Agent:
                 stdin=inp,
                 stdout=out,
                 stderr=err,
-                preexec_fn=self.limit,
+                preexec_fn=self.limit if held is None else lambda: self.held(held),
             )
-        except OSError as exc:
-            text = f"sandbox: cannot run {msg['argv'][0]}: {exc.strerror or exc}\n".encode()
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            text = f"sandbox: cannot run {msg['argv'][0]}: {why}\n".encode()
             if fds:
                 with contextlib.suppress(OSError):
                     os.write(fds[1], text)  # a few bytes into the empty stderr pipe: no wait
@@ -255,6 +293,61 @@ class Agent:
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
+
+    def fork_runner(self, cid: int, msg: dict[str, Any], fds: list[int], held: int | None, stdin: bool) -> None:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.write(fds[1], f"sandbox: cannot fork the file tool: {exc.strerror or exc}\n".encode())
+            self.emit(b"x", cid, json.dumps({"code": 126, "oom": False}).encode())
+            return
+        if pid == 0:
+            self.run_runner(msg, fds, held, stdin)  # never returns
+        self.call = Call(cid, Forked(pid))
+
+    def run_runner(self, msg: dict[str, Any], fds: list[int], held: int | None, stdin: bool) -> NoReturn:
+        """In the forked child: become the call's process, then run the runner on its pipes."""
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()
+            os.dup2(fds[2] if stdin else os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            for fd in (0, 1, 2):
+                os.set_blocking(fd, True)
+            if held is not None:
+                self.held(held)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            os.chdir(msg["cwd"])
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
+            sys.stdin, sys.stdout, sys.stderr = (open(0), open(1, "w"), open(2, "w"))  # noqa: SIM115
+            # Defined in sys.modules by the agent's program (sandbox._jailside.program): no package to import.
+            importlib.import_module("sandbox._jailside.runner").main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # whatever it is, it goes to the call's stderr
+            import traceback
+
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def held(self, fd: int) -> None:
+        """In the forked command, before exec: be seen by the executor, wait until it placed us."""
+        self.limit()
+        os.set_blocking(fd, True)
+        os.write(fd, b"p")  # the kernel attaches our pid as the executor sees it (SO_PASSCRED)
+        if os.read(fd, 1) != b"1":
+            raise RuntimeError("the executor did not release the command")  # Popen: SubprocessError
 
     def limit(self) -> None:
         # CPU seconds count per process: the agent lives for the session, so only commands get it.
@@ -435,6 +528,26 @@ class Agent:
             self.step()
 
 
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # struct sock_fprog
+
+
+def confine_syscalls(encoded: str) -> None:
+    """The executor's seccomp filter (base64 BPF), stacked on the engine's own profile before
+    anything else runs: it binds this agent and every command it starts. Fails closed."""
+    program = base64.b64decode(encoded)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    for what, args in (
+        ("PR_SET_NO_NEW_PRIVS", (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)),
+        ("PR_SET_SECCOMP", (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)),
+    ):
+        if libc.prctl(*args) != 0:
+            sys.stderr.write(f"sandbox agent: prctl({what}) failed: errno {ctypes.get_errno()}\n")
+            sys.exit(71)
+
+
 def nondumpable() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
@@ -465,9 +578,18 @@ def main() -> None:
     # Python's own SIGINT handler would let a command interrupt PID 1; without one it is ignored.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     nondumpable()
+    if len(sys.argv) > 3 and sys.argv[3]:
+        confine_syscalls(sys.argv[3])
     cpu = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None
     path = sys.argv[2] if len(sys.argv) > 2 else ""
     sock = None
+    if path.startswith("fd:"):  # a socketpair's end, inherited (bubblewrap)
+        sock = socket.socket(fileno=int(path[3:]))
+        os.set_inheritable(sock.fileno(), False)
+        agent = Agent(cpu, sock, watch_stdin=False)
+        agent.emit(b"s", 0, b"socket")
+        agent.flush()
+        agent.run()
     if path:
         sock, mode = connect(path)
         say(b"s", mode.encode())

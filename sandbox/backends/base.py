@@ -278,6 +278,7 @@ def _check_scratch(scratch: Path | None) -> None:
 
 
 _loaded: dict[str, Backend] = {}
+_POSIX_ONLY = frozenset({"resource", "fcntl", "termios", "pwd", "grp", "posix"})
 
 
 def get(name: str, *, offered: bool = False) -> Backend:
@@ -292,6 +293,11 @@ def get(name: str, *, offered: bool = False) -> Backend:
         try:
             module = importlib.import_module(f"sandbox.backends.{name}")
         except ImportError as exc:
+            if exc.name in _POSIX_ONLY:  # bwrap or host on Windows: no extra would help
+                raise BackendUnavailable(
+                    f"backend {name} needs a POSIX host (the {exc.name} module); on Windows use winjob",
+                    backend=name,
+                ) from exc
             raise BackendUnavailable(
                 f"backend {name} needs a package that is not installed ({exc.name}); "
                 f"install the extra: pip install 'sandbox[{name}]'",

@@ -200,7 +200,20 @@ class BwrapBackend(Backend):
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
-        return BwrapJail(workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed)
+        args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed)
+        if profile.bwrap.lifecycle == "call":
+            return BwrapJail(*args)
+        from sandbox.backends.bwrap_warm import WarmBwrapJail
+
+        jail = WarmBwrapJail(*args)
+        jail.egress = egress  # the transparent mode's veth goes to the jail at its start
+        try:
+            await jail.start()
+        except BaseException:
+            jail.egress = None  # open_jail closes it
+            await jail.aclose()
+            raise
+        return jail
 
 
 _ALWAYS = (
@@ -261,6 +274,7 @@ def _report() -> Report:
     for name in _ALWAYS:
         report.grant(name, problem is None, problem or "")
     local.report_limits(report, "bwrap", problem)
+    report.details["session-tree-kill"] = _warm_tree_kill()
     no_filter = problem or seccomp.availability()
     report.grant("seccomp", no_filter is None, no_filter or "")
     from sandbox.network import netns
@@ -270,6 +284,20 @@ def _report() -> Report:
     overlay = overlay_support()
     report.grant("overlay", overlay is None and problem is None, overlay or problem or "")
     return report
+
+
+def _warm_tree_kill() -> str:
+    """How a warm jail (``[bwrap] lifecycle = "session"``) kills a call's tree on this host."""
+    pids = cgroups.hierarchies()["pids"]
+    if isinstance(pids, cgroups.Hierarchy):
+        return (
+            f"the agent's sweep, backed by each call's own cgroup ({pids.mechanism}, joined before the command "
+            "runs) and by the jail's pid namespace when the agent does not answer"
+        )
+    return (
+        "the agent's sweep (kill -1 in the jail's pid namespace); when the agent does not answer, the whole "
+        f"pid namespace: no per-call cgroup here ({pids})"
+    )
 
 
 def _smoke_verdict(path: str) -> tuple[str | None, str]:

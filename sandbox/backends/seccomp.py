@@ -244,3 +244,13 @@ def open_filter() -> int:
     except FileNotFoundError:  # the cache was cleared under a running process: build it again
         filter_path.cache_clear()
         return os.open(filter_path(), os.O_RDONLY | os.O_CLOEXEC)
+
+
+def encoded() -> str | None:
+    """The program in base64, for an agent that loads it itself (Docker); ``None`` when unavailable."""
+    if availability() is not None:
+        return None
+    import base64
+
+    with open(filter_path(), "rb") as program:
+        return base64.b64encode(program.read()).decode()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from sandbox.cli import options
 from sandbox.cli.output import EXIT_ERROR, guard, message, say
 from sandbox.errors import InvalidArgument, SandboxError, ToolDenied, ToolFailed
-from sandbox.vocabulary import PERMISSION_MODES, RuleAction
+from sandbox.vocabulary import CLASSIFIER_MODES, PERMISSION_MODES, RuleAction
 
 if TYPE_CHECKING:
     import argparse
@@ -51,6 +51,9 @@ def _register_policy(subparsers: Subparsers) -> None:
     sub = policy.add_subparsers(dest="policy_command", required=True)
     test = sub.add_parser("test", help="print the decision for a command or tool call, without running it")
     options.add_mode(test)
+    test.add_argument(
+        "--classifier", choices=CLASSIFIER_MODES, default=None, help="evaluate with this classifier mode (seed 004)"
+    )
     options.add_operating_mode(test, help="evaluate in this operating mode (default agent)")
     options.add_workspace(test, default=Path.cwd())
     test.add_argument("--tool", help="a tool name (default Bash)")
@@ -72,9 +75,27 @@ def _register_policy(subparsers: Subparsers) -> None:
     restore = sub.add_parser("restore", help="re-enable a disabled built-in rule")
     restore.add_argument("rule_id")
     restore.set_defaults(func=_guard(_restore_rule))
-    mode = sub.add_parser("mode", help="show or set the global default permission mode")
-    mode.add_argument("mode", nargs="?", choices=(*PERMISSION_MODES, "unset"))
+    mode = sub.add_parser(
+        "mode",
+        help="show or set the global default permission mode (ask, accept-edits, auto); "
+        "off and rules set the classifier mode, as `policy classifier` does",
+    )
+    mode.add_argument("mode", nargs="?", choices=(*PERMISSION_MODES, "off", "rules", "unset"))
     mode.set_defaults(func=_guard(_mode))
+    classifier = sub.add_parser(
+        "classifier", help="show or set the global classifier mode (seed 004's mode: off, rules, auto)"
+    )
+    classifier.add_argument("mode", nargs="?", choices=(*CLASSIFIER_MODES, "unset"))
+    classifier.set_defaults(func=_guard(_classifier))
+    export = sub.add_parser(
+        "export", help="copy the policy (rules, disabled built-ins) to DIR, without settings or logs"
+    )
+    export.add_argument("directory", type=Path)
+    export.set_defaults(func=_guard(_export_policy))
+    where = sub.add_parser("where", help="print where each policy, trust and audit file lives")
+    options.add_workspace(where, default=Path.cwd())
+    options.add_json(where)
+    where.set_defaults(func=_guard(_where))
     listing = sub.add_parser("list", help="list built-in and user rules")
     options.add_json(listing)
     listing.set_defaults(func=_guard(_list_rules))
@@ -184,7 +205,7 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
     from sandbox.policy.rules import RuleStore
     from sandbox.profile import Policy
 
-    settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent")
+    settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent", classifier=args.classifier)
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
         say(notice)
@@ -209,15 +230,19 @@ def _print_decision(decision: Decision, as_json: bool) -> None:
                     "mode": decision.mode,
                     "tool": decision.tool,
                     "decided_by": decision.decided_by,
+                    "classify": decision.classify,
+                    "hints": list(decision.hints),
                 },
                 indent=2,
             )
         )
         return
+    level = "classify (the model judges; asked if it blocks)" if decision.classify else decision.level
     print(
-        f"{decision.level}: {decision.reason}\n  rule: {decision.rule_id}  mode: {decision.mode}"
-        f"  resource: {decision.resource}"
+        f"{level}: {decision.reason}\n  rule: {decision.rule_id}  mode: {decision.mode}  resource: {decision.resource}"
     )
+    for hint in decision.hints:
+        print(f"  hint: {hint}")
 
 
 def _add_rule(args: argparse.Namespace) -> int:
@@ -229,13 +254,84 @@ def _add_rule(args: argparse.Namespace) -> int:
 
 
 def _mode(args: argparse.Namespace) -> int:
+    """Permission modes as before; seed 004's ``off`` and ``rules`` set the classifier mode. Its
+    ``auto`` is ambiguous here: it stays the permission mode (which allows what no rule decides),
+    and the command says so and names ``policy classifier auto``, the seed's rules-and-model mode."""
     from sandbox.policy.rules import RuleStore
 
     store = RuleStore()
+    if args.mode in ("off", "rules"):
+        return _classifier(args)
     if args.mode is not None:
         store.set_mode(None if args.mode == "unset" else args.mode)
     current = store.mode()
     print(f"global default mode: {current or 'ask (not set)'}; a session's own mode and a profile's take precedence")
+    if args.mode == "auto":
+        say(
+            "note: this is the permission mode auto: what no rule decides runs without asking. "
+            "For seed 004's auto (rules, then a model judges what they leave open; a block is asked) "
+            "run: sandbox policy classifier auto"
+        )
+    print(f"classifier mode: {store.classifier() or 'off (not set)'}")
+    return 0
+
+
+def _classifier(args: argparse.Namespace) -> int:
+    from sandbox.policy.rules import RuleStore
+
+    store = RuleStore()
+    if args.mode is not None:
+        store.set_classifier(None if args.mode == "unset" else args.mode)
+    current = store.classifier()
+    meaning = {
+        "off": "the permission mode decides what the rules leave open",
+        "rules": "rules only: what no rule decides runs",
+        "auto": "a model judges what the rules leave open (policy.classifier_endpoint, or the client's model)",
+    }[current or "off"]
+    print(f"classifier mode: {current or 'off (not set)'}: {meaning}; a profile's policy.classifier takes precedence")
+    return 0
+
+
+def _export_policy(args: argparse.Namespace) -> int:
+    """Seed 004's ``export``: the rules alone (user rules, disabled built-ins, the built-in table),
+    never the settings (global modes, trust decisions) nor the audit log."""
+    from sandbox.policy.rules import BUILTIN_RULES, RuleStore, atomic_write
+
+    rules = RuleStore().ruleset()
+    target: Path = args.directory
+    if target.exists() and not target.is_dir():
+        raise InvalidArgument(f"{target} exists and is not a directory")
+    user = [r.model_dump(exclude_defaults=True) | {"id": r.id} for r in rules.user]
+    policy = {"rules": user, "removed": sorted(rules.removed)}
+    builtin = [{"id": r.id, "layer": r.layer, "description": r.description} for r in BUILTIN_RULES]
+    try:
+        atomic_write(target / "rules.json", json.dumps(policy, indent=2, sort_keys=True) + "\n")
+        atomic_write(target / "builtin-rules.json", json.dumps(builtin, indent=2) + "\n")
+    except OSError as exc:
+        raise ToolFailed(f"cannot write {target}: {exc.strerror or exc}") from exc
+    print(f"exported {len(user)} user rule(s) and {len(rules.removed)} disabled built-in(s) to {target}")
+    return 0
+
+
+def _where(args: argparse.Namespace) -> int:
+    """Seed 004's ``/safety config``: where each file lives."""
+    from sandbox import datadir, profile
+    from sandbox.policy.rules import RuleStore
+    from sandbox.policy.trust import PROJECT_POLICY, TrustStore
+
+    files = {
+        "data_dir": str(datadir.data_dir()),
+        "rules": str(RuleStore().path),
+        "trust": str(TrustStore().path),
+        "audit": str(datadir.data_dir() / "audit" / "audit.sqlite3"),
+        "project_policy": str(args.workspace.resolve() / PROJECT_POLICY),
+        "profiles": str(next(iter(profile.available().values())).parent),
+    }
+    if args.json:
+        print(json.dumps(files, indent=2))
+        return 0
+    for name, path in files.items():
+        print(f"{name:15} {path}")
     return 0
 
 
@@ -281,9 +377,13 @@ def _stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
         return 0
     print(f"{stats['total']} calls, {stats['prompted']} prompted (mean wait {stats['mean_permission_wait_ms']} ms)")
-    for title in ("by_decision", "by_decided_by", "by_tool", "top_denying_rules"):
+    for title in ("by_layer", "by_decision", "by_decided_by", "by_tool", "top_denying_rules"):
         pairs = ", ".join(f"{k}={v}" for k, v in stats[title].items()) or "-"
         print(f"  {title.replace('_', ' ')}: {pairs}")
+    judged = stats["classifier"]
+    verdicts = ", ".join(f"{k}={v}" for k, v in judged["by_verdict"].items()) or "-"
+    after = ", ".join(f"{k}={v}" for k, v in judged["after_block"].items()) or "-"
+    print(f"  classifier: {verdicts} (mean {judged['mean_latency_ms']} ms); after a block: {after}")
     return 0
 
 

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from sandbox.errors import SandboxError
 
 EXIT_TIMEOUT = 124
-EXIT_SIGPIPE = 128 + signal.SIGPIPE
+SIGPIPE = getattr(signal, "SIGPIPE", 13)  # Windows has none; a closed stdout still ends the call as 141
+EXIT_SIGPIPE = 128 + SIGPIPE
 
 # Which flag sets which profile key: errors in a flag's value name the flag, not the file.
 _FLAGS = {
@@ -96,12 +97,14 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sandbox.cli import launch
-
     argv = options.command(args.argv)
     if not argv:
         raise InvalidArgument("no command given: sandbox run [options] -- ARGV...")
-    quick = launch.run(args, argv)
+    quick: launch.Outcome | None = None
+    if sys.platform != "win32":  # the quick path is bubblewrap's (and POSIX through and through)
+        from sandbox.cli import launch
+
+        quick = launch.run(args, argv)
     if quick is not None:
         with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
             _review(quick, None, None, apply=False)
@@ -119,16 +122,18 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
 
     from sandbox import exec as executor
     from sandbox.backends import base
-    from sandbox.cli import launch, stdio
+    from sandbox.cli import stdio
 
     backend = base.choose(prof.backend, prof)
     if backend.name == "bwrap":
+        from sandbox.cli import launch
+
         launch.remember(args, prof)  # the next run of this profile here may take the quick path
     abort = anyio.Event()
     received: list[int] = []
 
     def reader_gone() -> None:
-        received.append(signal.SIGPIPE)
+        received.append(SIGPIPE)
         abort.set()
 
     out, err = stdio.Sink(1, reader_gone), stdio.Sink(2, reader_gone)
@@ -190,6 +195,8 @@ async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_c
 async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
     import anyio
 
+    if sys.platform == "win32":  # no signal receiver there: Ctrl-C cancels the run, which kills the job
+        return
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             received.append(signum)
@@ -197,7 +204,7 @@ async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:
 
 
 def _exit_status(result: executor.ExecResult | launch.Outcome, received: list[int]) -> int:
-    if signal.SIGPIPE in received:
+    if SIGPIPE in received:
         return EXIT_SIGPIPE  # as a Unix tool ends when its reader has gone: quietly
     if result.timed_out:
         return EXIT_TIMEOUT

@@ -15,6 +15,7 @@ import os
 import select
 import socket
 import stat
+import sys
 from typing import TYPE_CHECKING
 
 import anyio
@@ -37,10 +38,13 @@ class StdinStream(ByteReceiveStream):
     async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
         if self.done:
             raise anyio.EndOfStream
-        if self.pollable:
-            await anyio.wait_readable(self.fd)
         try:
-            data = os.read(self.fd, max_bytes)
+            if sys.platform == "win32":  # no readiness to wait on for a pipe there: a worker thread reads
+                data = await anyio.to_thread.run_sync(os.read, self.fd, max_bytes, abandon_on_cancel=True)
+            else:
+                if self.pollable:
+                    await anyio.wait_readable(self.fd)
+                data = os.read(self.fd, max_bytes)
         except OSError:  # EIO and the like: stdin is gone, which is its end for the command
             data = b""
         if not data:
@@ -78,6 +82,8 @@ class Sink:
         self._open()
 
     def _open(self) -> None:
+        if sys.platform == "win32":  # no /proc nor readiness there: writes in a worker thread
+            return
         try:
             mode = os.fstat(self.fd).st_mode
         except OSError:
@@ -105,6 +111,8 @@ class Sink:
                 self._gone()
 
     async def _write_some(self, view: memoryview) -> int:
+        if sys.platform == "win32":
+            return await anyio.to_thread.run_sync(os.write, self.fd, view)
         while True:
             try:
                 if self._sock is not None:

@@ -56,6 +56,9 @@ class ApprovalRequest:
     external: bool = False
     allow_session: bool = True  # whether "allow for this session" may be offered
     delegate: str | None = None  # the delegate asking (seed 003 §10.2), so the card can say which
+    # What "allow for this session" covers after a classifier's block (seed 004's "allow this kind"):
+    # "git push", "this exact command" …; None: the tool as a whole.
+    session_scope: str | None = None
 
     @classmethod
     def for_connection(
@@ -139,7 +142,8 @@ class TerminalApprover(Approver):
 
     def prompt(self, request: ApprovalRequest) -> Answer:
         """The blocking question itself (for a caller already on a worker thread)."""
-        choices = "[o]nce / [s]ession / [d]eny" if request.allow_session else "[o]nce / [d]eny"
+        scope = f" ({request.session_scope})" if request.session_scope else ""
+        choices = f"[o]nce / [s]ession{scope} / [d]eny" if request.allow_session else "[o]nce / [d]eny"
         where = " (outside the workspace)" if request.external else ""
         who = f" (delegate {request.delegate})" if request.delegate else ""
         self.stdout.write(

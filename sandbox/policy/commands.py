@@ -22,6 +22,7 @@ import itertools
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -29,7 +30,7 @@ from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
 from sandbox.policy.shell import Simple, Unparseable, Word, expand_braces, parse
-from sandbox.policy.verdict import Finding, strongest
+from sandbox.policy.verdict import EXEMPT, Finding, strongest
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -203,13 +204,20 @@ class CommandVerdict:
     paths: tuple[ResolvedPath, ...]
 
 
-def judge(command: str, paths: PathPolicy, rules: RuleSet) -> CommandVerdict:
+# An extra exemption for one simple command (the classifier's switches, sandbox.policy.exemptions):
+# the exempt finding when the command is exempt, else None.
+Exemption = Callable[[Shape, "Sequence[str]"], "Finding | None"]
+
+
+def judge(command: str, paths: PathPolicy, rules: RuleSet, exemption: Exemption | None = None) -> CommandVerdict:
     """Judge a whole command line; the strongest finding decides."""
     judge_ = _Judge(paths, rules)
+    judge_.exemption = exemption
     judge_.run(command)
     findings = tuple(judge_.findings)
     external = any(p.external for p in judge_.resolved)
-    return CommandVerdict(strongest(list(findings)), findings, external, tuple(judge_.resolved))
+    default = next((f for f in findings if f.layer == "exempt"), EXEMPT)
+    return CommandVerdict(strongest(list(findings), default), findings, external, tuple(judge_.resolved))
 
 
 def _has_glob(text: str) -> bool:
@@ -226,6 +234,7 @@ class _Judge:
         self.cwd: str | None = paths.workspace
         self.depth = 0
         self.critical = self._critical_paths()
+        self.exemption: Exemption | None = None
 
     def _critical_paths(self) -> frozenset[str]:
         """What deleting is denied: the root, root's homes, the homes' parents, each home and its ancestors."""
@@ -344,6 +353,9 @@ class _Judge:
             self._read_target(resolved)
 
     def _resolve(self, text: str) -> ResolvedPath | None:
+        if "\x00" in text:  # no program can be given such a path: the text is not what it seems
+            self.add("ask", "parse.unparseable", "a path with a NUL byte cannot be judged; it is confirmed")
+            return None
         if self.cwd is None and not text.startswith(("/", "~")):
             return None
         resolved = self.paths.resolve(text, self.cwd)
@@ -478,6 +490,10 @@ class _Judge:
         if name in ("cd", "pushd"):
             self._cd(args)
         if allowed or self._exempt(head, name, cmd, texts, unknown_args, paths_ok):
+            return
+        extra = self.exemption(cmd, texts) if self.exemption is not None and not unknown_args else None
+        if extra is not None and "/" not in head.text:
+            self.findings.append(extra)
             return
         self.add("mode", "shell.command", f"{name} is not a read-only command")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import datadir
 from sandbox.errors import InvalidArgument, ToolDenied
-from sandbox.policy import commands
+from sandbox.policy import commands, exemptions
 from sandbox.policy.paths import PathPolicy, ResolvedPath
 from sandbox.policy.rules import CompiledRule, RuleSet
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from sandbox.policy.classifier import Judgement
     from sandbox.policy.delegates import ResolvedDelegate
     from sandbox.policy.verdict import Finding
     from sandbox.vocabulary import (
+        ClassifierMode,
         ErrorCode,
         Escape,
         GateDecidedBy,
@@ -42,6 +44,25 @@ if TYPE_CHECKING:
 _GLOB_CHARS = frozenset("*?[{")
 _RULE_LEVEL: dict[RuleAction, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
 CONTRACT_MODES: frozenset[str] = frozenset({"plan", "goal"})  # seed 003 §10: no Write, Edit nor plugin tool
+# Seed 004: the older confirm rules are hints handed to the classifier, not prompts, once it is on
+# (``policy.classifier = "auto"``); so are the findings that mark a command as not knowable
+# statically. A user's ask rule and a protected path stay in the ask layer: the model cannot waive them.
+HINT_RULES: frozenset[str] = frozenset(
+    {
+        "ask.delete-system-dir",
+        "ask.sudo",
+        "ask.git-force-push",
+        "ask.publish",
+        "ask.pipe-to-shell",
+        "shell.dynamic-command",
+        "shell.dynamic-code",
+        "shell.dynamic-delete",
+        "shell.too-deep",
+        "parse.unparseable",
+    }
+)
+# Tools with several verbs: "allow this kind for the session" covers the verb, not the whole tool.
+_VERBED = frozenset({"git", "npm", "yarn", "pnpm", "bun", "cargo", "pip", "pip3", "uv", "docker", "kubectl", "gh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +73,7 @@ class ToolCall:
     name: str
     params: BaseModel
     delegate: ResolvedDelegate | None = None  # the delegate making the call (seed 003 §10.2), if any
+    user_message: str | None = None  # the user's latest message, for the classifier (seed 004)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +93,9 @@ class Decision:
     target: ResolvedPath | None = None
     error_code: ErrorCode = "TOOL_DENIED"  # what a denial answers (PLUGIN_DISABLED_IN_PLAN for a contract mode's)
     operating_mode: OperatingMode = "agent"
+    classify: bool = False  # left open by the rules: the classifier judges it (level is confirm meanwhile)
+    hints: tuple[str, ...] = ()  # the older confirm rules it matched, handed to the classifier
+    kind: str | None = None  # what "allow this kind for the session" grants (else the tool)
 
 
 @dataclass
@@ -81,6 +106,7 @@ class SessionState:
     mode: PermissionMode | None = None
     grants: set[str] = field(default_factory=set)
     _denied: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    judgements: dict[str, Judgement] = field(default_factory=dict)  # the classifier's, by request key
 
     def grant_session(self, tool: str) -> None:
         self.grants.add(tool)
@@ -183,6 +209,11 @@ class Gate:
         self._use(rules)
         self.global_mode = mode
 
+    def classifier_mode(self) -> ClassifierMode:
+        """The profile's ``policy.classifier``, then the user's global one, then ``off``."""
+        mode: ClassifierMode = self.settings.classifier or self.rules.classifier or "off"
+        return mode
+
     def mode_for(self, state: SessionState) -> PermissionMode:
         """Session setting, then the profile, then the global default, then ``ask``."""
         mode: PermissionMode = state.mode or self.settings.mode or self.global_mode or "ask"
@@ -222,6 +253,9 @@ class Gate:
         if spec.name == "Bash":
             return self._bash(call, mode)
         if spec.plugin:
+            fetch = self._web_fetch(call) if spec.plugin_risk != "high" else None
+            if fetch is not None:
+                return replace(base, level="allow", resource=call.name, reason=fetch.reason, rule_id=fetch.rule_id)
             return self._plugin(spec.plugin_risk, replace(base, resource=call.name), mode)
         if spec.risk == "execute":
             return self._by_mode(replace(base, resource=call.name), mode, "mode.execute", f"{call.name} runs code")
@@ -279,7 +313,17 @@ class Gate:
             reason = f"{base.tool} is a medium-risk plugin tool; the policy allows medium risk (medium_risk = allow)"
             return replace(base, level="allow", reason=reason, rule_id="plugin.medium")
         reason = f"{base.tool} is a medium-risk plugin tool (network or metadata); the policy confirms medium risk"
-        return replace(base, level="confirm", reason=reason, rule_id="plugin.medium")
+        return self._open(base, "plugin.medium", reason) or replace(
+            base, level="confirm", reason=reason, rule_id="plugin.medium"
+        )
+
+    def _web_fetch(self, call: ToolCall) -> Finding | None:
+        """Seed 004's readOnlyWebFetch and trusted.domains, for a fetch tool once the classifier is on."""
+        if self.classifier_mode() == "off":
+            return None
+        args = call.params.model_dump(mode="json")
+        exempt, domains = self.settings.exemptions.read_only_web_fetch, self.settings.trusted.domains
+        return exemptions.public_fetch(call.name, args, domains, exempt)
 
     def _asked_tools(self, decision: Decision) -> Decision:
         """Seed 004's askTools: a tool the policy names is always asked, never granted for the session,
@@ -287,11 +331,14 @@ class Gate:
         if decision.level == "deny" or decision.tool not in self.settings.ask_tools:
             return decision
         if decision.level == "confirm":
-            return replace(decision, grantable=False, reason=f"{decision.reason} ({decision.tool} is always asked)")
+            return replace(
+                decision, grantable=False, classify=False, reason=f"{decision.reason} ({decision.tool} is always asked)"
+            )
         return replace(
             decision,
             level="confirm",
             grantable=False,
+            classify=False,
             rule_id="policy.ask-tools",
             decided_by="rule",
             reason=f"the policy's ask_tools names {decision.tool}: it is always asked ({decision.reason})",
@@ -336,6 +383,13 @@ class Gate:
         if operation == "read" or target.root == "scratch":
             reason = "reads inside the session roots" if operation == "read" else "writes the scratch directory"
             return replace(base, reason=reason, rule_id=f"risk.{operation}.{target.root}")
+        if self.classifier_mode() != "off":
+            if self.settings.exemptions.in_project_writes:
+                reason = f"{call.name} writes inside the workspace (exemption in_project_writes)"
+                return replace(base, reason=reason, rule_id="exempt.in-project-write")
+            opened = self._open(base, "classifier.write", f"{call.name} changes {target.canonical}")
+            assert opened is not None
+            return opened
         if mode == "ask":
             return replace(
                 base,
@@ -350,6 +404,9 @@ class Gate:
 
     def _external(self, base: Decision, mode: PermissionMode) -> Decision:
         what = f"{base.resource} is outside the workspace and scratch roots ({base.escape} path)"
+        opened = self._open(base, "path.external", what)
+        if opened is not None:
+            return opened
         if mode == "auto":
             return replace(
                 base,
@@ -367,9 +424,22 @@ class Gate:
         level = _RULE_LEVEL[rule.rule.action]
         return replace(base, level=level, reason=text, rule_id=rule.rule.id, grantable=level != "confirm")
 
+    def _exemption(self) -> commands.Exemption | None:
+        """The classifier's extra exemptions for Bash (none while it is off: the mode decides as before)."""
+        if self.classifier_mode() == "off":
+            return None
+        settings = self.settings
+        declared = exemptions.declared_dependencies if settings.exemptions.declared_dependencies else None
+        local = exemptions.local_git if settings.exemptions.in_project_writes else None
+        pushes = exemptions.trusted_push(settings.trusted.git_remotes, self.paths.workspace)
+        check: commands.Exemption | None = exemptions.combine(
+            declared, local, pushes if settings.trusted.git_remotes else None
+        )
+        return check
+
     def _bash(self, call: ToolCall, mode: PermissionMode) -> Decision:
         assert isinstance(call.params, BashParams)
-        verdict = commands.judge(call.params.command, self.paths, self.rules)
+        verdict = commands.judge(call.params.command, self.paths, self.rules, self._exemption())
         base = Decision(
             "allow",
             verdict.finding.reason,
@@ -381,19 +451,58 @@ class Gate:
             "execute",
             mode,
         )
-        return self._from_finding(base, verdict.finding, mode)
+        return self._from_finding(base, verdict.finding, mode, verdict.findings)
 
-    def _from_finding(self, base: Decision, finding: Finding, mode: PermissionMode) -> Decision:
+    def _from_finding(
+        self, base: Decision, finding: Finding, mode: PermissionMode, findings: tuple[Finding, ...] = ()
+    ) -> Decision:
         if finding.layer == "deny":
             return replace(base, level="deny")
+        classifier = self.classifier_mode()
+        hints = tuple(dict.fromkeys(f.reason for f in findings if f.rule_id in HINT_RULES))
         if finding.layer == "ask":
+            asks = [f for f in findings if f.layer == "ask"]
+            if classifier == "auto" and all(f.rule_id in HINT_RULES for f in asks):
+                opened = self._open(base, finding.rule_id, finding.reason, hints)
+                assert opened is not None
+                return opened
             return replace(base, level="confirm", grantable=False)
         if finding.layer == "exempt":
+            if classifier != "off" and finding.rule_id == "exempt.read-only" and not self._read_only_exempt():
+                return self._by_mode(base, mode, "classifier.read-only", "read-only command (exemption off)")
             return base
-        return self._by_mode(base, mode, finding.rule_id, finding.reason)
+        return self._by_mode(base, mode, finding.rule_id, finding.reason, hints)
 
-    @staticmethod
-    def _by_mode(base: Decision, mode: PermissionMode, rule_id: str, reason: str) -> Decision:
+    def _read_only_exempt(self) -> bool:
+        return bool(self.settings.exemptions.read_only_commands)
+
+    def _open(self, base: Decision, rule_id: str, reason: str, hints: tuple[str, ...] = ()) -> Decision | None:
+        """A call the deterministic layers leave open, once the classifier is on: ``rules`` runs it,
+        ``auto`` hands it to the model (confirm until judged: nobody judging means asking). Off: None."""
+        classifier = self.classifier_mode()
+        if classifier == "rules":
+            reason = f"rules mode: no rule decides this call, so it runs ({reason})"
+            return replace(base, level="allow", reason=reason, rule_id=rule_id, decided_by="mode")
+        if classifier == "auto":
+            return replace(
+                base,
+                level="confirm",
+                reason=reason,
+                rule_id=rule_id,
+                decided_by="classifier",
+                classify=True,
+                hints=hints,
+                grantable=True,
+                kind=_kind(base),
+            )
+        return None
+
+    def _by_mode(
+        self, base: Decision, mode: PermissionMode, rule_id: str, reason: str, hints: tuple[str, ...] = ()
+    ) -> Decision:
+        opened = self._open(base, rule_id, reason, hints)
+        if opened is not None:
+            return opened
         if mode == "auto":
             return replace(base, level="allow", reason=f"auto mode: {reason}", rule_id=rule_id, decided_by="mode")
         return replace(base, level="confirm", reason=reason, rule_id=rule_id, decided_by="mode")
@@ -412,7 +521,7 @@ class Gate:
                 rule_id="turn.denied",
                 reason="the user already denied this call in this turn; it is not asked again",
             )
-        if decision.grantable and state.has_grant(call.name):
+        if decision.grantable and state.has_grant(decision.kind or call.name):
             return replace(
                 decision,
                 level="allow",
@@ -442,6 +551,31 @@ class Gate:
                 approved=decision.target.canonical,
                 now=now.canonical,
             )
+
+
+def _kind(decision: Decision) -> str:
+    """What "allow this kind for the session" covers after a classifier's block: for Bash the
+    commands' names (and the verb of git, npm …), for another tool the tool and the directory."""
+    if decision.tool != "Bash":
+        where = os.path.dirname(decision.resource) if decision.target is not None else ""
+        return f"{decision.tool}:{where}"
+    from sandbox.policy.shell import Unparseable, parse
+
+    try:
+        script = parse(decision.resource)
+    except Unparseable:
+        return f"Bash:={decision.resource}"  # only the very same text
+    names: list[str] = []
+    for cmd in script.commands:
+        words = [w.text for w in cmd.words]
+        if not words or cmd.words[0].dynamic:
+            return f"Bash:={decision.resource}"
+        name = os.path.basename(words[0])
+        verb = next((w for w in words[1:] if not w.startswith("-")), None) if name in _VERBED else None
+        names.append(f"{name} {verb}" if verb else name)
+    if script.nested:
+        return f"Bash:={decision.resource}"
+    return "Bash:" + " | ".join(dict.fromkeys(names))
 
 
 def _glob_base(pattern: str, path: str | None) -> str:

@@ -22,13 +22,13 @@ from sandbox import datadir
 from sandbox.errors import InvalidArgument
 from sandbox.patterns import PatternSet
 from sandbox.policy.flags import Shape, shape
-from sandbox.vocabulary import PERMISSION_MODES, RuleAction
+from sandbox.vocabulary import CLASSIFIER_MODES, PERMISSION_MODES, RuleAction
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
-    from sandbox.vocabulary import Layer, PermissionMode
+    from sandbox.vocabulary import ClassifierMode, Layer, PermissionMode
 
 
 POLICY_VERSION = "1"
@@ -143,6 +143,7 @@ class RuleSet:
     deny_write: tuple[str, ...] = ()
     confirm_write: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()
+    classifier: ClassifierMode | None = None  # the user's global classifier mode (``sandbox policy classifier``)
     _compiled: dict[str, tuple[CompiledRule, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def enabled(self, rule_id: str) -> bool:
@@ -177,6 +178,7 @@ class RuleSet:
             deny_write=(*self.deny_write, *other.deny_write),
             confirm_write=(*self.confirm_write, *other.confirm_write),
             notices=(*self.notices, *other.notices),
+            classifier=other.classifier or self.classifier,
         )
 
     @classmethod
@@ -231,6 +233,7 @@ class RuleStore:
             "rules": list(data.get("rules", [])),
             "removed": list(data.get("removed", [])),
             **({"mode": data["mode"]} if data.get("mode") in PERMISSION_MODES else {}),
+            **({"classifier": data["classifier"]} if data.get("classifier") in CLASSIFIER_MODES else {}),
         }
 
     def _save(self, data: dict[str, Any]) -> None:
@@ -248,10 +251,26 @@ class RuleStore:
             data["mode"] = mode
         self._save(data)
 
+    def classifier(self) -> ClassifierMode | None:
+        """The global classifier mode (``sandbox policy classifier``), if one was set."""
+        found: ClassifierMode | None = self._load().get("classifier")
+        return found
+
+    def set_classifier(self, mode: ClassifierMode | None) -> None:
+        data = self._load()
+        data.pop("classifier", None)
+        if mode is not None:
+            data["classifier"] = mode
+        self._save(data)
+
     def ruleset(self) -> RuleSet:
         data = self._load()
         check_removable(data["removed"])
-        return RuleSet(user=tuple(parse_rules(data["rules"], str(self.path))), removed=frozenset(data["removed"]))
+        return RuleSet(
+            user=tuple(parse_rules(data["rules"], str(self.path))),
+            removed=frozenset(data["removed"]),
+            classifier=data.get("classifier"),
+        )
 
     def add(self, action: RuleAction, text: str, tool: str = "Bash") -> UserRule:
         if not text.strip():

@@ -67,9 +67,14 @@ async def run_bash(
     on_stderr: OutputCallback | None = None,
     abort: anyio.Event | None = None,
 ) -> ToolResult:
+    argv = ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command]
+    if jail.backend == "winjob":  # Windows: no bash; the jail's shell (cmd, or PowerShell) runs the command
+        from sandbox.backends import winjob
+
+        argv = winjob.shell_argv(params.command, getattr(jail, "shell", "cmd"))
     result = await executor.run(
         jail,
-        ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command],
+        argv,
         timeout=params.timeout,
         env=env,
         on_stdout=on_stdout,

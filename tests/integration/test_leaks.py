@@ -56,15 +56,23 @@ async def _set_after(event: anyio.Event, delay: float) -> None:
     event.set()
 
 
+LIFECYCLES = pytest.mark.parametrize("lifecycle", ["call", "session"])  # bwrap per call, and the warm jail
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-async def test_300_aborted_calls_leave_nothing(workspace: Path, data_dir: Path, marker: str) -> None:
+@LIFECYCLES
+async def test_300_aborted_calls_leave_nothing(workspace: Path, data_dir: Path, marker: str, lifecycle: str) -> None:
     backend = base.get("bwrap")
     rng = random.Random(9)
     for i in range(150):
         # Half with a private copy (as `sandbox run --mount copy`), two calls per jail (its cgroups
         # reused); aborted by the abort event or by cancellation, at any moment from the spawn on.
-        overrides: dict[str, object] = {"mount.strategy": "copy" if i % 2 else "rw", "timeouts.kill_grace_s": 0.05}
+        overrides: dict[str, object] = {
+            "mount.strategy": "copy" if i % 2 else "rw",
+            "timeouts.kill_grace_s": 0.05,
+            "bwrap.lifecycle": lifecycle,
+        }
         prof = make_profile("default", **overrides)
         async with await backend.open_jail(workspace, prof) as jail:
             await _aborted_call(jail, marker, rng.uniform(0, 0.05), cancel=i % 3 == 0)
@@ -76,12 +84,16 @@ async def test_300_aborted_calls_leave_nothing(workspace: Path, data_dir: Path, 
     assert mounts_under(data_dir) == []
 
 
-async def test_a_session_that_ends_leaves_no_scratch_dir(workspace: Path, data_dir: Path, marker: str) -> None:
+@LIFECYCLES
+async def test_a_session_that_ends_leaves_no_scratch_dir(
+    workspace: Path, data_dir: Path, marker: str, lifecycle: str
+) -> None:
     from sandbox.session import Sandbox
 
     for _ in range(5):
         with anyio.move_on_after(0.5):
-            async with Sandbox.open(workspace, profile=make_profile(), mode="auto") as s:
+            prof = make_profile(**{"bwrap.lifecycle": lifecycle})
+            async with Sandbox.open(workspace, profile=prof, mode="auto") as s:
                 await s.call("Bash", {"command": f"sleep {marker}"})
     assert survivors(marker) == []
     assert [p for p in (data_dir / "scratch").iterdir() if not p.name.endswith(".owner")] == []

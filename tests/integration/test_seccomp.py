@@ -18,7 +18,7 @@ import pytest
 from sandbox import exec as executor
 from sandbox.backends import seccomp
 from sandbox.errors import GuaranteeUnavailable
-from tests.conftest import backend_or_skip, make_profile
+from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.anyio]
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
@@ -144,6 +144,15 @@ _NOT_FILTER_ONLY = {
 }
 
 
+def _not_refused(got: dict[str, int | None]) -> dict[str, int]:
+    """The probes the filter did not answer as it should (EPERM; ENOSYS for clone3)."""
+    return {
+        name: err
+        for name, err in got.items()
+        if err is not None and err != (ENOSYS if name in REFUSED_WITH_ENOSYS else EPERM)
+    }
+
+
 def _numbers() -> str:
     machine = os.uname().machine
     if machine not in _NR:
@@ -165,11 +174,7 @@ async def test_every_refused_call_gets_eperm_in_the_jail(bwrap: object, workspac
         result = await executor.run(jail, ["python3", "-c", PROBE, _numbers()])
     assert result.exit_code == 0, result.stderr
     got = json.loads(result.stdout)
-    wrong = {
-        name: err
-        for name, err in got.items()
-        if err is not None and err != (ENOSYS if name in REFUSED_WITH_ENOSYS else EPERM)
-    }
+    wrong = _not_refused(got)
     assert wrong == {}, f"calls the filter should refuse were answered otherwise: {wrong}"
 
 
@@ -289,3 +294,22 @@ async def test_without_libseccomp_the_guarantee_is_absent_and_a_requiring_profil
             await backend.open_jail(workspace, make_profile(requires=["seccomp"]))
     finally:
         seccomp.filter_path.cache_clear()
+
+
+@pytest.mark.docker
+async def test_docker_warm_jails_stack_the_same_filter_on_dockers_default(workspace: Path) -> None:
+    """Under Docker the agent loads our filter on top of the engine's profile: two filters, and the
+    calls Docker's default lets through (TIOCSTI on a non-tty, AF_ALG, clone3) answered as under bwrap."""
+    backend = backend_or_skip("docker")
+    own_like_a_checkout(workspace)
+    profile = make_profile(**{"docker.lifecycle": "session"})
+    async with await backend.open_jail(workspace, profile) as jail:
+        if getattr(jail, "stream", "socket") != "socket":
+            pytest.fail(f"the warm jail fell back to the attach stream: {getattr(jail, 'stream_note', '')}")
+        status = await executor.run(jail, ["grep", "^Seccomp", "/proc/self/status"])
+        result = await executor.run(jail, ["python3", "-c", PROBE, _numbers()])
+    assert "Seccomp_filters:\t2" in status.stdout, status.stdout
+    assert result.exit_code == 0, result.stderr
+    got = json.loads(result.stdout)
+    wrong = _not_refused(got)
+    assert wrong == {}, f"calls the filter should refuse were answered otherwise under Docker: {wrong}"

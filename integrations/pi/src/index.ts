@@ -10,6 +10,7 @@
  *   pi -e ./integrations/pi            (see README.md)
  */
 
+import { createPiClassifier } from "./classify.ts";
 import type {
 	ExtensionAPI,
 	ExtensionContext,
@@ -79,6 +80,8 @@ export interface SandboxExtensionConfig {
 	mount?: MountStrategy;
 	network?: NetworkMode;
 	allowHosts?: string[];
+	/** `provider/model` judging the sandbox's classify requests (default: the session's model). */
+	classifierModel?: string;
 }
 
 const MODES: readonly PermissionMode[] = ["ask", "accept-edits", "auto"];
@@ -105,6 +108,7 @@ export function resolveConfig(env: NodeJS.ProcessEnv, flag: (name: string) => st
 		allowHosts: (flag("sandbox-allow-host") || env.SANDBOX_ALLOW_HOSTS || "")
 			.split(/[\s,]+/)
 			.filter(Boolean),
+		classifierModel: flag("sandbox-classifier-model") || env.SANDBOX_CLASSIFIER_MODEL?.trim() || undefined,
 	};
 }
 
@@ -142,10 +146,12 @@ export function createUiApprover(ctx: Pick<ExtensionContext, "hasUI" | "ui">, qu
 		if (!ctx.hasUI) return NO_ONE;
 		return queue.run(async (): Promise<ApprovalDecision> => {
 			if (signal.aborted) return "deny";
-			const options = request.allow_session === false ? [ALLOW_ONCE, DENY] : [ALLOW_ONCE, ALLOW_SESSION, DENY];
+			// After a classifier's block, "for this session" covers that kind of call (seed 004), and says which.
+			const session = request.session_scope ? `${ALLOW_SESSION}: ${request.session_scope}` : ALLOW_SESSION;
+			const options = request.allow_session === false ? [ALLOW_ONCE, DENY] : [ALLOW_ONCE, session, DENY];
 			const choice = await ctx.ui.select(approvalTitle(request), options, { signal });
 			if (choice === ALLOW_ONCE) return "allow-once";
-			if (choice === ALLOW_SESSION) return "allow-session";
+			if (choice === session) return "allow-session";
 			return "deny";
 		});
 	};
@@ -300,6 +306,7 @@ class SandboxManager {
 			trustApprover: createUiApprover(ctx),
 			plugins: this.manifests(ctx.cwd),
 			clientName: "pi",
+			classify: createPiClassifier(ctx, config.classifierModel),
 		});
 		this.session = session;
 		this.tell(session, ctx);
@@ -409,6 +416,10 @@ async function remindPending(manager: SandboxManager, ctx: ExtensionContext, las
 export default function sandboxExtension(pi: ExtensionAPI): void {
 	pi.registerFlag("sandbox-bin", { type: "string", description: "The sandbox executable (default: $SANDBOX_BIN, else sandbox on PATH)" });
 	pi.registerFlag("sandbox-profile", { type: "string", description: "Sandbox profile (default: $SANDBOX_PROFILE, else the server's default)" });
+	pi.registerFlag("sandbox-classifier-model", {
+		type: "string",
+		description: "provider/model judging the sandbox's classify requests (default: $SANDBOX_CLASSIFIER_MODEL, else the session's model)",
+	});
 	pi.registerFlag("sandbox-mode", { type: "string", description: "Permission mode: ask, accept-edits or auto (default: $SANDBOX_MODE)" });
 	pi.registerFlag("sandbox-backend", { type: "string", description: "auto, bwrap, docker or host (default: $SANDBOX_BACKEND)" });
 	pi.registerFlag("sandbox-mount", { type: "string", description: "ro, rw, copy or overlay (default: $SANDBOX_MOUNT)" });
@@ -435,12 +446,14 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	// One turn per user prompt (seed 004: a denied call is not asked again in the same turn).
 	const turns = { count: 0 };
 	const turnId = (): string => `pi-turn-${turns.count}`;
+	const latest = { prompt: undefined as string | undefined }; // the user's latest message, for the classifier
 	const callContext = (ctx: ExtensionContext, signal: AbortSignal | undefined, idPrefix: string): SandboxCallContext => ({
 		session: () => manager.ensure(ctx),
 		approver: createUiApprover(ctx, dialogs),
 		signal,
 		idPrefix,
 		turnId: turnId(),
+		userMessage: latest.prompt,
 	});
 
 	// The tools this extension provides (pi's seven, routed to the sandbox, and registered plugin tools).
@@ -576,6 +589,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.on("before_agent_start", (event) => {
 		if (event.messageType !== "custom") turns.count += 1; // a user's prompt opens a turn
+		if (event.messageType === "user") latest.prompt = event.prompt;
 		const info = manager.current?.info;
 		if (!info) return undefined;
 		const note =

@@ -34,6 +34,8 @@ export interface SandboxCallContext {
 	idPrefix?: string;
 	/** The turn the call belongs to (one per user prompt): the server forgets a denial at the next. */
 	turnId?: string;
+	/** The user's latest message (for the sandbox's classifier). */
+	userMessage?: string;
 }
 
 /** A pi-style client deadline: the tool's own timeout plus room for an approval dialog. */
@@ -59,6 +61,7 @@ export async function callSandbox(
 		approver: ctx.approver,
 		idPrefix: ctx.idPrefix,
 		turnId: ctx.turnId,
+		userMessage: ctx.userMessage,
 		signal: extra.signal ?? ctx.signal,
 		onOutput: extra.onOutput,
 		timeoutMs: extra.timeoutMs ?? DEFAULT_TOOL_TIMEOUT_S * 1000 + APPROVAL_ROOM_MS,

@@ -44,7 +44,7 @@ export interface InitializeResult {
 export type PermissionMode = "ask" | "accept-edits" | "auto";
 /** Seed 003 §10: plan and goal are the contract modes (no Write, Edit nor plugin tool); entered from agent only. */
 export type OperatingMode = "agent" | "plan" | "goal";
-export type Backend = "auto" | "bwrap" | "docker" | "host";
+export type Backend = "auto" | "bwrap" | "docker" | "host" | "winjob";
 export type MountStrategy = "ro" | "rw" | "copy" | "overlay";
 
 export interface SessionOpenParams {
@@ -311,6 +311,8 @@ export interface ApprovalRequest {
 	allow_session?: boolean;
 	/** The delegate (subagent) asking, when a delegate made the call (seed 003 §10.2). */
 	delegate?: string;
+	/** What "allow for this session" covers after a classifier's block ("git push"); absent: the tool. */
+	session_scope?: string;
 }
 
 export type ApprovalDecision = "allow-once" | "allow-session" | "deny";
@@ -368,5 +370,6 @@ export function parseApprovalRequest(value: unknown): ApprovalRequest | undefine
 		external: value.external === true,
 		allow_session: value.allow_session !== false,
 		...(str("delegate") ? { delegate: str("delegate") } : {}),
+		...(str("session_scope") ? { session_scope: str("session_scope") } : {}),
 	};
 }

@@ -3,6 +3,7 @@
  * calls made in it, the output they stream and the approvals they ask for.
  */
 
+import type { Classify, ClassifyRequest } from "./classify.ts";
 import { randomUUID } from "node:crypto";
 import { SandboxClient, type SandboxClientOptions } from "./client.ts";
 import { SandboxError, SandboxProtocolError } from "./errors.ts";
@@ -80,6 +81,8 @@ export interface SandboxSessionOptions {
 	/** Deadline for starting the server and opening the session (default 60 s). */
 	startupTimeoutMs?: number;
 	clientName?: string;
+	/** Answers the server's `classify.request` (seed 004's classifier) with pi's model; none: an error answer (asked). */
+	classify?: Classify;
 	onStderr?: SandboxClientOptions["onStderr"];
 }
 
@@ -91,6 +94,8 @@ export interface CallOptions {
 	/** Prefix of the server-side tool_call_id, e.g. pi's tool call id, to correlate audit records. */
 	idPrefix?: string;
 	turnId?: string;
+	/** The user's latest message, handed to the sandbox's classifier ("yes, publish it" authorises a retry). */
+	userMessage?: string;
 	/** Client-side deadline for the whole call, approval included (default 8 min). */
 	timeoutMs?: number;
 }
@@ -163,6 +168,8 @@ export class SandboxSession {
 			const info = await client.request<SessionOpenResult>("session.open", params, { timeoutMs });
 			if (typeof info?.session_id !== "string") throw new SandboxProtocolError("session.open returned no session_id");
 			const session = new SandboxSession(client, server, info, options.approver ?? denyAll);
+			const classify = options.classify;
+			if (classify) client.handleRequests("classify.request", (request) => classify(request as ClassifyRequest));
 			const onDenial = options.onDenial;
 			if (onDenial) {
 				client.onNotification("network.denied", (params) => {
@@ -198,7 +205,14 @@ export class SandboxSession {
 		const id = `${options.idPrefix ?? "pi"}:${++this.counter}:${randomUUID().slice(0, 8)}`;
 		const route: Route = { onOutput: options.onOutput, approver: options.approver ?? this.defaultApprover, done: new AbortController() };
 		this.routes.set(id, route);
-		const params = { session_id: this.info.session_id, tool, args, tool_call_id: id, ...(options.turnId ? { turn_id: options.turnId } : {}) };
+		const params = {
+			session_id: this.info.session_id,
+			tool,
+			args,
+			tool_call_id: id,
+			...(options.turnId ? { turn_id: options.turnId } : {}),
+			...(options.userMessage ? { user_message: options.userMessage } : {}),
+		};
 		const answer = this.client.request("tool.call", params, { timeoutMs: options.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS });
 		let onAbort: (() => void) | undefined;
 		const aborted = new Promise<never>((_, reject) => {

@@ -86,6 +86,7 @@ describe("the pi extension", () => {
 			mount: undefined,
 			network: undefined,
 			allowHosts: [],
+			classifierModel: undefined,
 		});
 		assert.deepEqual(resolveConfig({ SANDBOX_ALLOW_HOSTS: "pypi.org, *.pythonhosted.org" }).allowHosts, ["pypi.org", "*.pythonhosted.org"]);
 		assert.throws(() => resolveConfig({ SANDBOX_MODE: "yolo" }), /not one of ask, accept-edits, auto/);

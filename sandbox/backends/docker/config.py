@@ -18,7 +18,7 @@ import psutil
 from docker.types import Mount, Ulimit
 
 from sandbox import __version__, _jailside
-from sandbox.backends import seal
+from sandbox.backends import seal, seccomp
 from sandbox.backends.bwrap_argv import empty_dir, empty_file
 from sandbox.backends.docker.client import image_ref
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
@@ -159,11 +159,14 @@ def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
 def with_agent_socket(config: dict[str, Any], folder: Path, socket_path: str) -> dict[str, Any]:
     """A warm container's ``config`` with our socket's directory bound read-only for its agent.
 
-    ``socket_path`` is where the agent finds the socket in the container (see :mod:`.links`).
+    ``socket_path`` is where the agent finds the socket in the container (see :mod:`.links`). A
+    local engine runs on this kernel, so the agent also gets the bubblewrap jail's seccomp filter
+    to stack on Docker's default profile (none where libseccomp is missing: Docker's alone).
     """
     target = socket_path.rpartition("/")[0]
     mount = Mount(target=target, source=str(folder), type="bind", read_only=True)
-    return {**config, "mounts": [*config["mounts"], mount], "command": [*config["command"][:-1], socket_path]}
+    command = [*config["command"][:-1], socket_path, seccomp.encoded() or ""]
+    return {**config, "mounts": [*config["mounts"], mount], "command": command}
 
 
 def _untracked_mounts(workspace: Path, untracked: Sequence[str]) -> list[Mount]:

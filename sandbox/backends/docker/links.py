@@ -40,23 +40,20 @@ stdin, and the command's output comes back in frames through dockerd, at dockerd
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
 import struct
 import tempfile
 import threading
-from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
 from docker.utils.socket import frames_iter
 
-from sandbox._jailside.agent import HEADER as AGENT_HEADER
+from sandbox.backends.agentlink import FdLink, Link
+
+__all__ = ["AttachLink", "Link", "Listener", "PeerRefused", "SocketLink", "socket_wanted"]
 from sandbox.backends.docker.streams import STDOUT, unwrap_socket
 from sandbox.datadir import subdir
 from sandbox.errors import BackendUnavailable
@@ -64,7 +61,6 @@ from sandbox.errors import BackendUnavailable
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from sandbox.backends.docker.warm import AgentCall
 
 AGENT_DIR = "/run/sandbox-agent"  # where the container sees the socket's directory
 SOCKET_NAME = "agent.sock"
@@ -74,70 +70,6 @@ HELLO_WAIT_S = 30  # the agent's first word: Python's start-up in a busy contain
 DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 STREAMS_ENV = "SANDBOX_DOCKER_STREAMS"  # "attach" forces the fallback (tests, odd engines)
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
-
-
-class Link(ABC):
-    """What both links share: calls by id, the agent's frames parsed and routed, death told to the calls."""
-
-    stream: ClassVar[str]
-
-    def __init__(self) -> None:
-        self.calls: dict[int, AgentCall] = {}
-        self.dead = False
-        self.retired = False
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._ids = iter(range(1, 1 << 31))
-        self._token = anyio.lowlevel.current_token()
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    @property
-    @abstractmethod
-    def diagnostics(self) -> bytes:
-        """The tail of the agent's stderr."""
-
-    @abstractmethod
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        """Write one request (blocking: call from a worker thread)."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Drop the link (the reader thread ends, the agent sees the end and stops)."""
-
-    def _parse(self, buffer: bytearray) -> None:
-        size = AGENT_HEADER.size
-        while len(buffer) >= size:
-            kind, cid, length = AGENT_HEADER.unpack_from(buffer)
-            if len(buffer) < size + length:
-                return
-            payload = bytes(buffer[size : size + length])
-            del buffer[: size + length]
-            if cid == 0:
-                self._said(kind, payload)
-                continue
-            proc = self.calls.get(cid)
-            if proc is not None:
-                proc.frame(kind, payload)
-
-    def _said(self, kind: bytes, payload: bytes) -> None:  # noqa: B027 - only the attach stream has them
-        """A frame of the agent's own (call id 0)."""
-
-    def ended(self, error: BaseException | None = None) -> None:
-        """The link is gone: every call in flight is lost (from a reader thread)."""
-        with self._lock:
-            if self.dead:
-                return
-            self.dead = True
-            self.error = error
-        for proc in self.calls.copy().values():  # copy(): atomic, the loop may forget one meanwhile
-            with contextlib.suppress(RuntimeError):  # the event loop is gone
-                anyio.from_thread.run_sync(proc.lost, token=self._token)
-
-    @staticmethod
-    def line(message: dict[str, Any]) -> bytes:
-        return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 class AttachLink(Link):
@@ -205,48 +137,22 @@ class AttachLink(Link):
             self._raw.close()
 
 
-class SocketLink(Link):
-    """The agent's connection to our socket: requests with pipe ends, replies as frames."""
-
-    stream = "socket"
+class SocketLink(FdLink):
+    """The agent's connection to our socket (:class:`~sandbox.backends.agentlink.FdLink`), tied to the attach stream."""
 
     def __init__(self, sock: socket.socket, attach: AttachLink) -> None:
-        super().__init__()
-        sock.setblocking(True)  # the reader thread waits in recv(); close() unblocks it
-        self.sock = sock
         self.attach = attach
+        super().__init__(sock, "docker-agent-socket")
         attach.also_ends = self
         if attach.dead:
             self.ended(attach.error)
-        threading.Thread(target=self._run, name="docker-agent-socket", daemon=True).start()
 
     @property
     def diagnostics(self) -> bytes:
         return self.attach.diagnostics
 
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = self.line(message)
-        with self._lock:
-            # The fds ride with the request's first bytes; the agent holds them until its line is whole.
-            sent = socket.send_fds(self.sock, [data], list(fds)) if fds else 0
-            self.sock.sendall(data[sent:])
-
-    def _run(self) -> None:
-        buffer = bytearray()
-        error: BaseException | None = None
-        try:
-            while data := self.sock.recv(1 << 16):
-                buffer += data
-                self._parse(buffer)
-        except OSError as exc:
-            error = exc
-        finally:
-            self.ended(error)
-
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        super().close()
         self.attach.close()
 
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
-import os
 import threading
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
@@ -45,8 +43,8 @@ import anyio.to_thread
 import docker
 import docker.errors
 
+from sandbox.backends.agentlink import AgentReplies, CallPipes
 from sandbox.backends.base import Process
-from sandbox.backends.child import FdReceiveStream, feed_fd
 from sandbox.backends.docker.client import quietly, run_sync
 from sandbox.backends.docker.config import with_agent_socket
 from sandbox.backends.docker.jail import DockerJail
@@ -81,7 +79,7 @@ async def _in_chunks(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-class AgentCall(Process):
+class AgentCall(AgentReplies, Process):
     """One call in a warm container, started and swept by the agent (see :mod:`sandbox._jailside.agent`).
 
     What both links share: the exit report, refusals, a lost agent, the kill request. How the
@@ -118,20 +116,7 @@ class AgentCall(Process):
     def handed_over(self) -> None:
         """The run request is sent (or failed): drop our copies of the command's ends."""
 
-    # -- from the link's reader thread
-
-    def frame(self, kind: bytes, payload: bytes) -> None:
-        with contextlib.suppress(RuntimeError):  # the event loop is gone
-            if kind == b"x":
-                anyio.from_thread.run_sync(self._exit, json.loads(payload), token=self._token)
-            elif kind == b"!":
-                self._refused = payload.decode(errors="replace")
-                anyio.from_thread.run_sync(self._end, token=self._token)
-            else:
-                self._output(kind, payload)
-
-    def _output(self, kind: bytes, payload: bytes) -> None:
-        """An output or credit frame (attach stream only)."""
+    # -- from the link's reader thread (frames routed by AgentReplies)
 
     def _exit(self, result: dict[str, Any]) -> None:
         self._result = result
@@ -220,57 +205,21 @@ class PipeProcess(AgentCall):
     """A call over the socket: the command writes into our pipes, which we read like a local child's."""
 
     def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
-        ours: list[int] = []
-        theirs: list[int] = []
-        with contextlib.ExitStack() as cleanup_on_fail:
-            for _ in ("stdout", "stderr"):
-                read, write = os.pipe()
-                cleanup_on_fail.callback(os.close, read)
-                cleanup_on_fail.callback(os.close, write)
-                ours.append(read)
-                theirs.append(write)
-            self._stdin_fd: int | None = None
-            if stdin is not None:
-                read, write = os.pipe()
-                cleanup_on_fail.callback(os.close, read)
-                cleanup_on_fail.callback(os.close, write)
-                theirs.append(read)
-                self._stdin_fd = write
-            cleanup_on_fail.pop_all()
+        self._pipes = CallPipes(stdin)
         super().__init__(jail, runtime, link, stdin)  # registered with the link only once it exists
-        self._theirs = theirs
-        self._out, self._err = FdReceiveStream(ours[0]), FdReceiveStream(ours[1])
-        self.stdout, self.stderr = self._out, self._err
-        if self._stdin_fd is not None:
-            os.set_blocking(self._stdin_fd, False)
+        self.stdout, self.stderr = self._pipes.stdout, self._pipes.stderr
 
     def remote_fds(self) -> list[int]:
-        return self._theirs
+        return self._pipes.theirs
 
     def handed_over(self) -> None:
-        theirs, self._theirs = self._theirs, []
-        for fd in theirs:
-            os.close(fd)
+        self._pipes.handed_over()
 
     async def feed_stdin(self) -> None:
-        fd = self._stdin_fd
-        if fd is None:
-            return
-        try:
-            await feed_fd(fd, self._stdin or b"")
-        finally:
-            self._close_stdin()
-
-    def _close_stdin(self) -> None:
-        fd, self._stdin_fd = self._stdin_fd, None
-        if fd is not None:
-            os.close(fd)
+        await self._pipes.feed_stdin()
 
     def _close_streams(self) -> None:
-        self.handed_over()  # a request that never went out
-        self._out.close()
-        self._err.close()
-        self._close_stdin()
+        self._pipes.close()
 
 
 class FramedProcess(AgentCall):

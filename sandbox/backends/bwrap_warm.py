@@ -1,0 +1,468 @@
+"""The warm bubblewrap jail: one ``bwrap`` per session, the agent as its PID 1 (``[bwrap] lifecycle = "session"``).
+
+The jail is built once, with the same arguments as a per-call jail (mounts, masks, seccomp
+filter, namespaces, ``--die-with-parent``), and ``--as-pid-1`` so that its command, the agent of
+:mod:`sandbox._jailside.agent` (``python3 -I -S -c <source> "" fd:N``), is the pid namespace's
+init: the kernel gives it no signal from inside the namespace it has no handler for, and it is
+non-dumpable, so a command (same uid) can neither kill, stop nor ptrace it, nor open its
+``/proc/1/fd``. The host talks to it over a socketpair whose other end it inherited: no path in
+any file system, no peer to check. A call is a request on that socket with the call's pipe ends
+as ``SCM_RIGHTS`` (:class:`~sandbox.backends.agentlink.FdLink`, the same code as Docker's
+socket link): the command writes straight into our pipes, and costs a fork in the jail, not a
+namespace set-up.
+
+**Cgroup placement (the kernel's tree kill).** Each run request carries one more fd, a socket
+whose other end has ``SO_PASSCRED``: the agent forks the command, which writes one byte there
+before it execs and waits. The kernel stamps that byte with the writer's pid *as our namespace
+sees it*, so we learn the command's host pid without trusting the agent's word; we move it into
+the call's cgroup and set its rlimits (:func:`~sandbox.backends.confine.confine`, as for a fresh
+jail's held init) and only then write ``1``: nothing of the call runs outside its cgroup.
+
+**Kill.** The agent sweeps each call (TERM, grace, ``kill(-1, SIGKILL)`` until ``/proc`` shows
+nothing but itself) and reports the exit only then. When it does not answer in time, or died,
+we kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (killing PID 1
+kills its pid namespace); the next call gets a new jail. Without a cgroup (an ordinary user
+without delegation) the kernel-side fallback is the pid namespace: the call's processes die with
+the jail, which is replaced whenever the agent fails to sweep.
+
+**What a warm jail gives up.** One jail for the session: ``/tmp``, the jail's home and (for
+``copy``/``overlay``) the private tree keep what earlier calls wrote; the environment of each
+call is built afresh from the profile, but nothing stops a call from leaving files that a later
+one reads. Processes never survive their call. Jail-wide limits: the per-call cgroup holds each
+call's memory/pids/cpu; the agent itself (one Python process) sits in the executor's cgroup.
+``tmp_size`` bounds ``/tmp`` for the whole session, not per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from sandbox import _jailside
+from sandbox.backends import bwrap, cgroups, confine, seccomp
+from sandbox.backends.agentlink import AgentReplies, CallPipes, FdLink
+from sandbox.backends.base import Process, off_loop
+from sandbox.backends.child import Child
+from sandbox.backends.environment import base_env
+from sandbox.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from sandbox.backends.base import Stdin
+
+# The agent's program carries the file tools' runner (and its glob translator), defined once at
+# the jail's start: a Read, Write or LS is then a fork of the agent, no Python start-up per call.
+AGENT_PROGRAM = _jailside.program("agent", "runner", "glob")
+RUNNER_PROGRAMS = frozenset({_jailside.program("runner", "glob"), _jailside.program("runner")})
+KILL_WAIT_S = 5.0  # beyond the grace: an agent this late is wedged, and its jail is killed
+HOLD_WAIT_S = 30.0  # a fork in a busy jail
+DIAGNOSTICS = 4096
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class Agent:
+    """One running ``bwrap --as-pid-1`` whose PID 1 is the agent, and our link to it."""
+
+    def __init__(self, proc: Child, init_pid: int, link: FdLink) -> None:
+        self.proc = proc
+        self.tree = confine.Tree(init_pid, None, kernel_reaps=True)
+        self.link = link
+        self.doomed = False  # a call left it in a state we cannot trust (unanswered kill, abandoned call)
+
+    @property
+    def usable(self) -> bool:
+        return not (self.doomed or self.link.dead or self.link.retired) and self.tree.root_alive()
+
+    async def kill(self) -> None:
+        """Kill PID 1: the kernel kills every process of its pid namespace; then bwrap ends."""
+        with anyio.CancelScope(shield=True):
+            self.link.close()
+            self.tree.kill_root()
+            with anyio.move_on_after(confine.KILL_WAIT_S):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+            self.tree.forget_root()
+            await self.proc.aclose()
+
+    async def diagnostics(self) -> str:
+        """The exit status of bwrap and the tail of the agent's stderr, once it is gone."""
+        code: int | None = None
+        with anyio.move_on_after(1):
+            code = await self.proc.wait()
+        err = b""
+        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            with anyio.move_on_after(0.2):
+                while len(err) < DIAGNOSTICS:
+                    err += await self.proc.stderr.receive()
+        text = err.decode(errors="replace").strip()
+        why = f": {text.splitlines()[-1][:200]}" if text else ""
+        return f"exit status {code}{why}" if code is not None else f"still running{why}"
+
+
+class WarmBwrapJail(bwrap.BwrapJail):
+    """One bwrap for the session's calls, one call at a time, through its agent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._agent: Agent | None = None
+        self._slot = anyio.Semaphore(1)
+        self._held: WarmCall | None = None
+
+    async def start(self) -> None:
+        self._agent = await self._new_agent()
+
+    async def _new_agent(self) -> Agent:
+        host_end, jail_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            return await self._start_agent(host_end, jail_end)
+        except BaseException:
+            host_end.close()  # the link's, once it exists: closing it twice is harmless
+            raise
+
+    async def _start_agent(self, host_end: socket.socket, jail_end: socket.socket) -> Agent:
+        with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
+            theirs.callback(jail_end.close)
+            with confine.starting("cannot start bwrap"):
+                info_r, info_w = bwrap._pipe(ours, theirs)
+            fds = [info_w, jail_end.fileno()]
+            seccomp_fd = None
+            if self._seccomp:
+                with confine.starting("cannot read the seccomp filter"):
+                    seccomp_fd = seccomp.open_filter()
+                theirs.callback(os.close, seccomp_fd)
+                fds.append(seccomp_fd)
+            cmd = self._agent_command(info_w, seccomp_fd, jail_end.fileno())
+            with confine.starting("cannot start bwrap"):
+                proc = Child(cmd, pass_fds=tuple(fds))
+            theirs.close()
+            async with contextlib.AsyncExitStack() as cleanup_on_fail:
+                cleanup_on_fail.push_async_callback(bwrap._kill_bwrap, proc)
+                try:
+                    with anyio.CancelScope(shield=True), anyio.fail_after(bwrap.START_TIMEOUT_S):
+                        init_pid = await bwrap._read_init_pid(info_r, proc)
+                except TimeoutError as exc:
+                    raise BackendUnavailable(
+                        f"bwrap did not start the jail within {bwrap.START_TIMEOUT_S:g} s", backend="bwrap"
+                    ) from exc
+                if self.egress is not None and self.egress.transparent:
+                    with anyio.CancelScope(shield=True):
+                        await off_loop(self.egress.attach, init_pid)
+                link = FdLink(host_end, "bwrap-agent")
+                agent = Agent(proc, init_pid, link)
+                cleanup_on_fail.push_async_callback(agent.kill)
+                seen = await anyio.to_thread.run_sync(link.hello.wait, bwrap.START_TIMEOUT_S, abandon_on_cancel=True)
+                if not seen or link.dead:
+                    raise BackendUnavailable(
+                        f"the jail's agent did not start ({await agent.diagnostics()})", backend="bwrap"
+                    )
+                cleanup_on_fail.pop_all()
+        return agent
+
+    def _agent_command(self, info_w: int, seccomp_fd: int | None, sock_fd: int) -> list[str]:
+        env_args = [
+            a for k, v in base_env(self.profile, None, workspace=self.workspace).items() for a in ("--setenv", k, v)
+        ]
+        return [
+            *self._prefix,
+            "--as-pid-1",
+            "--chdir",
+            "/",
+            "--clearenv",
+            *env_args,
+            "--info-fd",
+            str(info_w),
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+            "--",
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            AGENT_PROGRAM,
+            "",  # no CPU limit for the agent: the host sets each command's rlimits
+            f"fd:{sock_fd}",
+        ]
+
+    async def _ready_agent(self) -> Agent:
+        agent = self._agent
+        if agent is not None and not agent.usable:
+            self._agent = None
+            await agent.kill()
+            agent = None
+        if agent is None:
+            agent = self._agent = await self._new_agent()
+        return agent
+
+    async def _start(  # type: ignore[override]  # a call through the agent, not a LocalProcess of bwrap's
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> WarmCall:
+        await self._slot.acquire()
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(self._slot.release)
+            agent = await self._ready_agent()
+            group = self._pool.take()
+            if group is not None:
+                cleanup_on_fail.callback(self._pool.give_back, group)
+            call = WarmCall(self, agent, group, stdin)
+            cleanup_on_fail.callback(call.abandon)
+            request: dict[str, Any] = {
+                "op": "run",
+                "id": call.id,
+                "argv": list(argv),
+                "env": base_env(self.profile, env, workspace=self.workspace),
+                "cwd": cwd or str(self.workspace),
+                "stdin": stdin is not None,
+                "hold": True,
+            }
+            if _is_runner(argv):
+                request["py"], request["argv"] = "runner", ["sandbox-runner"]  # served by a fork of the agent
+            fds = call.remote_fds()
+            request["fds"] = len(fds)
+            try:
+                agent.link.send(request, fds)  # a small line on an idle socket: it does not block
+            except OSError as exc:
+                agent.doomed = True
+                raise BackendUnavailable(
+                    f"cannot reach the jail's agent: {exc.strerror or exc}", backend="bwrap"
+                ) from exc
+            finally:
+                call.handed_over()
+            await call.place()
+            cleanup_on_fail.pop_all()
+        self._held = call
+        return call
+
+    async def agent_lost(self, call: WarmCall) -> None:
+        """The agent's socket ended mid-call: say why, structured; the next call gets a new jail."""
+        agent = call.agent
+        agent.doomed = True
+        why = await agent.diagnostics()
+        if self._agent is agent:
+            self._agent = None
+        await agent.kill()
+        raise BackendUnavailable(
+            f"the jail's agent died during the call ({why}); the call's exit status is unknown, "
+            "and the next call gets a new jail",
+            backend="bwrap",
+        )
+
+    def call_done(self, call: WarmCall) -> None:
+        if call.cgroup is not None:
+            self._pool.give_back(call.cgroup)
+            call.cgroup = None
+        if self._held is call:
+            self._held = None
+            self._slot.release()
+
+    async def _shutdown(self) -> None:
+        held = self._held
+        if held is not None:
+            await held.kill_tree(0)
+            held.release()
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            await agent.kill()
+        await self._pool.aclose()
+
+
+def _is_runner(argv: Sequence[str]) -> bool:
+    """The file tools' runner as :mod:`sandbox.tools.run` starts it: ``python3 -I -S -c <program>``."""
+    return len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
+
+
+class WarmCall(AgentReplies, Process):
+    """One call in the warm jail: our pipes, its cgroup, the agent's exit report."""
+
+    def __init__(self, jail: WarmBwrapJail, agent: Agent, cgroup: cgroups.CallCgroup | None, stdin: Stdin) -> None:
+        self.jail = jail
+        self.agent = agent
+        self.cgroup = cgroup
+        self.pid: int | None = None  # the command's host pid, once placed
+        self._pipes = CallPipes(stdin)
+        self.stdout, self.stderr = self._pipes.stdout, self._pipes.stderr
+        self._hold, self._hold_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._hold.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self._hold.setblocking(False)
+        self._token = anyio.lowlevel.current_token()
+        self._exited = anyio.Event()
+        self._result: dict[str, Any] | None = None
+        self._refused: str | None = None
+        self._lost = False
+        self._unanswered = False  # we killed it all ourselves: the agent did not answer a kill
+        self._released = False
+        self.returncode: int | None = None
+        self.id = agent.link.next_id()
+        agent.link.calls[self.id] = self
+        if agent.link.dead:
+            self._lost = True
+            self._exited.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._exited.is_set()
+
+    def remote_fds(self) -> list[int]:
+        return [*self._pipes.theirs, self._hold_theirs.fileno()]
+
+    def handed_over(self) -> None:
+        self._pipes.handed_over()
+        self._hold_theirs.close()
+
+    async def place(self) -> None:
+        """Learn the command's host pid from the kernel, confine it, release it; or learn why it did not start."""
+        try:
+            with anyio.fail_after(HOLD_WAIT_S):
+                pid = await self._held_pid()
+        except TimeoutError as exc:
+            self.agent.doomed = True
+            raise BackendUnavailable(
+                f"the jail's agent did not start the command within {HOLD_WAIT_S:g} s", backend="bwrap"
+            ) from exc
+        if pid is None:  # refused, failed to fork, or the agent died: wait() tells which
+            return
+        self.pid = pid
+        try:
+            confine.confine(pid, self.jail.profile, self.cgroup, "bwrap")
+        except BaseException:
+            self.agent.doomed = True  # a command held in a jail we could not confine: the jail goes
+            raise
+        self._hold.send(b"1")
+
+    async def _held_pid(self) -> int | None:
+        while True:
+            await anyio.wait_readable(self._hold)
+            try:
+                data, ancillary, _flags, _addr = self._hold.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+            except BlockingIOError:
+                continue
+            if not data:
+                return None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid, _uid, _gid = _UCRED.unpack(payload[: _UCRED.size])
+                    return int(pid)
+            return None
+
+    # -- from the link's reader thread (frames routed by AgentReplies)
+
+    def _exit(self, result: dict[str, Any]) -> None:
+        self._result = result
+        if result.get("retire"):
+            self.agent.link.retired = True  # the call tampered with the agent: the next one gets a new jail
+        self._exited.set()
+
+    def _end(self) -> None:
+        self._exited.set()
+
+    def lost(self) -> None:
+        self._lost = True
+        self._exited.set()
+
+    # -- the Process interface
+
+    async def feed_stdin(self) -> None:
+        await self._pipes.feed_stdin()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        if self._result is not None:
+            code = self._result.get("code")
+            if not isinstance(code, int):
+                raise BackendUnavailable("the jail's agent reported no exit status", backend="bwrap")
+            self.returncode = code
+            return code
+        if self._refused is not None:
+            self.agent.doomed = True
+            raise BackendUnavailable(f"the jail's agent refused the call: {self._refused}", backend="bwrap")
+        if self._unanswered:
+            raise BackendUnavailable(
+                "the jail's agent did not answer the kill request: the call's processes were killed with its "
+                "cgroup and the jail; its exit status is unknown, and the next call gets a new jail",
+                backend="bwrap",
+            )
+        await self.jail.agent_lost(self)
+        raise AssertionError("unreachable")  # agent_lost always raises
+
+    async def kill_tree(self, grace: float) -> None:
+        if self.finished and not self._lost:
+            return
+        with anyio.CancelScope(shield=True):
+            if not self._lost and not self.agent.link.dead:
+                with contextlib.suppress(OSError):
+                    self.agent.link.send({"op": "kill", "id": self.id, "grace": grace})
+                with anyio.move_on_after(grace + KILL_WAIT_S):
+                    await self._exited.wait()
+            if not self.finished or self._lost:
+                await self._kill_without_agent()
+
+    async def _kill_without_agent(self) -> None:
+        """The agent did not answer (or died): the kernel's kills, by cgroup, then the whole jail."""
+        self.agent.doomed = True
+        if self.cgroup is not None:
+            give_up = anyio.current_time() + confine.KILL_WAIT_S
+            while self.cgroup.pids() and anyio.current_time() < give_up:
+                self.cgroup.kill()
+                await anyio.sleep(0.002)
+        if self.jail._agent is self.agent:
+            self.jail._agent = None
+        await self.agent.kill()
+        self._lost = self._unanswered = True
+        self._exited.set()
+
+    def running_pids(self) -> list[int]:
+        if self.cgroup is not None:
+            return sorted(p for p in self.cgroup.pids() if confine.alive(p))
+        if not self.agent.tree.root_alive():
+            return []
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            return sorted(c.pid for c in psutil.Process(self.agent.tree.root_pid).children(recursive=True))
+        return []
+
+    def oom_killed(self) -> bool:
+        if self.cgroup is not None and self.cgroup.oom_killed():
+            return True
+        return bool(self._result and self._result.get("oom"))
+
+    def peak_memory(self) -> int | None:
+        return self.cgroup.peak_memory() if self.cgroup is not None else None
+
+    def abandon(self) -> None:
+        """A start that failed half-way: nothing of it may run, and the jail is not trusted again."""
+        if not self.finished:
+            self.agent.doomed = True
+        self._close()
+        self.agent.link.calls.pop(self.id, None)
+
+    def _close(self) -> None:
+        self._pipes.close()
+        self._hold.close()
+        self._hold_theirs.close()
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._close()
+        if not self.finished:
+            # Never waited for: the next call would find the agent busy; a new jail is cheaper than waiting.
+            self.agent.doomed = True
+            threading.Thread(target=self._kill_later, daemon=True).start()
+        self.agent.link.calls.pop(self.id, None)
+        self.jail.call_done(self)
+
+    def _kill_later(self) -> None:
+        with contextlib.suppress(OSError):
+            self.agent.link.send({"op": "kill", "id": self.id, "grace": 0})

@@ -1,0 +1,252 @@
+"""The warm bubblewrap jail (``[bwrap] lifecycle = "session"``): one bwrap, the agent as its PID 1.
+
+What it must keep of a fresh jail per call (each call in its own cgroup before it runs, nothing
+outliving its call, floods and bombs contained) and the attacks on the agent itself: signals,
+ptrace, ``/proc/1``, its socket, tampering with what commands inherit, many requests at once,
+and its death mid-call (a structured error, then a new jail).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from sandbox import exec as executor
+from sandbox.backends import base, bwrap_warm, cgroups
+from sandbox.errors import BackendUnavailable
+from tests.conftest import backend_or_skip, make_profile, survivors
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Coroutine, Sequence
+
+pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
+
+
+def _has_cgroups() -> bool:
+    return any(isinstance(h, cgroups.Hierarchy) for h in cgroups.hierarchies().values())
+
+
+NEEDS_CGROUPS = pytest.mark.skipif(
+    not _has_cgroups(), reason="no cgroup for calls here (an ordinary user without delegation)"
+)
+
+
+@pytest.fixture
+async def jail(workspace: Path) -> AsyncIterator[bwrap_warm.WarmBwrapJail]:
+    backend = backend_or_skip("bwrap")
+    opened = await backend.open_jail(workspace, make_profile(**{"bwrap.lifecycle": "session"}))
+    assert isinstance(opened, bwrap_warm.WarmBwrapJail)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+def _agent_pid(jail: bwrap_warm.WarmBwrapJail) -> int:
+    assert jail._agent is not None
+    return jail._agent.tree.root_pid
+
+
+async def _failing_while(
+    attack: Coroutine[None, None, None], call: Coroutine[None, None, object]
+) -> BackendUnavailable:
+    """The structured error of ``call`` while ``attack`` runs beside it."""
+    caught: list[BackendUnavailable] = []
+
+    async def run_call() -> None:
+        try:
+            await call
+        except BackendUnavailable as exc:
+            caught.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_awaited, attack)
+        await run_call()
+    assert caught, "the call did not fail"
+    return caught[0]
+
+
+async def _awaited(coro: Coroutine[None, None, None]) -> None:
+    await coro
+
+
+async def _sh(jail: base.Jail, script: str, **kwargs: object) -> executor.ExecResult:
+    return await executor.run(jail, ["/bin/sh", "-c", script], **kwargs)  # type: ignore[arg-type]
+
+
+async def test_calls_share_one_jail_and_what_it_keeps(jail: bwrap_warm.WarmBwrapJail) -> None:
+    first = _agent_pid(jail)
+    wrote = await _sh(jail, "echo kept > /tmp/state; export GONE=1; echo $$")
+    read = await _sh(jail, "cat /tmp/state; echo ${GONE:-unset}; cat /proc/1/comm")
+    assert wrote.exit_code == 0 and read.exit_code == 0, (wrote, read)
+    # What the warm jail gives up: /tmp survives between calls; the environment does not.
+    assert read.stdout.split() == ["kept", "unset", "python3"]
+    assert _agent_pid(jail) == first
+
+
+async def test_the_command_gets_no_fd_of_the_agent(jail: bwrap_warm.WarmBwrapJail) -> None:
+    result = await _sh(jail, "ls /proc/self/fd")
+    # 0, 1, 2 and ls's own directory fd: neither the agent's socket nor the hold socket.
+    assert result.exit_code == 0 and result.stdout.split() == ["0", "1", "2", "3"], result
+
+
+@NEEDS_CGROUPS
+async def test_each_call_runs_in_its_own_cgroup_from_its_first_instruction(jail: bwrap_warm.WarmBwrapJail) -> None:
+    seen = [(await _sh(jail, "cat /proc/self/cgroup")).stdout for _ in range(2)]
+    agent = Path(f"/proc/{_agent_pid(jail)}/cgroup").read_text(encoding="ascii")
+    for text in seen:
+        assert "call-" in text, text  # placed before exec: the shell's first read already shows it
+        assert "call-" not in agent
+
+
+async def test_agent_survives_signals_and_refuses_ptrace_and_proc(jail: bwrap_warm.WarmBwrapJail) -> None:
+    first = _agent_pid(jail)
+    attack = (
+        "for s in KILL STOP TERM INT HUP QUIT USR1 SEGV; do kill -$s 1; done; "
+        "for f in mem environ fd/3 fd/4 maps; do cat /proc/1/$f >/dev/null 2>&1 && echo READ $f; done; "
+        "for n in 0 1 2 3 4 5 6 7; do (echo junk > /proc/1/fd/$n) 2>/dev/null && echo WROTE $n; done; "
+        "python3 -c 'import ctypes; print(\"ptrace\", ctypes.CDLL(None).ptrace(16, 1, 0, 0))'; "
+        "grep -E '^(State|TracerPid)' /proc/1/status"
+    )
+    result = await _sh(jail, attack)
+    assert "READ" not in result.stdout and "WROTE" not in result.stdout, result
+    assert "ptrace -1" in result.stdout, result
+    assert "TracerPid:\t0" in result.stdout and "(stopped)" not in result.stdout, result
+    after = await _sh(jail, "echo alive")
+    assert after.stdout == "alive\n" and _agent_pid(jail) == first
+
+
+async def test_tampering_with_what_commands_inherit_retires_the_jail(jail: bwrap_warm.WarmBwrapJail) -> None:
+    first = _agent_pid(jail)
+    tamper = await _sh(jail, "prlimit --pid 1 --nofile=16:16 && echo done")
+    assert tamper.exit_code == 0 and "done" in tamper.stdout, tamper
+    after = await _sh(jail, "ulimit -n")
+    assert after.exit_code == 0 and after.stdout.strip() != "16"
+    assert _agent_pid(jail) != first  # a new jail: the spoilt agent retired
+
+
+async def test_many_requests_at_once_run_one_by_one(jail: bwrap_warm.WarmBwrapJail) -> None:
+    results: list[executor.ExecResult] = []
+
+    async def one(i: int) -> None:
+        results.append(await _sh(jail, f"echo {i}"))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(30):
+            tg.start_soon(one, i)
+    assert sorted(int(r.stdout) for r in results) == list(range(30))
+    assert all(r.exit_code == 0 for r in results)
+
+
+async def test_timeout_kills_every_process_of_the_call_and_keeps_the_jail(
+    jail: bwrap_warm.WarmBwrapJail, marker: str
+) -> None:
+    first = _agent_pid(jail)
+    tree = (
+        f"trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {marker}' & ( (sleep {marker} &) & ); "
+        f"nohup sleep {marker} >/dev/null 2>&1 & sleep {marker}"
+    )
+    result = await _sh(jail, tree, timeout=1)
+    assert result.timed_out
+    assert survivors(marker) == []
+    assert (await _sh(jail, "echo ok")).stdout == "ok\n" and _agent_pid(jail) == first
+
+
+async def test_a_background_process_dies_with_its_call(jail: bwrap_warm.WarmBwrapJail, marker: str) -> None:
+    result = await _sh(jail, f"(setsid sleep {marker} &) ; echo started")
+    assert result.stdout == "started\n"
+    assert survivors(marker) == []
+
+
+async def test_flood_and_fork_bomb_stay_in_their_call(workspace: Path, marker: str) -> None:
+    backend = backend_or_skip("bwrap")
+    prof = make_profile(**{"bwrap.lifecycle": "session", "limits.pids": 64, "limits.capture_bytes": 4096})
+    async with await backend.open_jail(workspace, prof) as jail:
+        flood = await _sh(jail, "head -c 200000000 /dev/zero")
+        assert flood.exit_code == 0 and flood.stdout_bytes == 200_000_000 and flood.stdout_truncated
+        bomb = await _sh(jail, f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 2; echo alive", timeout=5)
+        assert bomb.exit_code is not None or bomb.timed_out
+        assert survivors(marker) == []
+        assert (await _sh(jail, "echo ok")).stdout == "ok\n"
+
+
+async def test_an_agent_killed_mid_call_fails_the_call_and_is_replaced(
+    jail: bwrap_warm.WarmBwrapJail, marker: str
+) -> None:
+    first = _agent_pid(jail)
+
+    async def kill_agent() -> None:
+        while not survivors(marker):
+            await anyio.sleep(0.02)
+        os.kill(first, signal.SIGKILL)  # from outside the namespace: PID 1 is not immune to this
+
+    error = await _failing_while(kill_agent(), _sh(jail, f"sleep {marker}", timeout=30))
+    assert "agent died" in error.message and "next call gets a new jail" in error.message
+    assert survivors(marker) == []
+    after = await _sh(jail, "echo again")
+    assert after.stdout == "again\n" and _agent_pid(jail) != first
+
+
+async def test_an_agent_that_does_not_answer_a_kill_is_killed_by_the_kernel(
+    jail: bwrap_warm.WarmBwrapJail, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bwrap_warm, "KILL_WAIT_S", 0.5)
+    first = _agent_pid(jail)
+
+    async def stop_agent() -> None:
+        while not survivors(marker):
+            await anyio.sleep(0.02)
+        os.kill(first, signal.SIGSTOP)  # wedged: it will never sweep nor answer
+
+    call = _sh(jail, f"trap '' TERM; setsid sleep {marker} & sleep {marker}", timeout=1)
+    error = await _failing_while(stop_agent(), call)
+    assert "did not answer" in error.message
+    assert survivors(marker) == []
+    after = await _sh(jail, "echo fresh")
+    assert after.stdout == "fresh\n" and _agent_pid(jail) != first
+
+
+async def test_closing_the_jail_ends_its_agent_and_everything_in_it(workspace: Path, marker: str) -> None:
+    backend = backend_or_skip("bwrap")
+    jail = await backend.open_jail(workspace, make_profile(**{"bwrap.lifecycle": "session"}))
+    assert isinstance(jail, bwrap_warm.WarmBwrapJail)
+    pid = _agent_pid(jail)
+    with anyio.move_on_after(0.5):
+        await _sh(jail, f"setsid sleep {marker} & sleep {marker}")
+    await jail.aclose()
+    assert survivors(marker) == []
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+async def test_file_tools_are_served_by_a_fork_of_the_agent_and_resolve_again(
+    jail: bwrap_warm.WarmBwrapJail, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.tools.run import run_in_jail
+
+    assert jail._agent is not None
+    link = jail._agent.link
+    sent: list[dict[str, object]] = []
+    send = link.send
+
+    def recording(message: dict[str, object], fds: Sequence[int] = ()) -> None:
+        sent.append(message)
+        send(message, fds)
+
+    monkeypatch.setattr(link, "send", recording)
+    (workspace / "notes.txt").write_text("one\ntwo\n")
+    read = await run_in_jail(jail, {"op": "read", "path": str(workspace / "notes.txt")})
+    assert read["ok"] and "two" in read["content"], read
+    assert [m.get("py") for m in sent if m.get("op") == "run"] == ["runner"]
+    # The approved path is resolved again in the jail: a symlink planted since is refused.
+    (workspace / "swapped").symlink_to(workspace / "notes.txt")
+    moved = await run_in_jail(jail, {"op": "write", "path": str(workspace / "swapped"), "content": "x"})
+    assert (moved["ok"], moved["error_code"]) == (False, "TOOL_DENIED"), moved
+    assert (workspace / "notes.txt").read_text() == "one\ntwo\n"
+    listed = await run_in_jail(jail, {"op": "ls", "path": str(workspace)})
+    assert listed["ok"] and "notes.txt" in listed["content"]

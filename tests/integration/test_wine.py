@@ -1,0 +1,109 @@
+"""The Windows backend under Wine, driven from Linux (``make test``; ``make test-wine`` alone).
+
+The Windows suite (tests/wine, run by the official embeddable CPython under Wine through
+tests/run-wine.sh) must pass; and what only Linux can see is checked here with ``ps``: no
+Wine process of a killed tree is left, after a timeout and after the executor is SIGKILLed
+(the job's KILL_ON_JOB_CLOSE). Skipped, naming what is missing, where Wine is not installed;
+``.ci/run`` installs it (``tests/run-wine.sh --setup``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = REPO / "tests" / "run-wine.sh"
+HOME = Path(os.environ.get("SANDBOX_WINE_HOME", Path.home() / ".cache" / "sandbox-wine"))
+
+pytestmark = [pytest.mark.wine, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def wine() -> None:
+    missing = [tool for tool in ("wine", "wineboot", "winepath", "x86_64-w64-mingw32-ld") if not shutil.which(tool)]
+    if not (REPO / "sandbox" / "backends" / "winjob.py").is_file():  # tests/run-as-user.sh's copy of tests/
+        pytest.skip(f"no checkout at {REPO}: the Windows CPython imports sandbox from a checkout")
+    if missing:
+        pytest.skip(f"Wine is not installed here (missing {', '.join(missing)}): `bash tests/run-wine.sh --setup`")
+    done = subprocess.run(["bash", str(HARNESS), "--setup"], capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"tests/run-wine.sh --setup failed:\n{done.stderr[-3000:]}")
+
+
+def marked(marker: str) -> list[str]:
+    """Command lines of live processes carrying ``marker`` (a Wine process shows its Windows one)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    rows = [line.strip().split(None, 1) for line in out.splitlines()]
+    return [row[1] for row in rows if len(row) == 2 and marker in row[1] and not row[0].startswith("Z")]
+
+
+def win_workspace(tmp_path: Path) -> str:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return subprocess.run(["winepath", "-w", str(ws)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("wine")
+def test_windows_suite_passes_under_wine() -> None:
+    done = subprocess.run(["bash", str(HARNESS), "-q"], capture_output=True, text=True, timeout=570, check=False)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("wine")
+def test_timeout_leaves_no_wine_process_of_the_tree(tmp_path: Path) -> None:
+    marker = f"sbxwine{uuid.uuid4().hex[:10]}"
+    argv = ["bash", str(HARNESS), "--python", "tests/wine/scenario.py", "timeout", marker, win_workspace(tmp_path)]
+    seen = 0
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        while proc.poll() is None:
+            seen = max(seen, len(marked(marker)))
+            time.sleep(0.2)
+        out, _ = proc.communicate()
+    assert proc.returncode == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["timed_out"] and result["exit_code"] == 137, result
+    assert seen >= 6, f"the tree never showed up in ps ({seen} processes)"  # tree.py + 4 children + grandchild
+    assert marked(marker) == []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("wine")
+def test_sigkilled_executor_leaves_no_wine_process(tmp_path: Path) -> None:
+    marker = f"sbxwine{uuid.uuid4().hex[:10]}"
+    argv = ["bash", str(HARNESS), "--python", "tests/wine/scenario.py", "hold", marker, win_workspace(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), line
+        assert len(marked(marker)) >= 6
+        executor = [line for line in marked(marker) if "python.exe tests/wine/scenario.py" in line]
+        assert len(executor) == 1, executor
+        pid = int(
+            subprocess.run(
+                ["pgrep", "-f", f"python.exe tests/wine/scenario.py hold {marker}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()[0]
+        )
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marked(marker) == [], "KILL_ON_JOB_CLOSE left processes of the tree"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the harness's bash and its `cat`
+        proc.communicate()
