@@ -25,7 +25,7 @@ import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from sandbox.errors import InvalidArgument
-from sandbox.patterns import DEFAULT_DENY_READ, PatternSet
+from sandbox.patterns import DEFAULT_DENY_READ, NameSet, PatternSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -66,33 +66,36 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     root = os.fspath(workspace)
     every = (*DEFAULT_DENY_READ, *deny_read)
     # Bare globs (".env", "*.pem", most of them) are judged on the name alone: one regex per entry.
-    names = PatternSet([p for p in every if "/" not in p.lstrip("!")], ())
+    names = NameSet(p for p in every if "/" not in p.lstrip("!") and not p.startswith("~"))
     paths = PatternSet([p for p in every if "/" in p.lstrip("!") and not p.startswith("~")], ())
     by_path = any(not p.startswith("!") for p in paths.patterns)
     masked: list[tuple[str, bool]] = []
-    pending = [""]
+    pending = [root]
+    start = len(root) + 1
     while pending:
-        rel_dir = pending.pop()
+        folder = pending.pop()
         try:
-            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as entries:
-                listing = list(entries)
+            entries = os.scandir(folder)
         except OSError:
             continue
-        for entry in listing:
-            try:  # from the directory entry's type: no stat per file
-                is_dir = entry.is_dir(follow_symlinks=False)
-                plain = is_dir or entry.is_file(follow_symlinks=False)
-            except OSError:
-                continue
-            if not plain:
-                continue
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if names.matches(entry.name) or by_path and (paths.matches(rel) or paths.matches(entry.path)):
-                masked.append((rel, is_dir))
-                if len(masked) > MAX_MASKS:
-                    raise TooManySecrets(f"more than {MAX_MASKS} workspace entries match the deny-read globs")
-            elif is_dir and entry.name not in NOT_SEARCHED:
-                pending.append(rel)
+        with entries:
+            for entry in entries:
+                name = entry.name
+                hit = names.matches(name)
+                if not hit and by_path:
+                    hit = paths.matches(entry.path[start:]) or paths.matches(entry.path)
+                try:  # from the directory entry's type: no stat per file
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    if hit and not (is_dir or entry.is_file(follow_symlinks=False)):
+                        continue  # a symlink, a socket...: never masked (see the module doc)
+                except OSError:
+                    continue
+                if hit:
+                    masked.append((entry.path[start:], is_dir))
+                    if len(masked) > MAX_MASKS:
+                        raise TooManySecrets(f"more than {MAX_MASKS} workspace entries match the deny-read globs")
+                elif is_dir and name not in NOT_SEARCHED:
+                    pending.append(entry.path)
     git = os.path.isdir(os.path.join(root, ".git")) and not os.path.islink(os.path.join(root, ".git"))
     return Seal(tuple(sorted(masked)), git)
 

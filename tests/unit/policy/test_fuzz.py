@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from sandbox import profile as profiles
 from sandbox.errors import SandboxError
+from sandbox.patterns import DEFAULT_DENY_READ, NameSet, PatternSet
 from sandbox.policy import commands, shell
 from sandbox.policy.paths import PathPolicy, within
 from sandbox.policy.rules import RuleSet
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from tests.unit.policy.policy_world import World
 
-EXAMPLES = {"command": 600, "exempt": 300, "path": 500, "profile": 300, "rpc": 300}
+EXAMPLES = {"command": 600, "exempt": 300, "path": 500, "profile": 300, "rpc": 300, "names": 500}
 FIXTURES_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 # -- the Bash command policy ------------------------------------------------------------------
@@ -374,3 +375,16 @@ def test_random_and_truncated_frames_get_json_rpc_errors_and_the_server_survives
         if "error" in reply:
             error = reply["error"]
             assert isinstance(error, dict) and isinstance(error.get("code"), int) and error.get("message")
+
+
+# -- the sealing's name matcher ---------------------------------------------------------------
+
+name_text = st.text(alphabet=string.ascii_letters + string.digits + "._-*?[]! ", max_size=20)
+
+
+@settings(max_examples=EXAMPLES["names"], deadline=None)
+@given(name=name_text | st.sampled_from([".env", ".env.local", ".env.example", "a.pem", "id_rsa", "x.key", "key"]))
+def test_the_name_matcher_agrees_with_the_path_matcher(name: str) -> None:
+    """seal.find judges names with NameSet's fullmatch; it must say what PatternSet's search says."""
+    bare = [p for p in DEFAULT_DENY_READ if "/" not in p.lstrip("!") and not p.startswith("~")]
+    assert NameSet(bare).matches(name) == PatternSet(bare, ()).matches(name)
