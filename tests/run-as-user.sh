@@ -54,7 +54,7 @@ say "running pytest as $(as_user id)"
 started=$(date +%s)
 set +e
 as_user env -u SANDBOX_DATA_DIR HOME="$home" "$work/venv/bin/python" -m pytest -p no:cacheprovider \
-  -m "not docker and not root and not soak and not npm" "$@" tests
+  -m "not docker and not root and not soak and not npm and not wine" "$@" tests
 rc=$?
 set -e
 say "pytest exited $rc after $(( $(date +%s) - started )) s"
