@@ -100,9 +100,10 @@ test-unit: setup
 
 # The start-up benchmark installs srt and Codex from npm into bench/.peers; srt needs socat and rg.
 bench: setup node-deps
-	@command -v socat >/dev/null && command -v rg >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) socat ripgrep; \
-	  else echo "srt needs socat and ripgrep: sudo apt-get install socat ripgrep" >&2; fi; }
+	@command -v socat >/dev/null && command -v rg >/dev/null && { command -v fd || command -v fdfind; } >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) socat ripgrep fd-find; \
+	  else echo "srt needs socat and ripgrep, pi's own find needs fd: sudo apt-get install socat ripgrep fd-find" >&2; fi; }
+	@[ -d integrations/pi/node_modules ] || (cd integrations/pi && npm ci --no-audit --no-fund --loglevel=error)
 	-@bash images/dockerd-up.sh
 	$(BIN)/python bench/run.py
 

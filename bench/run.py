@@ -20,11 +20,14 @@ BENCHES = [
     ("docker backend", "bench_docker.py"),
     ("1 GiB of stdout: docker warm jail against bubblewrap against bare bwrap", "bench_streams.py"),
     ("mount strategies", "bench_mounts.py"),
+    ("copy over the archive API (a remote engine) against the local bind path", "bench_archive.py"),
+    ("sealing: the search for secrets to mask, cold against its cache", "bench_seal.py"),
     ("winjob under Wine: per call against the same command run directly under Wine", "bench_winjob.py"),
     ("apply: per file against journalled, all or nothing", "bench_apply.py"),
     ("network allowlist: set-up and throughput through the proxy against direct", "bench_network.py"),
     ("a 1 GiB flood through sandbox serve against sandbox run", "bench_flood.py"),
     ("per-call cost through sandbox mcp (the MCP SDK's client) against sandbox serve", "bench_mcp.py"),
+    ("pi's real agent loop: per-call times with the sandbox extension against pi's own tools", "bench_pi.py"),
     ("per-call cost, two revisions side by side (SANDBOX_BENCH_BEFORE=<rev>)", "before_after.py"),
 ]
 # before_after.py needs a revision to compare with; without one it is skipped and says so.

@@ -147,7 +147,7 @@ def check_workspace(workspace: Path) -> Path:
         raise InvalidArgument(f"workspace {workspace} does not exist", workspace=str(workspace)) from exc
     if not ws.is_dir():
         raise InvalidArgument(f"workspace {ws} is not a directory", workspace=str(ws))
-    if ws in FORBIDDEN_WORKSPACES or ws == Path.home().resolve() and os.geteuid() != 0:
+    if ws in FORBIDDEN_WORKSPACES or ws == Path.home().resolve() and getattr(os, "geteuid", lambda: 1)() != 0:
         raise InvalidArgument(
             f"workspace {ws} is a system or home directory; choose a project directory", workspace=str(ws)
         )

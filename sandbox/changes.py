@@ -30,6 +30,10 @@ summary found anything risky (a hook, a risky config key, an entry that is none 
 files), and is otherwise applied with the rest, its ``git-config`` flag notwithstanding. The
 summary is computed from the kept files when the changeset is kept, and stored in the manifest.
 
+On Windows (the winjob backend) the store works the same: the lock is a byte lock on a
+``.lock-<id>`` file beside the changeset (``msvcrt.locking``), and a file is read after an
+``lstat`` has refused a symlink or reparse point on its way (Windows has no ``O_NOFOLLOW``).
+
 A kept changeset stays until it is discarded or, applied or not, :data:`RETENTION_S` (14 days)
 after it was kept: the store sweeps itself on each use. A keep interrupted half-way leaves a
 ``.partial-<pid>-<starttime>-<hex>`` directory, swept once its executor is gone.
@@ -39,13 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import stat
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -58,6 +62,7 @@ from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, map_errors
 from sandbox.gitreview import GitSummary
 from sandbox.mounts import (
+    WINDOWS,
     ApplyReport,
     Change,
     Changeset,
@@ -66,8 +71,12 @@ from sandbox.mounts import (
     _apply_order,
     _open_parent,
     needs_consent,
+    open_unfollowed,
     sha256_file,
 )
+
+if sys.platform != "win32":
+    import fcntl
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -432,12 +441,11 @@ def _copy_out(root: Path, kept_root: Path, rel: str) -> str:
     target = kept_root.joinpath(*parts)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     digest = hashlib.sha256()
-    with _open_parent(root, parts[:-1], create=False) as pfd:
-        src = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    src = _open_kept_source(root, parts)
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
             raise OSError(0, "no longer a regular file")
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        dst = os.open(target, _new_file_flags(), 0o600)
         try:
             while chunk := os.read(src, _CHUNK):
                 digest.update(chunk)
@@ -447,6 +455,26 @@ def _copy_out(root: Path, kept_root: Path, rel: str) -> str:
     finally:
         os.close(src)
     return digest.hexdigest()
+
+
+def _open_kept_source(root: Path, parts: tuple[str, ...]) -> int:
+    """An fd of ``root/parts``, no component followed (POSIX: a directory fd at a time)."""
+    if WINDOWS:
+        path = root
+        for part in parts[:-1]:
+            path = path / part
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or getattr(st, "st_file_attributes", 0) & 0x400:
+                raise Conflict(f"parent {part!r} is not a directory inside the private tree")
+        return open_unfollowed(path / parts[-1])
+    with _open_parent(root, parts[:-1], create=False) as pfd:
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+
+
+def _new_file_flags() -> int:
+    if WINDOWS:
+        return os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    return os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _has_content(change: Change) -> bool:
@@ -497,6 +525,10 @@ def _write_manifest(directory: Path, kept: Kept) -> None:
 @contextlib.contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """Hold the changeset's lock, or refuse at once: one apply or discard at a time."""
+    if sys.platform == "win32":
+        with _exclusive_windows(path):
+            yield
+        return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -509,6 +541,30 @@ def _exclusive(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _exclusive_windows(path: Path) -> Iterator[None]:
+    """:func:`_exclusive` on Windows: a byte lock on ``.lock-<id>`` beside the changeset (a file
+    held open inside it would keep a discard from removing the directory)."""
+    if not path.is_dir():
+        raise InvalidArgument(f"no kept changeset {path.name}", changeset=path.name)
+    lock = path.parent / f".lock-{path.name}"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+
+            try:
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            except OSError:
+                raise Conflict(f"{path.name} is being applied or discarded right now", changeset=path.name) from None
+        yield
+    finally:
+        os.close(fd)
+        if not path.exists():
+            with contextlib.suppress(OSError):
+                lock.unlink()
 
 
 # -- diffs ----------------------------------------------------------------------------------------
@@ -577,7 +633,7 @@ def _size(blob: Blob | None) -> int:
 def _blob(path: Path) -> Blob | None:
     """The regular file ``path`` names (its last component not followed); ``None`` when there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_unfollowed(path) if WINDOWS else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:

@@ -325,7 +325,9 @@ class _View:
 def _read(path: Path, limit: int) -> bytes | None:
     """The regular file ``path`` (last component not followed) of at most ``limit`` bytes; else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        # getattr: Windows (the winjob backend's copy of a repository) has none of the three.
+        flags = sum(getattr(os, name, 0) for name in ("O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC", "O_BINARY"))
+        fd = os.open(path, os.O_RDONLY | flags)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:

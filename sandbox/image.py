@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import importlib.resources
 import io
+import json
 import os
 import re
 import shutil
@@ -439,8 +440,22 @@ def import_rootfs(client: docker.DockerClient, tarball: Path) -> str:
     log(f"importing {tarball.name} as {ref}")
     repository, image_tag = ref.split(":")
     with _docker_errors(f"cannot import {tarball}"):
-        client.api.import_image_from_file(str(tarball), repository=repository, tag=image_tag)
+        reply = client.api.import_image_from_file(str(tarball), repository=repository, tag=image_tag)
+        if not _present(client, ref):
+            # Podman's compatible API names an import <repository>:latest whatever tag was asked
+            # (4.3): tag the image its reply names, or Dockerfile.offline's FROM goes to a registry.
+            client.images.get(_imported_id(reply)).tag(repository, image_tag)
     return ref
+
+
+def _imported_id(reply: str) -> str:
+    """The image id in an import's reply (JSON lines; the last one names the image)."""
+    for line in reversed(reply.splitlines()):
+        with contextlib.suppress(ValueError):
+            found = json.loads(line)
+            if isinstance(found, dict) and str(found.get("status", "")).startswith("sha256:"):
+                return str(found["status"])
+    raise BuildError(f"the engine's reply to the import names no image: {reply[-300:]}")
 
 
 # ---------------------------------------------------------------- docker build

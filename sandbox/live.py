@@ -50,6 +50,8 @@ class LiveOutput:
         self.withheld: dict[Stream, int] = dict.fromkeys(STREAMS, 0)
         self._noticed = False
         self._wake = anyio.Event()
+        self._finished = anyio.Event()
+        self._flushing = anyio.Lock()  # run's sends and finish's, in order
         self._done = False
 
     def feed(self, stream: Stream, chunk: bytes) -> None:
@@ -71,16 +73,24 @@ class LiveOutput:
         while not self._done:
             await self._wake.wait()
             self._wake = anyio.Event()
-            await anyio.sleep(INTERVAL_S)
+            with anyio.move_on_after(INTERVAL_S):
+                await self._finished.wait()  # the call's end does not wait out the gathering
+            if self._done:
+                return  # finish() sends the rest
             await self._flush()
 
     async def finish(self) -> None:
         """Send the rest of what was kept (and the notice, if any was withheld); stop :meth:`run`."""
         self._done = True
         self._wake.set()
+        self._finished.set()
         await self._flush()
 
     async def _flush(self) -> None:
+        async with self._flushing:
+            await self._send_pending()
+
+    async def _send_pending(self) -> None:
         for stream in STREAMS:
             pending = self._pending[stream]
             while pending:

@@ -13,6 +13,12 @@ private tree is unchanged since copy-in is unchanged. The same fingerprint of th
 changes it, and that file is refused with CONFLICT. Content hashes (SHA-256) of changed files
 are in the changeset for review.
 
+On Windows (the winjob backend) the same code runs with three differences, each where it is made:
+``st_ctime`` there is the creation time, so a version is (volume, file index, size, mtime); the
+copy-in is Python's (no ``cp``), copies each file's main stream only (never an alternate data
+stream) and never enters a junction or another reparse point; and the apply is
+:mod:`sandbox.backends.winjob_apply`, which reads changeset paths by Windows' rules.
+
 A profile's ``mount.exclude`` (``.venv``, ``node_modules``) keeps paths out of the private tree:
 the jail binds the host's own read-only at the same place, so it can use them without their
 being copied, cannot change them, and the changeset lists them as ``untracked``.
@@ -21,6 +27,7 @@ being copied, cannot change them, and the changeset lists them as ``untracked``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -43,11 +50,15 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import EntryKind as Kind
 
 _T = TypeVar("_T", bound="CopyTree")
+WINDOWS = os.name == "nt"
+FILE_ATTRIBUTE_REPARSE_POINT = 0x400
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 _CHUNK = 1 << 20
 
 
-def _kind(mode: int) -> Kind:
+def _kind(mode: int, attributes: int = 0) -> Kind:
+    if attributes & FILE_ATTRIBUTE_REPARSE_POINT and not stat.S_ISLNK(mode):
+        return "special"  # a junction or another reparse point (Windows): never entered, never applied
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -75,7 +86,7 @@ class Stamp:
     def of(cls, path: str | Path, st: os.stat_result | None = None, dir_fd: int | None = None) -> Stamp:
         """``path`` is read with ``lstat``/``readlink``, relative to ``dir_fd`` when given."""
         st = st or os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-        kind = _kind(st.st_mode)
+        kind = _kind(st.st_mode, getattr(st, "st_file_attributes", 0))
         target = os.readlink(path, dir_fd=dir_fd) if kind == "symlink" else None
         return cls(
             kind,
@@ -90,6 +101,9 @@ class Stamp:
         )
 
     def same_version(self, other: Stamp) -> bool:
+        if WINDOWS:  # st_ctime is the creation time there: a write moves only the size and mtime
+            mine = (self.kind, self.dev, self.ino, self.size, self.mtime_ns)
+            return mine == (other.kind, other.dev, other.ino, other.size, other.mtime_ns)
         return (self.kind, self.dev, self.ino, self.ctime_ns) == (other.kind, other.dev, other.ino, other.ctime_ns)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,10 +127,29 @@ def walk(root: Path, skip: Collection[str] = ()) -> Iterator[tuple[str, Stamp]]:
                 path = f"{rel}/{entry.name}" if rel else entry.name
                 if path in skip:
                     continue
-                stamp = Stamp.of(entry.path, entry.stat(follow_symlinks=False))
+                # Windows' DirEntry.stat leaves st_ino and st_dev zero: an lstat of its own there,
+                # by the \\?\ name (``con`` or ``x.`` would otherwise be a device or another file).
+                st = os.lstat(verbatim(entry.path)) if WINDOWS else entry.stat(follow_symlinks=False)
+                stamp = Stamp.of(entry.path, st)
                 yield path, stamp
                 if stamp.kind == "dir":
                     stack.append(path)
+
+
+def verbatim(path: str) -> str:
+    """A Windows path as the filesystem names it, past the Win32 rules (``\\\\?\\`` + the full path).
+
+    A full path (``C:\\…``, UNC) is taken as it is: ``abspath`` (GetFullPathName) would drop the
+    very trailing dots and spaces this is for. Any other is made full by ``abspath`` first.
+    """
+    path = path.replace("/", "\\")
+    if path.startswith("\\\\?\\"):
+        return path
+    if path.startswith("\\\\"):
+        return "\\\\?\\UNC\\" + path[2:]
+    if path[1:3] != ":\\":
+        path = os.path.abspath(path)
+    return "\\\\?\\" + path
 
 
 def untracked_paths(workspace: Path, exclude: Iterable[str]) -> list[str]:
@@ -285,6 +318,22 @@ def _mode_flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None,
     return flags
 
 
+def _windows_unsafe(rel: str, before: Stamp | None, after: Stamp | None) -> Change | None:
+    """A change whose name Windows reads as another file or a device (``x.``, ``con``): listed,
+    never read (its content could be a console's) and never applied."""
+    from sandbox.backends.winjob_paths import windows_name_problem
+
+    problems = [p for part in rel.split("/") if (p := windows_name_problem(part))]
+    if not problems:
+        return None
+    now = after or before
+    assert now is not None
+    status: Status = "deleted" if after is None else "added" if before is None else "modified"
+    change = Change(rel, status, now.kind, [], before.mode if before else None, after.mode if after else None)
+    change.applicable, change.reason = False, f"not applied on Windows: {problems[0]}"
+    return change
+
+
 def _link_stays_inside(rel: str, target: str, workspace: Path) -> bool:
     if os.path.isabs(target):
         resolved = os.path.normpath(target)
@@ -293,10 +342,24 @@ def _link_stays_inside(rel: str, target: str, workspace: Path) -> bool:
     return Path(resolved).is_relative_to(workspace)
 
 
+def open_unfollowed(path: str | Path) -> int:
+    """An fd reading the file ``path`` names, its last component never followed.
+
+    Windows has no ``O_NOFOLLOW``: a reparse point (symlink, junction) is refused by an lstat
+    first, and ``O_BINARY`` keeps the C runtime from translating line ends.
+    """
+    if not WINDOWS:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or getattr(st, "st_file_attributes", 0) & FILE_ATTRIBUTE_REPARSE_POINT:
+        raise OSError(errno.ELOOP, "a symlink or reparse point is not followed", str(path))
+    return os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+
+
 def sha256_file(path: Path) -> str:
     """The SHA-256 of the file ``path`` names, never following a symlink."""
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = open_unfollowed(path)
     with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
@@ -357,6 +420,9 @@ class CopyTree:
         (made now, so the changeset's baseline has it and the jail's bind creates nothing).
         """
         source, target = self.workspace / rel, self.root / rel
+        if WINDOWS:  # no cp there; and no bind for an untracked path: winjob copies them all
+            copy_tree_windows(source, target)
+            return ""
         if not untracked:
             return _run(["cp", "-a", "--reflink=auto", f"{source}/.", str(target)])
         whole: list[str] = []
@@ -411,6 +477,8 @@ class CopyTree:
     def _compare(self, rel: str, before: Stamp | None, after: Stamp | None) -> Change | None:
         if before is not None and after is not None and before.same_version(after):
             return None
+        if WINDOWS and (unsafe := _windows_unsafe(rel, before, after)) is not None:
+            return unsafe
         if after is None:
             assert before is not None
             return self._change(rel, "deleted", before.kind, before, None)
@@ -456,20 +524,16 @@ class CopyTree:
         A flagged change is held back unless named in ``only`` or ``include_flagged`` (consent).
         An interrupted apply to this workspace is recovered first. See :mod:`sandbox.journal`.
         """
+        if WINDOWS:
+            from sandbox.backends import winjob_apply
+
+            return winjob_apply.apply(self, changeset, only, include_flagged)
         from sandbox import journal  # it builds on this module: imported here, not at the top
 
         with journal.locked(self.workspace):
             journal.recover_locked(self.workspace)
             plan = journal.Plan(self)
-            for change in sorted(changeset.changes, key=_apply_order):
-                if only is not None and change.path not in only:
-                    continue
-                if not change.applicable:
-                    plan.report.skipped.append({"path": change.path, "reason": change.reason})
-                    continue
-                if needs_consent(change, only, include_flagged):
-                    plan.report.held_back.append({"path": change.path, "flags": list(change.flags)})
-                    continue
+            for change in selected(changeset, only, include_flagged, plan.report):
                 plan.add(change)
             kept_back = journal.execute(self.workspace, plan.steps)
         report = plan.report
@@ -486,6 +550,10 @@ class CopyTree:
             current = None
         except OSError as exc:
             raise Conflict(f"cannot check the host file: {exc.strerror}") from exc
+        self.guard_stamp(change, current)
+
+    def guard_stamp(self, change: Change, current: Stamp | None) -> None:
+        """:meth:`_guard` once the host entry is read: ``current`` (``None``: absent) against copy-in."""
         original = self.host.get(change.path)
         if original is None:
             if current is not None and not (change.kind == "dir" and current.kind == "dir"):
@@ -505,6 +573,23 @@ class CopyTree:
         remove_private_tree(self.root)
 
 
+def selected(changeset: Changeset, only: set[str] | None, include_flagged: bool, report: ApplyReport) -> list[Change]:
+    """The changes an apply tries, in apply order: named (when ``only``), applicable and consented;
+    the others go to ``report`` as skipped or held back."""
+    chosen = []
+    for change in sorted(changeset.changes, key=_apply_order):
+        if only is not None and change.path not in only:
+            continue
+        if not change.applicable:
+            report.skipped.append({"path": change.path, "reason": change.reason})
+            continue
+        if needs_consent(change, only, include_flagged):
+            report.held_back.append({"path": change.path, "flags": list(change.flags)})
+            continue
+        chosen.append(change)
+    return chosen
+
+
 def private_tree_name(kind: str) -> str:
     """``<kind>-<pid>-<starttime>-<id>``: ``sandbox gc`` removes it once this executor is gone."""
     return f"{kind}-{leftovers.owner_tag()}-{uuid.uuid4().hex[:12]}"
@@ -521,12 +606,16 @@ def remove_private_tree(path: Path) -> str | None:
         return "its overlay is still mounted and cannot be unmounted"
     if not os.path.lexists(path):
         return None
-    for dirpath, _dirs, _files in os.walk(path):
+    for dirpath, _dirs, files in os.walk(path):
         if os.path.ismount(dirpath):
             return f"{dirpath} is a mount point"
         # A jail may leave directories without write permission behind; allow removal.
         with contextlib.suppress(OSError):
             os.chmod(dirpath, 0o700)
+        if WINDOWS:  # a read-only file cannot be removed there
+            for name in files:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(dirpath, name), stat.S_IWRITE | stat.S_IREAD)
     shutil.rmtree(path, ignore_errors=True)
     return f"{path} could not be removed" if os.path.lexists(path) else None
 
@@ -601,6 +690,47 @@ def run_command(argv: list[str]) -> str:
 
 
 _run = run_command
+
+
+def copy_tree_windows(source: Path, target: Path) -> None:
+    """``cp -a`` as far as Windows goes: directories, regular files (main stream, times, the
+    read-only bit) and symlinks as links; a junction or another reparse point is not copied.
+
+    ``shutil.copy2`` is not used: on Windows it is ``CopyFile2``, which copies alternate data
+    streams too, and a stream is what the changeset cannot show.
+    """
+    target.mkdir(mode=0o700, exist_ok=True)
+    with os.scandir(source) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        st = os.lstat(entry.path)
+        dest = target / entry.name
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(entry.path), dest, target_is_directory=os.path.isdir(entry.path))
+        elif getattr(st, "st_file_attributes", 0) & FILE_ATTRIBUTE_REPARSE_POINT:
+            continue
+        elif stat.S_ISDIR(st.st_mode):
+            copy_tree_windows(Path(entry.path), dest)
+        elif stat.S_ISREG(st.st_mode):
+            copy_file_bytes(Path(entry.path), dest)
+            shutil.copystat(entry.path, dest, follow_symlinks=False)
+    shutil.copystat(source, target, follow_symlinks=False)
+
+
+def copy_file_bytes(source: Path, dest: Path, mode: int = 0o600) -> None:
+    """The bytes of ``source`` (not followed) into a new file ``dest``: nothing but the main stream."""
+    binary = getattr(os, "O_BINARY", 0)
+    src = open_unfollowed(source)
+    try:
+        dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | binary, mode)
+        try:
+            while chunk := os.read(src, _CHUNK):
+                os.write(dst, chunk)
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def _is_whiteout(path: Path, stamp: Stamp) -> bool:

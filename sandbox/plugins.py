@@ -345,13 +345,6 @@ def jail_binds(plugins: Sequence[Plugin]) -> tuple[tuple[str, str], ...]:
     return tuple((str(p.directory), p.jail_dir) for p in plugins)
 
 
-def for_jail(profile: Profile, plugins: Sequence[Plugin]) -> Profile:
-    """``profile`` with the plugins' directories among the read-only binds its jails get."""
-    from sandbox.backends import environment
-
-    return environment.with_plugin_dirs(profile, jail_binds(plugins)) if plugins else profile
-
-
 # ------------------------------------------------------------------------------ a session's tools
 
 

@@ -15,7 +15,7 @@ import re
 import tomllib
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -23,7 +23,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -205,22 +204,73 @@ class Env(_Model):
 
 
 class Docker(_Model):
+    """The Docker backend's settings, and which engine it talks to.
+
+    ``host``: the engine's address, ``tcp://host:2376``, ``ssh://user@host`` or
+    ``unix:///path/docker.sock``; unset, the SDK's environment decides (``DOCKER_HOST``,
+    ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``, as ``docker.from_env`` reads them), and the TLS
+    settings below must be unset too. ``tls_ca``, ``tls_cert``, ``tls_key``: PEM files (the CA that
+    signed the engine's certificate; our client certificate and its key, both or neither), for a
+    ``tcp://`` host only; ``tls_verify`` (default: on whenever ``tls_ca`` is given) checks the
+    engine's certificate against ``tls_ca``. A TLS setting on a ``tcp://`` host makes the
+    connection TLS; a ``tcp://`` host without any is plain HTTP (Docker's port 2375, unencrypted).
+
+    ``remote``: whether the engine sees this host's files. ``auto`` (the default): a ``tcp://`` or
+    ``ssh://`` engine is remote, a ``unix://`` one local; ``true`` says a unix socket leads
+    elsewhere (a forwarded socket, a VM's engine). A remote engine gets the workspace through the
+    archive API only: ``copy`` mounts (copy-in and copy-out as tar streams), ``rw``, ``ro`` and
+    ``overlay`` refused, the warm agent's calls over the attach stream.
+    """
+
     image: str | None = None
     lifecycle: Lifecycle = "session"
     user: str = "1000:1000"
+    host: str | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_verify: bool | None = None
+    remote: Literal["auto"] | bool = "auto"
+
+    @model_validator(mode="after")
+    def _engine(self) -> Docker:
+        scheme = (self.host or "").partition("://")[0]
+        if self.host is not None and scheme not in {"tcp", "ssh", "unix"}:
+            raise ValueError(f"docker.host {self.host!r}: give tcp://host:port, ssh://user@host or unix:///path")
+        tls = [n for n in ("tls_ca", "tls_cert", "tls_key", "tls_verify") if getattr(self, n) is not None]
+        if tls and scheme != "tcp":
+            raise ValueError(f"{', '.join(tls)} need a tcp:// docker.host (the environment's engine takes DOCKER_*)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("docker.tls_cert and docker.tls_key go together: give both or neither")
+        if self.tls_verify and self.tls_ca is None:
+            raise ValueError("docker.tls_verify needs docker.tls_ca, the CA that signed the engine's certificate")
+        return self
 
 
 class Bwrap(_Model):
     """The bubblewrap backend's settings.
 
-    ``lifecycle``: ``call`` starts a fresh ``bwrap`` (namespaces, mounts) for every call;
-    ``session`` keeps one jail per session whose PID 1 is the agent of
-    :mod:`sandbox._jailside.agent`: a call costs a fork in the jail, and what one call leaves in
+    ``lifecycle``: ``session`` (the default) keeps one jail per session whose PID 1 is the agent
+    of :mod:`sandbox._jailside.agent`: a call costs a fork in the jail, and what one call leaves in
     ``/tmp``, the jail's home or the workspace is there for the next (each call's processes
-    still die with it). See :mod:`sandbox.backends.bwrap_warm`.
+    still die with it). See :mod:`sandbox.backends.bwrap_warm`. ``call`` starts a fresh
+    ``bwrap`` (namespaces, mounts) for every call: nothing of one call is seen by the next.
+    ``sandbox run`` makes one call, so it always takes a fresh jail.
     """
 
-    lifecycle: Lifecycle = "call"
+    lifecycle: Lifecycle = "session"
+
+
+class Winjob(_Model):
+    """The Windows job-object backend's settings.
+
+    ``shell``: what the Bash tool's command runs in. ``cmd`` (the default: on every Windows and
+    under Wine, the fastest to start, ``/d`` keeps the registry's AutoRun out); ``powershell``
+    (Windows PowerShell, no profile, non-interactive); ``bash`` (Git for Windows' bash, refused
+    with SHELL_NOT_FOUND where it is not installed: never another shell in its place).
+    """
+
+    shell: Literal["cmd", "powershell", "bash"] = "cmd"
 
 
 class Exemptions(_Model):
@@ -233,13 +283,35 @@ class Exemptions(_Model):
     read_only_web_fetch: bool = True  # a fetch tool's public http(s) URL; private addresses are judged
 
 
-class Trusted(_Model):
-    """Seed 004's ``trusted``: ``git_remotes`` (a remote's name or URL; a plain push to one is exempt),
-    ``domains`` (a fetch tool's URL host exempt: ``host`` or ``*.host``), ``paths`` (accepted, not
-    consulted yet: the jail persists writes only in the workspace and the scratch directory)."""
+def _trusted_path(value: str) -> str:
+    """A ``trusted.paths`` entry: a directory (``~/``, absolute, or relative to the workspace)."""
+    text = value.strip()
+    if not text or "\x00" in text:
+        raise ValueError("a trusted path must name a directory")
+    import posixpath
 
-    paths: tuple[str, ...] = ()
-    domains: tuple[str, ...] = ()
+    home_as_root = "/~" + text[1:] if text.startswith("~") else text  # "~/.." names /home's level
+    if posixpath.normpath(home_as_root) in ("/", "//", "/~"):
+        raise ValueError(f"{value!r} would trust every write under / or a whole home; name a directory inside it")
+    return text
+
+
+class Trusted(_Model):
+    """Seed 004's ``trusted`` (exempt from the classifier once it is on).
+
+    ``paths``: writes (Write, Edit, a Bash redirect) whose canonical target lies in one of these
+    directories (``~/`` at the home, a relative one in the workspace; each resolved through its
+    symlinks, and the target too, so a link out of a trusted directory is judged where it lands).
+    The sandbox state, protected paths and the deny layer still apply, and the jail persists writes
+    only in the workspace and the scratch directory: a trusted directory elsewhere cannot be written.
+    ``domains``: egress patterns (``host``, ``*.host``, ``host:port``, an address or a CIDR), a
+    fetch tool's URL admitted by one is exempt, and the ``allowlist`` network mode allows them too
+    (:func:`sandbox.network.policy.for_profile`). ``git_remotes``: a remote's name or URL; a plain
+    push to one is exempt, a forced or deleting one is still judged.
+    """
+
+    paths: tuple[Annotated[str, AfterValidator(_trusted_path)], ...] = ()
+    domains: tuple[EgressPattern, ...] = ()
     git_remotes: tuple[str, ...] = ()
 
 
@@ -288,11 +360,9 @@ class Profile(_Model):
     env: Env = Env()
     docker: Docker = Docker()
     bwrap: Bwrap = Bwrap()
+    winjob: Winjob = Winjob()
     policy: Policy = Policy()
     source: str | None = None
-    # A session's plugin directories, (host, jail) read-only binds (sandbox.plugins): set by the
-    # session, never by a TOML file; see environment.with_plugin_dirs.
-    _plugin_dirs: tuple[tuple[str, str], ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

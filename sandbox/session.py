@@ -254,11 +254,14 @@ class Sandbox:
                 trusted = await ask_trust(ws, approver, session_id=sid, timeout=timeout)
             live = live_rules(prof.policy, ws, trust_override=trusted)
             rules, global_mode = live.load()
-            gate = Gate(ws, scratch, prof.policy, rules, global_mode=global_mode, live=live)
+            gate = Gate(
+                ws, scratch, prof.policy, rules, global_mode=global_mode, live=live, programs=prof.env.workspace_path
+            )
             notice = ignored_notice(ws, override=trusted, default=prof.policy.default_project_trust)
             declared = _plugins(options)  # a bad manifest is refused before a jail exists
-            prof = plugin_tools.for_jail(prof, declared)  # their directories, read-only in the jail
-            jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch)
+            # Their directories, read-only in the jail: a jail option, never part of the profile.
+            shared = plugin_tools.jail_binds(declared)
+            jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch, shared=shared)
             # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
             cleanup_on_fail.push_async_callback(jail.aclose)
             sandbox = cls(

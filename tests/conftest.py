@@ -25,20 +25,26 @@ if TYPE_CHECKING:
     from sandbox.backends.fake import FakeBackend
 
 BACKENDS = ("bwrap", "docker")
-# The warm bubblewrap jail ([bwrap] lifecycle = "session"): the contract and attack suites run
-# against it too; other modules keep the two backends (their bwrap tests are per-call specifics).
-WARM = "bwrap-warm"
-WARM_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits", "test_bwrap_warm"})
+# bubblewrap's default is the warm jail ([bwrap] lifecycle = "session"), so every bwrap test runs
+# against it; the contract and attack suites also run with a fresh jail per call ("call").
+PER_CALL = "bwrap-call"
+PER_CALL_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits"})
+# Docker's default is the warm container too; "docker-call" runs the same suites with a fresh
+# container per call ([docker] lifecycle = "call": the pool of agent containers).
+DOCKER_PER_CALL = "docker-call"
+# backend param -> (the backend, the profile table whose lifecycle the param swaps to "call")
+_PER_CALL_OF = {PER_CALL: ("bwrap", "bwrap"), DOCKER_PER_CALL: ("docker", "docker")}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``bwrap-warm`` only where it is meant; ``@pytest.mark.root`` tests skip, saying so, as an ordinary user."""
+    """``bwrap-call`` and ``docker-call`` only where they are meant; ``@pytest.mark.root`` tests skip,
+    saying so, as an ordinary user."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        warm = callspec is not None and callspec.params.get("backend") == WARM
-        (dropped if warm and item.path.stem not in WARM_MODULES else kept).append(item)
+        per_call = callspec is not None and callspec.params.get("backend") in _PER_CALL_OF
+        (dropped if per_call and item.path.stem not in PER_CALL_MODULES else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -76,23 +82,26 @@ def backend_or_skip(name: str) -> base.Backend:
 @pytest.fixture(
     params=[
         *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS),
-        pytest.param(WARM, marks=pytest.mark.bwrap),
+        pytest.param(PER_CALL, marks=pytest.mark.bwrap),
+        pytest.param(DOCKER_PER_CALL, marks=pytest.mark.docker),
     ]
 )
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> base.Backend:
-    if request.param != WARM:
+    if request.param not in _PER_CALL_OF:
         return backend_or_skip(request.param)
-    found = backend_or_skip("bwrap")
-    # Every jail this test opens on bwrap (its own, a session's) is the warm one.
+    name, table = _PER_CALL_OF[request.param]
+    found = backend_or_skip(name)
+    # Every jail this test opens on that backend (its own, a session's) is a fresh jail per call.
     cls = type(found)
     opened = cls._open
+    key = f"{table}.lifecycle"
 
-    async def warm_open(self: base.Backend, workspace: Path, profile: profiles.Profile, **kwargs: Any) -> base.Jail:
-        if profile.bwrap.lifecycle == "call":
-            profile = profile.with_overrides(**{"bwrap.lifecycle": "session"})
+    async def per_call_open(self: base.Backend, workspace: Path, profile: profiles.Profile, **kwargs: Any) -> base.Jail:
+        if getattr(profile, table).lifecycle == "session":
+            profile = profile.with_overrides(**{key: "call"})
         return await opened(self, workspace, profile, **kwargs)
 
-    monkeypatch.setattr(cls, "_open", warm_open)
+    monkeypatch.setattr(cls, "_open", per_call_open)
     return found
 
 

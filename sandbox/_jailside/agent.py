@@ -50,6 +50,15 @@ carries :mod:`sandbox._jailside.runner`): the agent forks and the child runs the
 ``main()`` on the call's pipes, as a command would: held and placed like one, in a session of
 its own, killed and swept like one. No Python starts and nothing is compiled per call; the
 runner resolves the path again in the jail as it does when it runs as a program.
+
+**A spare** (bubblewrap): ``{"op": "spare", "id", "fds": 1}`` with a hold socket, sent while no
+call runs, forks the next call's process ahead of its call: it is held and placed exactly as a
+``"hold"`` command is (the executor learns its pid from the kernel, moves it into the next
+call's cgroup, sets its rlimits, writes ``1``), then it waits on a socketpair of ours. A ``run``
+with ``"spare": true`` (and no hold fd) hands it the request and the call's pipe ends; it takes
+its session, its stdio, directory and environment and execs (or runs the runner). The fork and
+the hold happen while the jail is idle, not while a call waits. At most one spare exists, only
+while no call runs (it *is* the next call), so the sweep after a call never meets it.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -158,6 +168,7 @@ class Agent:
         self.inbuf = b""
         self.out = bytearray()
         self.call: Call | None = None
+        self.spare: tuple[int, socket.socket] | None = None  # the next call's process, forked and held
         self.pipes: dict[int, bytes] = {}  # fd -> kind (o/e)
         self.writing = False
         self.retiring = False
@@ -210,6 +221,8 @@ class Agent:
         call = self.call if self.call is not None and self.call.id == cid else None
         if op == "run":
             self.start(cid, msg)
+        elif op == "spare":
+            self.prepare(cid, msg)
         elif call is None:
             return  # a late message for a call that is over
         elif op == "stdin":
@@ -228,12 +241,41 @@ class Agent:
             call.kill_at = time.monotonic() + max(0.0, float(msg.get("grace", 0)))
 
     def start(self, cid: int, msg: dict[str, Any]) -> None:
-        count = int(msg.get("fds", 0)) if self.sock is not None else 0
-        fds, self.fds = self.fds[:count], self.fds[count:]
+        fds = self.received(msg)
         try:
             self.spawn(cid, msg, fds)
         finally:
             for fd in fds:  # the command has its copies: ours would hold its pipes open
+                os.close(fd)
+
+    def received(self, msg: dict[str, Any]) -> list[int]:
+        """The fds that came with this request (socket mode), oldest first."""
+        count = int(msg.get("fds", 0)) if self.sock is not None else 0
+        fds, self.fds = self.fds[:count], self.fds[count:]
+        return fds
+
+    def prepare(self, cid: int, msg: dict[str, Any]) -> None:
+        """Fork the next call's process now: held and placed while nothing runs (see the module doc)."""
+        fds = self.received(msg)
+        try:
+            if self.spare is not None or self.call is not None or self.retiring or len(fds) != 1:
+                self.emit(b"!", cid, b"no spare now: one is waiting, a call runs, or this jail is retiring")
+                return
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                ours.close()
+                theirs.close()
+                self.emit(b"!", cid, f"cannot fork a spare: {exc.strerror or exc}".encode())
+                return
+            if pid == 0:
+                gc.disable()  # a collection would write to every object: copies of the agent's pages
+                self.wait_for_call(theirs.fileno(), fds[0])  # never returns
+            theirs.close()
+            self.spare = (pid, ours)
+        finally:
+            for fd in fds:
                 os.close(fd)
 
     def spawn(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
@@ -249,6 +291,9 @@ class Agent:
             self.emit(b"!", cid, b"a held start needs the socket link")
             return
         held = fds[-1] if hold else None
+        if msg.get("spare") and not hold:
+            self.hand_to_spare(cid, msg, fds)
+            return
         if msg.get("py") == "runner" and fds:
             self.fork_runner(cid, msg, fds, held, stdin)
             return
@@ -294,6 +339,107 @@ class Agent:
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
 
+    def hand_to_spare(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
+        """The call's request and pipe ends to the waiting spare, which becomes the call."""
+        spare, self.spare = self.spare, None
+        if spare is None or not fds:
+            self.emit(b"!", cid, b"no spare is waiting for this call")
+            return
+        pid, link = spare
+        with contextlib.suppress(OSError):
+            os.makedirs(str(msg["env"].get("HOME", "/tmp/home")), exist_ok=True)
+        data = json.dumps({k: msg.get(k) for k in ("argv", "env", "cwd", "stdin", "py")}).encode()
+        try:
+            link.setblocking(True)
+            sent = socket.send_fds(link, [data], fds)
+            link.sendall(data[sent:])
+        except OSError as exc:  # it died before its call: nothing ran
+            self.emit(b"!", cid, f"the spare is gone: {exc.strerror or exc}".encode())
+            return
+        finally:
+            link.close()
+        self.call = Call(cid, Forked(pid))
+
+    def wait_for_call(self, link_fd: int, hold: int) -> NoReturn:
+        """In the forked spare: be held and placed, then wait for the call and become it."""
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in map(int, os.listdir("/proc/self/fd")):  # the agent's link, selector, wake pipe...
+                if fd > 2 and fd not in (link_fd, hold):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.held(hold)
+            os.close(hold)
+            link = socket.socket(fileno=link_fd)
+            link.setblocking(True)
+            data, fds, _flags, _addr = socket.recv_fds(link, READ_SIZE, MAX_FDS)
+            while chunk := link.recv(READ_SIZE):
+                data += chunk
+            if not data:
+                os._exit(0)  # discarded: the agent or its jail is going away
+            msg = json.loads(data)
+            stdin = bool(msg.get("stdin"))
+            self.become(msg, fds, stdin)
+            if msg.get("py") == "runner":
+                os.chdir(msg["cwd"])
+                code = self.runner()
+            else:
+                self.exec(msg)
+        except BaseException:  # whatever it is, it goes to the call's stderr (or the agent's)
+            import traceback
+
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        os._exit(code)
+
+    def become(self, msg: dict[str, Any], fds: list[int], stdin: bool) -> None:
+        """In a forked child: the call's session and stdio (its pipes), nothing else of ours."""
+        os.setsid()
+        os.dup2(fds[2] if stdin else os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in (0, 1, 2):
+            os.set_blocking(fd, True)
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
+
+    def exec(self, msg: dict[str, Any]) -> NoReturn:
+        """Exec the call's argv as ``subprocess.Popen`` would, or say why not as the agent does."""
+        argv = [str(a) for a in msg["argv"]]
+        for sig in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Popen's restore_signals
+            if hasattr(signal, sig):
+                signal.signal(getattr(signal, sig), signal.SIG_DFL)
+        try:
+            os.chdir(msg["cwd"])
+            os.execvpe(argv[0], argv, dict(os.environ))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.write(2, f"sandbox: cannot run {argv[0]}: {exc.strerror or exc}\n".encode())
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+    def runner(self) -> int:
+        """Run the file tools' runner on our stdio (the call's pipes); its exit code."""
+        code = 0
+        try:
+            sys.stdin, sys.stdout, sys.stderr = (open(0), open(1, "w"), open(2, "w"))  # noqa: SIM115
+            # Defined in sys.modules by the agent's program (sandbox._jailside.program): no package to import.
+            importlib.import_module("sandbox._jailside.runner").main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+
+            code = 1
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return code
+
     def fork_runner(self, cid: int, msg: dict[str, Any], fds: list[int], held: int | None, stdin: bool) -> None:
         try:
             pid = os.fork()
@@ -312,34 +458,17 @@ class Agent:
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.setsid()
-            os.dup2(fds[2] if stdin else os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(fds[0], 1)
-            os.dup2(fds[1], 2)
-            for fd in (0, 1, 2):
-                os.set_blocking(fd, True)
             if held is not None:
                 self.held(held)
-            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self.become(msg, fds, stdin)
             os.chdir(msg["cwd"])
-            os.environ.clear()
-            os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
-            sys.stdin, sys.stdout, sys.stderr = (open(0), open(1, "w"), open(2, "w"))  # noqa: SIM115
-            # Defined in sys.modules by the agent's program (sandbox._jailside.program): no package to import.
-            importlib.import_module("sandbox._jailside.runner").main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = self.runner()
         except BaseException:  # whatever it is, it goes to the call's stderr
             import traceback
 
             with contextlib.suppress(BaseException):
                 traceback.print_exc()
-        finally:
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+        os._exit(code)
 
     def held(self, fd: int) -> None:
         """In the forked command, before exec: be seen by the executor, wait until it placed us."""
@@ -421,6 +550,9 @@ class Agent:
             if call is not None and pid == call.proc.pid:
                 call.status = os.waitstatus_to_exitcode(status)
                 call.proc.returncode = call.status
+            elif self.spare is not None and pid == self.spare[0]:  # it died before its call
+                self.spare[1].close()
+                self.spare = None
 
     def sweep(self) -> None:
         """SIGKILL every process of our uid until /proc shows none (fork races the first kill).
@@ -524,6 +656,9 @@ class Agent:
                 self.request(line)
 
     def run(self) -> None:
+        # What exists now is the agent's for good: out of the collector's sight, so that neither
+        # it nor a forked spare's collection writes to those objects (each write copies a page).
+        gc.freeze()
         while True:
             self.step()
 

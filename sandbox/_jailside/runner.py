@@ -28,6 +28,12 @@ RAW_BYTES = 32 * 1024 * 1024
 LINE_CHARS = 2000
 SNAPSHOT_BYTES = 8 * 1024 * 1024
 LIST_LIMIT = 1000
+# Windows (the winjob backend runs this under a Windows Python): no O_NOFOLLOW or O_NONBLOCK
+# there (the realpath check in main() is the guard), and O_BINARY keeps the C runtime from
+# translating line ends.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_BINARY = getattr(os, "O_BINARY", 0)
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"}
 
 
@@ -50,7 +56,7 @@ def _sha(data: bytes) -> str:
 
 
 def _read_bytes(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _BINARY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Failure("INVALID_ARGUMENT", f"{path} is not a regular file")
@@ -78,7 +84,7 @@ def _atomic_write(path: str, data: bytes, mode: int | None) -> None:
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.sandbox-tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644 if mode is None else mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o644 if mode is None else mode)
     try:
         view = memoryview(data)
         while view:
@@ -91,7 +97,7 @@ def _atomic_write(path: str, data: bytes, mode: int | None) -> None:
         os.unlink(tmp)
         raise
     os.close(fd)
-    os.rename(tmp, path)
+    os.replace(tmp, path)  # rename(2)'s semantics; Windows' os.rename refuses an existing target
 
 
 def _snapshot(before: bytes | None) -> dict[str, Any]:

@@ -212,25 +212,38 @@ class Backend(ABC):
     def _probe(self) -> Report:
         """The backend's part of :meth:`probe`: look at this host (uncached)."""
 
-    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> Jail:
+    async def open_jail(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None = None,
+        shared: Sequence[tuple[str, str]] = (),
+    ) -> Jail:
         """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it.
 
         ``scratch``, when given, is an existing host directory shown read-write at the same path.
+        ``shared``: ``(host directory, jail directory)`` pairs shown read-only (a session's plugin
+        directories, :mod:`sandbox.plugins`); each must still be a directory.
         """
         from sandbox import journal  # here: the journal reads trees through mounts, which imports us
+        from sandbox.backends.environment import shared_dirs
 
         self.check(profile)
         _check_scratch(scratch)
+        dirs = shared_dirs(shared)
         ws = check_workspace(workspace)
         await off_loop(journal.recover, ws)  # an apply a crash interrupted is finished or undone first
         if profile.network.mode != "allowlist":
-            return await self._open(ws, profile, scratch=scratch, egress=None)
+            return await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs)
         from sandbox.network.egress import Egress
+        from sandbox.network.policy import for_profile
 
-        # The proxy's bound on a question outlasts the approver's own timeout, which answers first.
-        egress = await off_loop(Egress.start, profile.network, profile.policy.approval_timeout_s + 10)
+        # The proxy's bound on a question outlasts the approver's own timeout, which answers first;
+        # its allowlist is the profile's with the trusted domains merged (seed 004).
+        egress = await off_loop(Egress.start, for_profile(profile), profile.policy.approval_timeout_s + 10)
         try:
-            jail = await self._open(ws, profile, scratch=scratch, egress=egress)
+            jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs)
         except BaseException:
             egress.close()
             raise
@@ -238,9 +251,18 @@ class Backend(ABC):
         return jail
 
     @abstractmethod
-    async def _open(self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None) -> Jail:
+    async def _open(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        egress: Egress | None,
+        shared: Sequence[tuple[str, str]] = (),
+    ) -> Jail:
         """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical,
-        ``egress`` the running proxy of an allowlist profile (its socket directory to bind)."""
+        ``egress`` the running proxy of an allowlist profile (its socket directory to bind),
+        ``shared`` the read-only directories, checked."""
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""

@@ -53,10 +53,11 @@ class BwrapJail(local.LocalJail):
         scratch: Path | None = None,
         egress_dir: Path | None = None,
         sealed: Seal | None = None,
+        shared: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(workspace, profile, tree)
         untracked = tree.untracked if tree is not None else ()
-        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir, sealed)
+        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir, sealed, shared)
         self._prefix = [require_bwrap(), *args]
         self._seccomp = seccomp.availability() is None  # absent: `check` says so, a requiring profile is refused
 
@@ -186,7 +187,13 @@ class BwrapBackend(Backend):
         return _report()
 
     async def _open(
-        self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        egress: Egress | None,
+        shared: Sequence[tuple[str, str]] = (),
     ) -> BwrapJail:
         host_files(profile)  # a file that became a secret is refused before a copy exists
         tree: CopyTree | None = None
@@ -200,7 +207,7 @@ class BwrapBackend(Backend):
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
-        args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed)
+        args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed, shared)
         if profile.bwrap.lifecycle == "call":
             return BwrapJail(*args)
         from sandbox.backends.bwrap_warm import WarmBwrapJail

@@ -126,12 +126,14 @@ def jail_args(
     untracked: Sequence[str] = (),
     egress_dir: Path | None = None,
     sealed: seal.Seal | None = None,
+    shared: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The bwrap arguments shared by every call of a jail (everything but fds, env and argv).
 
     ``untracked``: the workspace paths a private tree left out, bound read-only from the host.
     ``egress_dir``: the filtering proxy's socket directory (allowlist), bound at its jail path.
     ``sealed``: the workspace's secrets to mask (found now when not given; see :mod:`.seal`).
+    ``shared``: host directories shown read-only (a session's plugins; checked by the caller).
     """
     from sandbox.network.egress import JAIL_DIR
 
@@ -164,7 +166,7 @@ def jail_args(
         "/tmp",
         "--dir",
         SANDBOX_HOME,
-        *bwrap_args(profile),  # env.files: host files, read-only, in the jail's home
+        *bwrap_args(profile, shared),  # env.files in the jail's home, shared directories: read-only
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind",
         str(source),
         ws,

@@ -18,6 +18,16 @@ sees it*, so we learn the command's host pid without trusting the agent's word; 
 the call's cgroup and set its rlimits (:func:`~sandbox.backends.confine.confine`, as for a fresh
 jail's held init) and only then write ``1``: nothing of the call runs outside its cgroup.
 
+**A spare, forked and placed while the jail is idle.** When the jail starts and whenever a call
+is over, we ask the agent for a *spare*: it forks the next call's process at once, which writes
+its byte on a hold socket as above and waits; a thread of ours reads the byte, moves the process
+into the next call's cgroup, sets its rlimits and writes ``1``, and the spare then waits for its
+request. The next call only sends that request: the fork and the cgroup attach are off its path.
+The attach matters most: on cgroup v1 moving a task takes the kernel's threadgroup lock, whose
+first writer after an idle spell waits for an RCU grace period (about 10 ms here), which is
+exactly what an agent's calls, spaced by the model's thinking, would otherwise pay each time.
+Nothing of the spare runs before it is placed, and it runs nothing but the next call's command.
+
 **Kill.** The agent sweeps each call (TERM, grace, ``kill(-1, SIGKILL)`` until ``/proc`` shows
 nothing but itself) and reports the exit only then. When it does not answer in time, or died,
 we kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (killing PID 1
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import struct
 import threading
@@ -119,9 +130,46 @@ class WarmBwrapJail(bwrap.BwrapJail):
         self._agent: Agent | None = None
         self._slot = anyio.Semaphore(1)
         self._held: WarmCall | None = None
+        self._spare: Spare | None = None
 
     async def start(self) -> None:
         self._agent = await self._new_agent()
+        self._ask_spare()
+
+    def _ask_spare(self) -> None:
+        """Have the agent fork the next call's process now, and place it (see the module doc); best effort."""
+        agent = self._agent
+        if agent is None or self._spare is not None or not agent.usable:
+            return
+        group = self._pool.take()
+        try:
+            self._spare = Spare(agent, group, self.profile)
+        except OSError:  # the next call finds the link dead and says so
+            if group is not None:
+                self._pool.give_back(group)
+
+    async def _take_spare(self, agent: Agent) -> Spare | None:
+        """The spare, placed, if it belongs to ``agent``; else ``None`` (and it is given up)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        if not spare.placed.is_set():  # asked for a moment ago: let it finish rather than fork again
+            try:
+                await anyio.to_thread.run_sync(spare.placed.wait, HOLD_WAIT_S, abandon_on_cancel=True)
+            except BaseException:  # cancelled meanwhile: nobody else holds it now
+                with anyio.CancelScope(shield=True):
+                    await self._give_up(spare)
+                raise
+        if spare.agent is agent and spare.pid is not None and confine.alive(spare.pid):
+            return spare  # (it could still die before the agent hands it the call: that call fails, structured)
+        await self._give_up(spare)
+        return None
+
+    async def _give_up(self, spare: Spare) -> None:
+        spare.hold.close()  # a spare still waiting reads the end and exits
+        await anyio.to_thread.run_sync(spare.placed.wait, HOLD_WAIT_S, abandon_on_cancel=True)
+        if spare.group is not None:
+            self._pool.give_back(spare.group)
 
     async def _new_agent(self) -> Agent:
         host_end, jail_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -211,10 +259,11 @@ class WarmBwrapJail(bwrap.BwrapJail):
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(self._slot.release)
             agent = await self._ready_agent()
-            group = self._pool.take()
+            spare = await self._take_spare(agent)
+            group = spare.group if spare is not None else self._pool.take()
             if group is not None:
                 cleanup_on_fail.callback(self._pool.give_back, group)
-            call = WarmCall(self, agent, group, stdin)
+            call = WarmCall(self, agent, group, stdin, spare)
             cleanup_on_fail.callback(call.abandon)
             request: dict[str, Any] = {
                 "op": "run",
@@ -223,8 +272,11 @@ class WarmBwrapJail(bwrap.BwrapJail):
                 "env": base_env(self.profile, env, workspace=self.workspace),
                 "cwd": cwd or str(self.workspace),
                 "stdin": stdin is not None,
-                "hold": True,
             }
+            if call.pid is not None:
+                request["spare"] = True
+            else:
+                request["hold"] = True
             if _is_runner(argv):
                 request["py"], request["argv"] = "runner", ["sandbox-runner"]  # served by a fork of the agent
             fds = call.remote_fds()
@@ -238,7 +290,8 @@ class WarmBwrapJail(bwrap.BwrapJail):
                 ) from exc
             finally:
                 call.handed_over()
-            await call.place()
+            if call.pid is None:
+                await call.place()
             cleanup_on_fail.pop_all()
         self._held = call
         return call
@@ -263,6 +316,8 @@ class WarmBwrapJail(bwrap.BwrapJail):
             call.cgroup = None
         if self._held is call:
             self._held = None
+            if call.finished and self._agent is call.agent:
+                self._ask_spare()
             self._slot.release()
 
     async def _shutdown(self) -> None:
@@ -270,10 +325,71 @@ class WarmBwrapJail(bwrap.BwrapJail):
         if held is not None:
             await held.kill_tree(0)
             held.release()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await self._give_up(spare)
         agent, self._agent = self._agent, None
         if agent is not None:
             await agent.kill()
         await self._pool.aclose()
+
+
+class Spare:
+    """The next call's process: forked by the agent while the jail is idle, placed by a thread of ours."""
+
+    def __init__(self, agent: Agent, group: cgroups.CallCgroup | None, profile: Any) -> None:
+        self.agent = agent
+        self.group = group
+        self.pid: int | None = None  # once placed and released
+        self.placed = threading.Event()  # set when the thread is done, placed or not
+        self.hold, theirs = _hold_pair()
+        try:
+            agent.link.send({"op": "spare", "id": agent.link.next_id(), "fds": 1}, [theirs.fileno()])
+        except OSError:
+            self.hold.close()
+            raise
+        finally:
+            theirs.close()
+        threading.Thread(target=self._place, args=(profile,), name="bwrap-spare", daemon=True).start()
+
+    def _place(self, profile: Any) -> None:
+        try:
+            pid = _held_pid_now(self.hold, HOLD_WAIT_S)
+            if pid is not None:
+                confine.confine(pid, profile, self.group, "bwrap")
+                self.hold.send(b"1")
+                self.pid = pid
+        except (OSError, BackendUnavailable):
+            pass  # not placed: never released, it dies with its hold socket; the call forks its own
+        finally:
+            self.placed.set()
+
+
+def _held_pid_now(hold: socket.socket, timeout: float) -> int | None:
+    """The held process's pid (the kernel's credentials on its byte), waiting in this thread."""
+    ready, _, _ = select.select([hold], [], [], timeout)
+    if not ready:
+        return None
+    data, ancillary, _flags, _addr = hold.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+    return _sender(data, ancillary)
+
+
+def _sender(data: bytes, ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    if not data:
+        return None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, _uid, _gid = _UCRED.unpack(payload[: _UCRED.size])
+            return int(pid)
+    return None
+
+
+def _hold_pair() -> tuple[socket.socket, socket.socket]:
+    """A hold socket: ours (``SO_PASSCRED``, non-blocking) and the end the command writes its byte on."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    ours.setblocking(False)
+    return ours, theirs
 
 
 def _is_runner(argv: Sequence[str]) -> bool:
@@ -284,16 +400,25 @@ def _is_runner(argv: Sequence[str]) -> bool:
 class WarmCall(AgentReplies, Process):
     """One call in the warm jail: our pipes, its cgroup, the agent's exit report."""
 
-    def __init__(self, jail: WarmBwrapJail, agent: Agent, cgroup: cgroups.CallCgroup | None, stdin: Stdin) -> None:
+    def __init__(
+        self,
+        jail: WarmBwrapJail,
+        agent: Agent,
+        cgroup: cgroups.CallCgroup | None,
+        stdin: Stdin,
+        spare: Spare | None = None,
+    ) -> None:
         self.jail = jail
         self.agent = agent
         self.cgroup = cgroup
-        self.pid: int | None = None  # the command's host pid, once placed
+        self.pid: int | None = None  # the command's host pid, once placed (a spare's: already)
         self._pipes = CallPipes(stdin)
         self.stdout, self.stderr = self._pipes.stdout, self._pipes.stderr
-        self._hold, self._hold_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._hold.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self._hold.setblocking(False)
+        self._hold_theirs: socket.socket | None = None
+        if spare is None:
+            self._hold, self._hold_theirs = _hold_pair()
+        else:
+            self._hold, self.pid = spare.hold, spare.pid
         self._token = anyio.lowlevel.current_token()
         self._exited = anyio.Event()
         self._result: dict[str, Any] | None = None
@@ -313,11 +438,12 @@ class WarmCall(AgentReplies, Process):
         return self._exited.is_set()
 
     def remote_fds(self) -> list[int]:
-        return [*self._pipes.theirs, self._hold_theirs.fileno()]
+        return [*self._pipes.theirs, *([self._hold_theirs.fileno()] if self._hold_theirs is not None else [])]
 
     def handed_over(self) -> None:
         self._pipes.handed_over()
-        self._hold_theirs.close()
+        if self._hold_theirs is not None:
+            self._hold_theirs.close()
 
     async def place(self) -> None:
         """Learn the command's host pid from the kernel, confine it, release it; or learn why it did not start."""
@@ -346,13 +472,7 @@ class WarmCall(AgentReplies, Process):
                 data, ancillary, _flags, _addr = self._hold.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
             except BlockingIOError:
                 continue
-            if not data:
-                return None
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    pid, _uid, _gid = _UCRED.unpack(payload[: _UCRED.size])
-                    return int(pid)
-            return None
+            return _sender(data, ancillary)
 
     # -- from the link's reader thread (frames routed by AgentReplies)
 
@@ -449,7 +569,8 @@ class WarmCall(AgentReplies, Process):
     def _close(self) -> None:
         self._pipes.close()
         self._hold.close()
-        self._hold_theirs.close()
+        if self._hold_theirs is not None:
+            self._hold_theirs.close()
 
     def release(self) -> None:
         if self._released:

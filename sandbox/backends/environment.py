@@ -14,8 +14,9 @@ skipped: by its name (:data:`SECRET_DIRS`, :data:`SECRET_FILES`, :data:`KEY_NAME
 sandbox's own data directory) and by what it resolves to, when the profile loads and again when
 a jail opens, so a link cannot smuggle one in. Only regular files: a directory would share
 whatever lands in it later. The one exception is a session's plugin directories
-(:mod:`sandbox.plugins`), which the user declared and granted: bound read-only at
-``/run/sandbox/plugins/<id>`` by the same call sites (:func:`with_plugin_dirs`).
+(:mod:`sandbox.plugins`), which the user declared and granted: a jail option of their own
+(``open_jail(..., shared=)``, checked by :func:`shared_dirs`), bound read-only at
+``/run/sandbox/plugins/<id>``.
 """
 
 from __future__ import annotations
@@ -109,28 +110,20 @@ def workspace_path(profile: Profile, workspace: Path | None) -> str:
 
 
 def host_files(profile: Profile) -> list[tuple[str, str]]:
-    """``(host source, jail target)`` of each ``env.files`` entry that exists (refusing secrets), then
-    of each plugin directory of the session (:func:`plugin_dirs`): every one is bound read-only."""
-    return [*_home_files(profile), *plugin_dirs(profile)]
+    """``(host source, jail target)`` of each ``env.files`` entry that exists (refusing secrets):
+    every one is bound read-only."""
+    return _home_files(profile)
 
 
-def with_plugin_dirs(profile: Profile, binds: Sequence[tuple[str, str]]) -> Profile:
-    """A copy of ``profile`` whose jails also show these host directories read-only (a session's
-    plugins, at ``/run/sandbox/plugins/<id>``); never set from a profile's file."""
-    copy = profile.model_copy()
-    copy._plugin_dirs = tuple((str(source), str(target)) for source, target in binds)
-    return copy
-
-
-def plugin_dirs(profile: Profile) -> list[tuple[str, str]]:
-    """The session's plugin directories, each checked again as the jail opens: a directory, still."""
+def shared_dirs(shared: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """A jail's ``shared`` option (a session's plugin directories), checked as the jail opens:
+    ``(real host directory, jail directory)``, each still a directory, bound read-only."""
     pairs = []
-    # getattr: the CLI's quick path hands in a plain stand-in for the profile, which has no plugins.
-    for source, target in getattr(profile, "_plugin_dirs", ()):
+    for source, target in shared:
         if not os.path.isdir(source):
-            raise InvalidArgument(f"plugin directory {source} is gone", directory=source)
-        pairs.append((os.path.realpath(source), target))
-    return pairs
+            raise InvalidArgument(f"shared directory {source} is gone", directory=str(source))
+        pairs.append((os.path.realpath(source), str(target)))
+    return tuple(pairs)
 
 
 def _home_files(profile: Profile) -> list[tuple[str, str]]:
@@ -149,10 +142,11 @@ def _home_files(profile: Profile) -> list[tuple[str, str]]:
     return pairs
 
 
-def bwrap_args(profile: Profile) -> list[str]:
-    """``--ro-bind`` of each host file (and plugin directory); placed after the jail's home exists,
+def bwrap_args(profile: Profile, shared: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """``--ro-bind`` of each host file and shared directory; placed after the jail's home exists,
     before ``/`` turns read-only."""
-    return [arg for source, target in host_files(profile) for arg in ("--ro-bind", source, target)]
+    binds = [*host_files(profile), *shared]
+    return [arg for source, target in binds for arg in ("--ro-bind", source, target)]
 
 
 def _refusal(entry: str, real: Path, home: Path) -> str | None:

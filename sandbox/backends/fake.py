@@ -413,6 +413,7 @@ class FakeBackend(Backend):
         *,
         scratch: Path | None,
         egress: Egress | None,  # noqa: ARG002 - the toy shell has no network to filter
+        shared: Sequence[tuple[str, str]] = (),  # noqa: ARG002 - the toy shell runs no plugin
     ) -> FakeJail:
         jail = FakeJail(workspace, profile, self.script_for, scratch)
         self.jails.append(jail)

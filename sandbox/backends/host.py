@@ -81,8 +81,15 @@ class HostBackend(Backend):
         *,
         scratch: Path | None,  # noqa: ARG002 - shown where it is, as every host path
         egress: Egress | None,  # noqa: ARG002 - the host shares our network: check refuses allowlist
+        shared: Sequence[tuple[str, str]] = (),
     ) -> HostJail:
         # ``scratch`` needs no binding: the host shows every path where it is, scratch included.
+        if shared:
+            raise GuaranteeUnavailable(
+                f"the host backend cannot show {shared[0][0]} at {shared[0][1]} (no mount namespace); "
+                "use a real backend (bwrap, docker) for plugin tools",
+                backend="host",
+            )
         if profile.mount.strategy != "rw":
             # Without a mount namespace a copy could not appear at the workspace's own path, and
             # tools given workspace paths would write the real workspace: refuse, do not pretend.

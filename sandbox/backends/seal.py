@@ -16,15 +16,64 @@ secret (left alone: it is not the secret; its target is judged by its own name),
 own rules (``sandbox policy``), which the gate applies to the file tools only: the jail knows
 the profile's globs.
 
+**The search is cached**, as git caches ``stat`` data in its index and directory listings in its
+untracked cache: a walk of a 50,000-file workspace costs tens of milliseconds, at every jail and
+every ``sandbox run``. A search leaves a record per directory entered: its ``st_dev``,
+``st_ino``, ``st_mtime_ns`` and ``st_ctime_ns``, the masked entries directly in it and the
+sub-directories it entered. The next search calls ``lstat`` on each recorded directory, parents
+first, and lists again only those whose four values moved (and the new sub-directories they name).
+
+What the cache trusts: **a directory's entries (names and types) change only with its mtime and
+ctime**. The kernel updates both on every create, unlink and rename in it, and a type cannot
+change in place (a file becomes a directory by unlink then mkdir). ``touch -d`` can put an mtime
+back but not a ctime (only a change of the system clock can); a directory moved away and back
+has a new ctime (Linux sets it on the renamed inode), one replaced by another a new ``st_ino`` or
+ctime, a mount over one a new ``st_dev``. A directory is listed through the very descriptor that
+``fstat`` reads its times from: a swap between the two cannot pair one directory's times with
+another's entries. Where that rule may not hold, nothing is trusted:
+
+- a *racy* directory (git's word), whose mtime or ctime is less than :data:`RACY_NS` (2 s)
+  before the search started, could change again within the same timestamp tick (coarse clocks,
+  1 s or 2 s file systems) without its times moving: it is listed again at the next search;
+- a directory on a file system whose times another machine or process sets (NFS, SMB, FUSE, 9p,
+  virtiofs ...): only devices that ``/proc/self/mountinfo`` (read at each search) names with a
+  type in :data:`TRUSTED_FILE_SYSTEMS` are trusted; elsewhere, and with no ``/proc`` (macOS),
+  every search walks the whole workspace as it did before the cache;
+- a cache file that is not a regular file of ours, that others may write, whose CRC-32 does not
+  match (a flipped bit could rename a mask), whose records are not shaped as ours (a name with a
+  ``/`` or ``..``), or whose key names another format or code (the release and the size and
+  mtime of the modules that decide a mask) is ignored and rewritten: never an error;
+- a data directory inside the workspace is not used: a jail in ``rw`` mode could forge it.
+
+So a secret created before the jail opens is masked whatever the cache holds: the directory it
+was created, renamed or moved into had its ctime moved (or too recently to judge), and is listed
+again. The disk cache is as trusted as the rest of the data directory (the user's, mode 0700: a
+process of the user's outside any jail could also edit this code). It lives in memory (the last
+:data:`LRU_SIZE` workspaces: ``serve`` and the library open many jails on one) and in the data
+directory's ``cache/seal`` (``sandbox run``'s separate processes), a file per workspace and glob
+list (the last :data:`KEPT_FILES`), mode 0600, written whole with ``os.replace``; its key is the
+workspace's real path and the path as given (absolute globs match that), the glob list and the
+code's version.
+
 Standard library only: ``sandbox run``'s quick path builds its jail with it.
 """
 
 from __future__ import annotations
 
+import _thread  # threading's lock without threading's import (the quick path)
+import contextlib
+import json
+import marshal
 import os
+import stat
+import time
+import zlib
+from collections import OrderedDict
+from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from sandbox.errors import InvalidArgument
+from sandbox import datadir
+from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.patterns import DEFAULT_DENY_READ, NameSet, PatternSet
 
 if TYPE_CHECKING:
@@ -42,6 +91,19 @@ more than its whole ``sandbox run``) holding packages, not the user's secrets. T
 still refuse a deny-read path there."""
 MAX_MASKS = 4096
 """More secrets than this in one workspace is refused rather than half sealed."""
+RACY_NS = 2_000_000_000
+"""A directory changed this recently (mtime or ctime) is listed again at the next search."""
+TRUSTED_FILE_SYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "zfs", "f2fs", "bcachefs", "jfs"}
+)
+"""Local file systems whose directory times this kernel sets itself on every change."""
+LRU_SIZE = 4
+"""Workspaces whose last search is kept in memory."""
+KEPT_FILES = 64
+"""Searches kept on disk (a workspace and glob list each), the least recently written dropped."""
+CACHE_FORMAT = 1
+_MAGIC = b"sandbox-seal\n"
+_MODULES = ("backends/seal.py", "patterns.py", "_jailside/glob.py")  # what decides a mask
 
 
 class Seal(NamedTuple):
@@ -57,33 +119,128 @@ class TooManySecrets(Exception):
     pass
 
 
+class _Dir(NamedTuple):
+    """One directory as a search found it (see the module doc)."""
+
+    dev: int
+    ino: int
+    mtime: int
+    ctime: int
+    trusted: bool  # neither racy nor on an untrusted file system
+    masked: tuple[tuple[str, bool], ...]  # entries directly in it: name, is a directory
+    entered: tuple[str, ...]  # sub-directories searched: names
+
+
+Tree = dict[str, _Dir]  # workspace-relative directory ("" the root) -> what it held
+
+
+class _Globs:
+    """The deny-read globs, judged on a workspace entry."""
+
+    def __init__(self, every: Sequence[str], root: str) -> None:
+        # Bare globs (".env", "*.pem", most of them) are judged on the name alone: one regex per entry.
+        self.names = NameSet(p for p in every if "/" not in p.lstrip("!") and not p.startswith("~"))
+        self.paths = PatternSet([p for p in every if "/" in p.lstrip("!") and not p.startswith("~")], ())
+        self.by_path = any(not p.startswith("!") for p in self.paths.patterns)
+        self.root = root
+
+    def hit_path(self, rel: str) -> bool:
+        """Globs with a ``/`` (``vault/**``), on the workspace-relative path and the path as given."""
+        return self.paths.matches(rel) or self.paths.matches(os.path.join(self.root, rel))
+
+
 def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     """The entries of ``workspace`` to mask: those matching the default and ``deny_read`` globs.
 
     A directory that matches is masked whole and not entered; symlinks are never followed nor
-    masked; the :data:`NOT_SEARCHED` directories are not entered.
+    masked; the :data:`NOT_SEARCHED` directories are not entered. Each directory is listed again
+    only when it changed since the last search (see the module doc).
     """
     root = os.fspath(workspace)
     every = (*DEFAULT_DENY_READ, *deny_read)
-    # Bare globs (".env", "*.pem", most of them) are judged on the name alone: one regex per entry.
-    names = NameSet(p for p in every if "/" not in p.lstrip("!") and not p.startswith("~"))
-    paths = PatternSet([p for p in every if "/" in p.lstrip("!") and not p.startswith("~")], ())
-    by_path = any(not p.startswith("!") for p in paths.patterns)
-    masked: list[tuple[str, bool]] = []
-    pending = [root]
-    start = len(root) + 1
-    while pending:
-        folder = pending.pop()
+    real = os.path.realpath(root)
+    key = json.dumps([CACHE_FORMAT, _code_version(), real, root, every])
+    kept = cache_file(key, real)
+    known = _CACHE.recall(key, kept)
+    search = _Search(root, _Globs(every, root), known)
+    tree = search.run()
+    if search.changed or len(tree) != len(known):
+        _CACHE.keep(key, tree, kept)
+    git = os.path.isdir(os.path.join(root, ".git")) and not os.path.islink(os.path.join(root, ".git"))
+    return Seal(tuple(sorted(search.masked)), git)
+
+
+class _Search:
+    """One search: each directory reused from ``known`` while its times hold, else listed."""
+
+    def __init__(self, root: str, globs: _Globs, known: Tree) -> None:
+        self.root, self.globs, self.known = root, globs, known
+        self.started = time.time_ns()  # before any stat: what changes after it is never trusted
+        self.devices = _trusted_devices()
+        self.masked: list[tuple[str, bool]] = []
+        self.changed = False
+
+    def run(self) -> Tree:
+        tree: Tree = {}
+        pending = [""]
+        while pending:
+            rel = pending.pop()
+            found = self.visit(rel)
+            if found is None:
+                continue
+            tree[rel] = found
+            prefix = f"{rel}/" if rel else ""
+            if found.masked:
+                self.masked += [(prefix + name, is_dir) for name, is_dir in found.masked]
+                if len(self.masked) > MAX_MASKS:
+                    raise TooManySecrets(f"more than {MAX_MASKS} workspace entries match the deny-read globs")
+            if found.entered:
+                pending += [prefix + name for name in found.entered]
+        return tree
+
+    def visit(self, rel: str) -> _Dir | None:
+        path = f"{self.root}/{rel}" if rel else self.root
+        cached = self.known.get(rel)
+        if cached is not None and cached.trusted:
+            try:
+                st = os.stat(path, follow_symlinks=not rel)
+            except OSError:
+                return None
+            same = st.st_ctime_ns == cached.ctime and st.st_mtime_ns == cached.mtime and st.st_ino == cached.ino
+            if same and st.st_dev == cached.dev and stat.S_ISDIR(st.st_mode) and st.st_dev in self.devices:
+                return cached
+        found = self.list(path, rel)
+        if found != cached:
+            self.changed = True
+        return found
+
+    def list(self, path: str, rel: str) -> _Dir | None:
+        # One descriptor for the fstat and the listing: the times recorded are this listing's.
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if rel else 0)
         try:
-            entries = os.scandir(folder)
+            fd = os.open(path, flags)
         except OSError:
-            continue
-        with entries:
-            for entry in entries:
+            return None
+        try:
+            st = os.fstat(fd)
+            masked, entered = self.entries(fd, rel)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        racy = max(st.st_mtime_ns, st.st_ctime_ns) > self.started - RACY_NS
+        trusted = not racy and st.st_dev in self.devices
+        return _Dir(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, trusted, masked, entered)
+
+    def entries(self, fd: int, rel: str) -> tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]:
+        masked: list[tuple[str, bool]] = []
+        entered: list[str] = []
+        prefix = f"{rel}/" if rel else ""
+        by_name, by_path = self.globs.names.matches, self.globs.by_path  # the hot loop: every entry
+        with os.scandir(fd) as listing:
+            for entry in listing:
                 name = entry.name
-                hit = names.matches(name)
-                if not hit and by_path:
-                    hit = paths.matches(entry.path[start:]) or paths.matches(entry.path)
+                hit = by_name(name) or (by_path and self.globs.hit_path(prefix + name))
                 try:  # from the directory entry's type: no stat per file
                     is_dir = entry.is_dir(follow_symlinks=False)
                     if hit and not (is_dir or entry.is_file(follow_symlinks=False)):
@@ -91,13 +248,191 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
                 except OSError:
                     continue
                 if hit:
-                    masked.append((entry.path[start:], is_dir))
-                    if len(masked) > MAX_MASKS:
-                        raise TooManySecrets(f"more than {MAX_MASKS} workspace entries match the deny-read globs")
+                    masked.append((name, is_dir))
                 elif is_dir and name not in NOT_SEARCHED:
-                    pending.append(entry.path)
-    git = os.path.isdir(os.path.join(root, ".git")) and not os.path.islink(os.path.join(root, ".git"))
-    return Seal(tuple(sorted(masked)), git)
+                    entered.append(name)
+        return tuple(masked), tuple(entered)
+
+
+def _trusted_devices() -> frozenset[int]:
+    """The devices mounted with a file system of :data:`TRUSTED_FILE_SYSTEMS` (none without /proc).
+
+    Read at every search: a long-lived process sees mounts come and go (and device numbers reused)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return frozenset()
+    found: set[int] = set()
+    for line in lines:
+        fields = line.split()
+        with contextlib.suppress(ValueError, IndexError):  # "id parent major:minor root point ... - type ..."
+            if fields[fields.index("-", 6) + 1] in TRUSTED_FILE_SYSTEMS:
+                major, minor = fields[2].split(":")
+                found.add(os.makedev(int(major), int(minor)))
+    return frozenset(found)
+
+
+@cache
+def _code_version() -> list[object]:
+    """The release, and the size and mtime of the modules that decide a mask (an edited checkout)."""
+    from sandbox import __version__
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stamps: list[object] = [__version__]
+    for name in _MODULES:
+        try:
+            st = os.stat(os.path.join(here, name))
+            stamps += [st.st_size, st.st_mtime_ns]
+        except OSError:
+            stamps.append(None)
+    return stamps
+
+
+class _Cache:
+    """The last searches: in memory for this process, on disk for the next ones."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.trees: OrderedDict[str, Tree] = OrderedDict()
+        self.lock = _thread.allocate_lock()
+
+    def recall(self, key: str, kept: Path | None) -> Tree:
+        with self.lock:
+            tree = self.trees.get(key)
+            if tree is not None:
+                self.trees.move_to_end(key)
+                return tree
+        tree = (_load(key, kept) if kept else None) or {}
+        if tree:
+            self.remember(key, tree)
+        return tree
+
+    def remember(self, key: str, tree: Tree) -> None:
+        with self.lock:
+            self.trees[key] = tree
+            self.trees.move_to_end(key)
+            while len(self.trees) > self.size:
+                self.trees.popitem(last=False)
+
+    def keep(self, key: str, tree: Tree, kept: Path | None) -> None:
+        self.remember(key, tree)
+        if kept:
+            _store(key, tree, kept)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.trees.clear()
+
+
+_CACHE = _Cache(LRU_SIZE)
+
+
+def cache_file(key: str, workspace: str) -> Path | None:
+    """Where the search of ``key`` is kept on disk: ``None`` without a data directory, or with one
+    inside the (real) ``workspace``, whose jails could write it (a forged cache hides a secret)."""
+    try:
+        folder = datadir.subdir("cache") / "seal"
+    except SandboxError:
+        return None
+    real = os.path.realpath(folder)
+    if real == workspace or real.startswith(workspace.rstrip("/") + "/"):
+        return None
+    return folder / f"{zlib.crc32(key.encode()):08x}"
+
+
+def _load(key: str, path: Path) -> Tree | None:
+    """The tree kept on disk for ``key``; ``None`` for any file that is missing, not ours or not sound."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb") as kept:
+            st = os.fstat(kept.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return None
+            return _decode(key, kept.read())
+    return None
+
+
+def _decode(key: str, data: bytes) -> Tree | None:
+    head = len(_MAGIC) + 4
+    if not data.startswith(_MAGIC) or int.from_bytes(data[len(_MAGIC) : head], "big") != zlib.crc32(data[head:]):
+        return None
+    try:
+        kept_key, rows = marshal.loads(data[head:])
+    except Exception:  # marshal's own errors, or not a pair: not ours either way
+        return None
+    if kept_key != key or not isinstance(rows, dict):
+        return None
+    tree: Tree = {}
+    for rel, row in rows.items():
+        found = _row(row)
+        if found is None:
+            return None
+        tree[rel] = found
+    return tree
+
+
+_NOT_NAMES = frozenset({"", ".", ".."})
+
+
+def _row(row: object) -> _Dir | None:
+    """A kept record, if shaped as one: its names never reach out of their directory.
+
+    Its times are not checked: a value that is not the directory's own fails the comparison with
+    ``lstat`` and the directory is listed. (At every ``sandbox run``: C-speed checks only.)"""
+    if type(row) is not tuple or len(row) != len(_Dir._fields):
+        return None
+    masked, entered = row[5], row[6]
+    if type(masked) is not tuple or type(entered) is not tuple or type(row[4]) is not bool:
+        return None
+    if masked and not all(type(m) is tuple and len(m) == 2 and _name(m[0]) and type(m[1]) is bool for m in masked):
+        return None
+    if entered:
+        try:
+            joined = "\0".join(entered)  # TypeError unless every name is a str
+        except TypeError:
+            return None
+        if "/" in joined or not _NOT_NAMES.isdisjoint(entered):
+            return None
+    return _Dir._make(row)
+
+
+def _name(name: object) -> bool:
+    return type(name) is str and "/" not in name and name not in _NOT_NAMES
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Leave ``keep`` files in ``folder``: the most recently written (a temporary file too, if old)."""
+    try:
+        with os.scandir(folder) as entries:
+            kept = sorted((e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in entries)
+    except OSError:
+        return
+    for _, path in kept[: max(0, len(kept) - keep)]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _store(key: str, tree: Tree, path: Path) -> None:
+    """Write ``tree`` whole (a reader sees the old file or the new one), mode 0600; silently not at all on error."""
+    payload = marshal.dumps((key, {rel: tuple(found) for rel, found in tree.items()}))
+    data = _MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        if not os.path.lexists(path):
+            _prune(path.parent, KEPT_FILES - 1)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{_thread.get_ident()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)  # left by a crash: O_EXCL makes ours with our mode
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with open(fd, "wb") as out:
+                out.write(data)
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
 
 
 def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[tuple[str, str, bool]]:

@@ -14,10 +14,17 @@ not used. A root process the kill ended reports ``-9`` (as SIGKILL would on POSI
 code is the process's own 32-bit code, so a crash reads as its NTSTATUS (``0xC0000005`` is
 3221225477, :func:`ntstatus_name` names it).
 
-What this backend does not do yet (and :meth:`WinJobBackend.probe` says so, never claims): a
-restricted token, low integrity or an AppContainer, ACLs confining writes to the workspace, and
-network denial; mounts other than ``rw``. Under Wine (detected by ``ntdll.wine_get_version``) the
-job limits are accepted but not enforced, so they are reported unavailable there.
+On real Windows the commands run under a restricted token at low integrity, with write access
+granted (an ACE for the jail's own SID and a low label) only to the workspace's view and a
+private home and temp directory (:mod:`sandbox.backends.winjob_token`). Mounts: ``rw``, ``ro``
+(the workspace granted read only: the low integrity refuses writes) and ``copy`` (a private copy,
+the changeset and a guarded apply, :mod:`sandbox.backends.winjob_apply`); no ``overlay``. Bash
+runs in the profile's ``winjob.shell``; the file tools' runner runs in the job like any command.
+
+What this backend does not do (and :meth:`WinJobBackend.probe` says so, never claims): network
+denial (that needs an AppContainer) and hidden home directories. Under Wine (detected by
+``ntdll.wine_get_version``) the job limits, tokens, labels and ACLs are accepted but not
+enforced, so Wine jails run with the caller's token and all of those are reported unavailable.
 
 On any other platform the module still imports (for the loader and ``sandbox check``) and the
 backend reports itself unavailable with the reason.
@@ -27,6 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import json
+import ntpath
 import os
 import shutil
 import subprocess
@@ -41,8 +51,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import ByteReceiveStream
 
+from sandbox.backends import winjob_token
 from sandbox.backends.base import Backend, Jail, Process, off_loop
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, ShellNotFound
 from sandbox.guarantees import Enforcement, Report
 
 if sys.platform == "win32":
@@ -56,6 +67,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from sandbox.backends.base import Stdin
+    from sandbox.mounts import CopyTree
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
@@ -578,18 +590,50 @@ def command_line(argv: Sequence[str]) -> str:
     return subprocess.list2cmdline(argv)
 
 
-SHELLS = ("cmd", "powershell")
+SHELLS = ("cmd", "powershell", "bash")
 
 
 def shell_argv(command: str, shell: str = "cmd", comspec: str | None = None) -> list[str]:
-    """The Bash tool's ``command`` for a Windows shell: ``cmd`` (the default; always there, and under
-    Wine the one there is) or ``powershell`` (Windows PowerShell, no profile, non-interactive)."""
+    """The Bash tool's ``command`` for a Windows shell (the profile's ``winjob.shell``): ``cmd`` (the
+    default; always there, and under Wine the one there is), ``powershell`` (Windows PowerShell, no
+    profile, non-interactive) or ``bash`` (Git for Windows' bash, without its rc files: refused with
+    SHELL_NOT_FOUND where it is not installed)."""
     if shell == "powershell":
         return ["powershell.exe", "-NoLogo", "-NoProfile", "-NonInteractive", "-Command", command]
+    if shell == "bash":
+        bash = git_bash()
+        if bash is None:
+            raise ShellNotFound(
+                "winjob.shell = 'bash' needs Git for Windows' bash (Git\\bin\\bash.exe), which is not installed "
+                "here; install Git for Windows or choose shell = 'cmd' or 'powershell'",
+                backend=NAME,
+            )
+        return [bash, "--noprofile", "--norc", "-c", command]
     if shell != "cmd":
         raise InvalidArgument(f"unknown Windows shell {shell!r}; choose one of {', '.join(SHELLS)}", shell=shell)
     # /d: no AutoRun from the registry; /s with the outer quotes: the command runs exactly as given.
     return [comspec or os.environ.get("COMSPEC", "cmd.exe"), "/d", "/s", "/c", Verbatim(f'"{command}"')]
+
+
+def git_bash(environ: Mapping[str, str] | None = None) -> str | None:
+    """Git for Windows' ``bash.exe``: beside the ``git`` on PATH, else where its installer puts it.
+
+    Never ``%SystemRoot%\\System32\\bash.exe``: that is WSL's launcher, whose commands run in a
+    Linux VM, outside the job object and every guarantee of this backend.
+    """
+    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+    roots = []
+    if git := shutil.which("git", path=env.get("PATH", "")):
+        roots.append(os.path.dirname(os.path.dirname(git)))  # <root>\cmd\git.exe or <root>\bin\git.exe
+    for var, sub in (("PROGRAMFILES", "Git"), ("PROGRAMW6432", "Git"), ("LOCALAPPDATA", "Programs\\Git")):
+        if env.get(var):
+            roots.append(os.path.join(env[var], sub))
+    system = os.path.normcase(env.get("SYSTEMROOT", "C:\\Windows"))
+    for root in roots:
+        bash = os.path.join(root, "bin", "bash.exe")
+        if os.path.isfile(bash) and not os.path.normcase(bash).startswith(system):
+            return bash
+    return None
 
 
 def resolve(argv0: str, path: str, cwd: str) -> str | None:
@@ -600,18 +644,147 @@ def resolve(argv0: str, path: str, cwd: str) -> str | None:
     return shutil.which(argv0, path=path)
 
 
+# -- the file tools' runner and the copy's view ---------------------------------------------------
+
+# The runner (sandbox/_jailside/runner.py) is POSIX code: Windows' os has no O_NOFOLLOW or
+# O_NONBLOCK, os.open there opens in text mode (CRLF translated, ^Z an end of file), and
+# os.rename does not replace. Run before it, in its own process, this makes those flags no-ops,
+# every os.open binary and rename POSIX's. Without
+# O_NOFOLLOW the runner's guard is its realpath check of the approved path; its writes are
+# confined as Bash's are, by the job's token (the same process tree, the same token).
+RUNNER_PRELUDE = """\
+import os as _os
+_os.O_NOFOLLOW = getattr(_os, "O_NOFOLLOW", 0)
+_os.O_NONBLOCK = getattr(_os, "O_NONBLOCK", 0)
+_os_open = _os.open
+def _open_binary(path, flags, mode=0o777, *, dir_fd=None):
+    return _os_open(path, flags | getattr(_os, "O_BINARY", 0), mode, dir_fd=dir_fd)
+_os.open = _open_binary
+_os.rename = _os.replace  # POSIX rename replaces its target; Windows' refuses to
+"""
+
+
+def is_runner(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is the file tools' runner as :mod:`sandbox.tools.run` starts it."""
+    return len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"]
+
+
+class View:
+    """Where the jail's commands see the workspace: ``root`` (the workspace, or its private copy)."""
+
+    def __init__(self, workspace: Path, root: Path) -> None:
+        self.workspace = workspace
+        self.root = root
+        self.moved = root != workspace
+
+    @staticmethod
+    def _swap(path: str, old: Path, new: Path) -> str | None:
+        """``path`` under ``old`` (compared as Windows does, without case), moved under ``new``."""
+        base = str(old).rstrip("\\/")
+        if ntpath.normcase(path[: len(base)]) != ntpath.normcase(base):
+            return None
+        rest = path[len(base) :]
+        if rest and rest[0] not in "\\/":
+            return None
+        return str(new).rstrip("\\/") + rest
+
+    def into(self, path: str) -> str:
+        """A host path as the jail's commands reach it (a path elsewhere is left as it is)."""
+        return self._swap(path, self.workspace, self.root) or path if self.moved else path
+
+    def out(self, path: str) -> str:
+        return self._swap(path, self.root, self.workspace) or path if self.moved else path
+
+    def request(self, data: bytes) -> tuple[bytes, str | None]:
+        """A runner request with its paths moved into the view, and its operation."""
+        try:
+            request = json.loads(data)
+        except ValueError:
+            return data, None
+        if not isinstance(request, dict):
+            return data, None
+        if self.moved:
+            for key in ("path", "given"):
+                if isinstance(request.get(key), str):
+                    request[key] = self.into(request[key])
+        op = request.get("op")
+        return json.dumps(request).encode(), op if isinstance(op, str) else None
+
+    def reply(self, data: bytes, op: str | None) -> bytes:
+        """A runner reply with every path in the view named by its workspace path again. A Read's
+        ``content`` is the file's and left alone; another's is a message, whose mentions of the
+        copy's root are replaced."""
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(reply, dict):
+            return data
+        mapped = {k: self._out_all(v) for k, v in reply.items() if k != "content"}
+        content = reply.get("content")
+        if isinstance(content, str) and op != "read":
+            content = content.replace(str(self.root), str(self.workspace))
+        return json.dumps({**mapped, "content": content}).encode()
+
+    def _out_all(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.out(value)
+        if isinstance(value, list | tuple):
+            return [self._out_all(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._out_all(v) for k, v in value.items()}
+        return value
+
+
+class ViewReply(ByteReceiveStream):
+    """A runner's stdout read whole (one JSON reply), then handed on with :meth:`View.reply`'s paths."""
+
+    def __init__(self, inner: ByteReceiveStream, view: View, op: str | None) -> None:
+        self.inner = inner
+        self.view = view
+        self.op = op
+        self._out: bytes | None = None
+
+    async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
+        if self._out is None:
+            chunks = []
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    chunks.append(await self.inner.receive())
+            self._out = self.view.reply(b"".join(chunks), self.op)
+        if not self._out:
+            raise anyio.EndOfStream
+        chunk, self._out = self._out[:max_bytes], self._out[max_bytes:]
+        return chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def close(self) -> None:
+        self.inner.close()  # type: ignore[attr-defined]
+
+
 # -- jail --------------------------------------------------------------------------------------------
 
 
 class WinJobJail(Jail):
-    backend = NAME
-    shell = "cmd"  # what the Bash tool runs a command with (:data:`SHELLS`); a profile key for it is future work
+    """One workspace in job objects. ``view`` is where its commands work: the workspace itself
+    (``rw``, ``ro``), or under ``copy`` the private copy, which Windows cannot show at the
+    workspace's own path (no mount namespace): a working directory in the workspace is moved to
+    the same place in the copy, and the file tools' requests and replies are translated (:class:`View`)."""
 
-    def __init__(self, workspace: Path, profile: Profile, private: Path, *, enforce_limits: bool) -> None:
+    backend = NAME
+
+    def __init__(
+        self, workspace: Path, profile: Profile, private: Path, *, enforce_limits: bool, view: Path | None = None
+    ) -> None:
         self.workspace = workspace
         self.profile = profile
         self.private = private  # the jail's home and temp directory, removed on close
         self.enforce_limits = enforce_limits
+        self.view = View(workspace, view or workspace)
+        self.shell = profile.winjob.shell  # what the Bash tool runs a command with (:data:`SHELLS`)
+        self.confinement: Confinement | None = None  # the token and grants (real Windows)
         self._live: set[WinJobProcess] = set()
 
     @property
@@ -621,18 +794,38 @@ class WinJobJail(Jail):
     async def _start(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
     ) -> WinJobProcess:
+        runner = is_runner(argv)
+        op = None
+        if runner:
+            argv = await off_loop(self._runner_argv, argv[-1])
+            if isinstance(stdin, bytes):
+                stdin, op = self.view.request(stdin)
         proc = await off_loop(self._launch, list(argv), env, cwd, stdin is not None)
+        if runner and self.view.moved:
+            proc.stdout = ViewReply(proc.stdout, self.view, op)
         proc.stdin_data = stdin
         proc.on_release = self._live.discard
         self._live.add(proc)
         return proc
 
+    def _runner_argv(self, program: str) -> list[str]:
+        """The file tools' runner (``python3 -I -S -c PROGRAM`` on POSIX) as this Python runs it
+        inside the job: from a file (Windows caps a command line at 32,767 characters), after
+        :data:`RUNNER_PRELUDE`."""
+        text = RUNNER_PRELUDE + program
+        path = self.private / f"jailside-{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
+        if not path.exists():
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        return [sys.executable, "-I", "-S", str(path)]
+
     def _launch(
         self, argv: list[str], extra: Mapping[str, str] | None, cwd: str | None, with_stdin: bool
     ) -> WinJobProcess:
         assert sys.platform == "win32"
-        env = windows_env(self.profile, str(self.private / "home"), self.workspace, extra)
-        where = cwd or str(self.workspace)
+        env = windows_env(self.profile, str(self.private / "home"), self.view.root, extra)
+        where = self.view.into(cwd) if cwd else str(self.view.root)
         if not os.path.isdir(where):
             raise InvalidArgument(f"the working directory {where} does not exist", cwd=where)
         exe = resolve(argv[0], env["PATH"], where)
@@ -668,10 +861,14 @@ class WinJobJail(Jail):
             )
             flags = CREATE_SUSPENDED | CREATE_UNICODE_ENVIRONMENT | CREATE_NO_WINDOW
             cmdline = command_line(argv)
-            try:
-                hp, ht, pid, _tid = _winapi.CreateProcess(exe, cmdline, None, None, True, flags, env, where, info)
-            except OSError as exc:
-                raise BackendUnavailable(f"cannot start {argv[0]}: {exc.strerror}", backend=NAME) from exc
+            if self.confinement is not None:
+                std = (in_r, out_w, err_w)
+                hp, ht, pid = self.confinement.start(exe, cmdline, env, where, flags, std)
+            else:
+                try:
+                    hp, ht, pid, _tid = _winapi.CreateProcess(exe, cmdline, None, None, True, flags, env, where, info)
+                except OSError as exc:
+                    raise BackendUnavailable(f"cannot start {argv[0]}: {exc.strerror}", backend=NAME) from exc
             try:
                 job.assign(hp)
             except BaseException:
@@ -699,27 +896,37 @@ class WinJobJail(Jail):
                 await proc.kill_tree(0)
                 proc.release()
         finally:
+            if self.confinement is not None:
+                await off_loop(self.confinement.close)
             await off_loop(shutil.rmtree, self.private, True)
 
 
 # -- backend -----------------------------------------------------------------------------------------
 
-NO_TOKEN = "not implemented: commands run with the caller's own token (no restricted token, low integrity or ACLs yet)"
+WINE_NO_ACL = "Wine accepts file ACLs, integrity labels and restricted tokens but enforces none of them"
 LINUX_ONLY = "a Linux facility; no Windows equivalent in this backend"
 
 
 class WinJobBackend(Backend):
     name = NAME
 
-    async def open_jail(self, workspace: Path, profile: Profile, *, scratch: Path | None = None) -> Jail:
+    async def open_jail(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None = None,
+        shared: Sequence[tuple[str, str]] = (),
+    ) -> Jail:
         """:meth:`Backend.open_jail`'s template without the apply journal's recovery: the journal
-        is POSIX code (flock, ``O_DIRECTORY``), and this backend has no copy mount to apply from."""
+        is POSIX code (flock, ``O_DIRECTORY``); a copy's apply here is :mod:`winjob_apply`, which
+        keeps no journal to recover."""
         from sandbox.backends.base import _check_scratch
         from sandbox.calls import check_workspace
 
         self.check(profile)
         _check_scratch(scratch)
-        return await self._open(check_workspace(workspace), profile, scratch=scratch, egress=None)
+        return await self._open(check_workspace(workspace), profile, scratch=scratch, egress=None, shared=shared)
 
     def _probe(self) -> Report:
         if sys.platform != "win32":
@@ -732,7 +939,7 @@ class WinJobBackend(Backend):
             api.CloseHandle(handle)
         except (OSError, BackendUnavailable) as exc:
             return Report(NAME, False, f"job objects are not usable here: {exc}")
-        return _report(wine)
+        return _report(wine, _token_problem(wine))
 
     async def _open(
         self,
@@ -741,13 +948,15 @@ class WinJobBackend(Backend):
         *,
         scratch: Path | None,  # noqa: ARG002 - shown where it is, as every host path
         egress: Egress | None,  # noqa: ARG002 - check refuses allowlist: net-allowlist is not granted
+        shared: Sequence[tuple[str, str]] = (),
     ) -> WinJobJail:
-        if profile.mount.strategy != "rw":
+        if shared:
             raise GuaranteeUnavailable(
-                f"the winjob backend cannot provide mount {profile.mount.strategy!r} yet, only rw: a private copy "
-                "or a read-only workspace needs ACLs on the workspace, which it does not set yet",
-                backend=NAME,
+                f"the winjob backend cannot show {shared[0][0]} at {shared[0][1]} (no mount namespace)",
+                backend="winjob",
             )
+        if why := mount_refusal(profile.mount.strategy, wine_version()):
+            raise GuaranteeUnavailable(why, backend=NAME, mount=profile.mount.strategy)
         if profile.network.mode != "host":
             raise GuaranteeUnavailable(
                 f"the winjob backend cannot provide network.mode = {profile.network.mode!r}: it does not cut the "
@@ -755,18 +964,125 @@ class WinJobBackend(Backend):
                 backend=NAME,
             )
         private = Path(await off_loop(tempfile.mkdtemp, "", "sandbox-winjob-"))
-        for sub in ("home", "tmp", "home\\AppData\\Roaming", "home\\AppData\\Local"):
-            (private / sub).mkdir(parents=True, exist_ok=True)
-        return WinJobJail(workspace, profile, private, enforce_limits=wine_version() is None)
+        tree: CopyTree | None = None
+        try:
+            for sub in ("home", "tmp", "home\\AppData\\Roaming", "home\\AppData\\Local"):
+                (private / sub).mkdir(parents=True, exist_ok=True)
+            if profile.mount.strategy == "copy":
+                # No bind on Windows to keep an excluded path read-only: every entry is copied.
+                from sandbox import mounts
+
+                tree = await mounts.CopyTree.prepare(workspace)
+                tree.root = Path(await off_loop(os.path.abspath, tree.root))  # a drive-relative data dir made whole
+            jail = WinJobJail(
+                workspace,
+                profile,
+                private,
+                enforce_limits=wine_version() is None,
+                view=tree.root if tree is not None else None,
+            )
+            jail.tree = tree
+            if confines():
+                jail.confinement = await off_loop(Confinement.open, jail.view.root, private, profile.mount.strategy)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if tree is not None:
+                    await off_loop(tree.remove)
+                await off_loop(shutil.rmtree, private, True)
+            raise
+        return jail
 
 
-def _report(wine: str | None) -> Report:
+def mount_refusal(strategy: str, wine: str | None) -> str | None:
+    """Why this backend cannot give mount ``strategy`` here, or ``None``."""
+    if strategy == "overlay":
+        return "the winjob backend cannot provide mount 'overlay': it is a Linux filesystem; use copy"
+    if strategy == "ro" and wine:  # never claimed under Wine, its token test hook included
+        return f"the winjob backend cannot guarantee mount 'ro' here: {WINE_NO_ACL}"
+    return None
+
+
+TOKEN_UNDER_WINE = "SANDBOX_WINJOB_TOKEN_UNDER_WINE"
+
+
+def confines(wine: str | None = None) -> bool:
+    """Whether jails run under the restricted token with ACL grants: on real Windows always.
+
+    Under Wine not (it enforces none of it), except when ``SANDBOX_WINJOB_TOKEN_UNDER_WINE=1``
+    asks, so the Wine suite can run the token's code path (a test hook: nothing is claimed)."""
+    if sys.platform != "win32":
+        return False
+    wine = wine if wine is not None else wine_version()
+    return wine is None or os.environ.get(TOKEN_UNDER_WINE) == "1"
+
+
+class Confinement:
+    """A jail's restricted token and its grants (:mod:`sandbox.backends.winjob_token`)."""
+
+    def __init__(self, jail_sid: str, token: int, grants: winjob_token.Grants) -> None:
+        self.jail_sid = jail_sid
+        self.token = token
+        self.grants = grants
+
+    @classmethod
+    def open(cls, view: Path, private: Path, strategy: str) -> Confinement:
+        """Grant the jail SID its private directory and the workspace's view (read-only for ``ro``),
+        then make its token; on failure take back what was granted."""
+        sid = winjob_token.new_jail_sid()
+        grants = winjob_token.Grants(sid, labels=wine_version() is None)
+        try:
+            grants.grant(private, write=True)
+            grants.grant(view, write=strategy != "ro")
+            token = winjob_token.restricted_token(sid)
+        except BaseException:
+            grants.revoke()
+            raise
+        return cls(sid, token, grants)
+
+    def start(
+        self, exe: str, cmdline: str, env: dict[str, str], cwd: str, flags: int, std: tuple[int, int, int]
+    ) -> tuple[int, int, int]:
+        return winjob_token.create_process(self.token, exe, cmdline, env, cwd, flags, std)
+
+    def close(self) -> None:
+        if self.token:
+            _close(self.token)
+            self.token = 0
+        self.grants.revoke()
+
+
+def _token_problem(wine: str | None) -> str | None:
+    """Why jails here do not run under the restricted token at low integrity, or ``None``."""
+    if wine:
+        return WINE_NO_ACL
+    try:
+        token = winjob_token.restricted_token(winjob_token.new_jail_sid())
+    except (OSError, BackendUnavailable) as exc:
+        return f"the restricted token cannot be made here: {exc}"
+    _close(token)
+    return None
+
+
+def _report(wine: str | None, token_problem: str | None) -> Report:
     report = Report(NAME, True)
     report.details["wine"] = wine or ""
-    for name in ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "non-root"):
-        report.grant(name, False, NO_TOKEN)
+    if token_problem is None:
+        # Low integrity: no write up to the (medium) system, the user's files, anything not granted.
+        report.grant("fs-readonly-root", True)
+        report.grant("fs-write-confined", True)
+        report.grant("non-root", True)  # every privilege but SeChangeNotify gone, Administrators deny-only
+        report.details["confinement"] = "restricted token, low integrity, ACL grants for the jail's SID"
+    else:
+        for name in ("fs-readonly-root", "fs-write-confined", "non-root"):
+            report.grant(name, False, token_problem)
+    report.grant(
+        "fs-hidden-home",
+        False,
+        "not claimed: the restricted token closes only the files whose ACL names no group it keeps "
+        "(Everyone, Users, Authenticated Users); home directories are not absent",
+    )
     for name in ("net-none", "net-confined", "net-allowlist", "net-transparent"):
-        report.grant(name, False, "not implemented: the network is the caller's (an AppContainer would cut it)")
+        report.grant(name, False, "not implemented: the network is the caller's (only an AppContainer would cut it)")
     for name in ("no-new-privs", "no-caps", "seccomp", "overlay"):
         report.grant(name, False, LINUX_ONLY)
     report.grant("new-session", False, "a POSIX session; the command gets a hidden console of its own instead")
@@ -774,6 +1090,10 @@ def _report(wine: str | None) -> Report:
     report.grant("fsize-limit", False, "no Windows equivalent in this backend")
     report.grant("env-scrubbed", True)
     report.grant("tree-kill", True)  # a job object per call, KILL_ON_JOB_CLOSE, no breakaway
+    report.details["mounts"] = {m: mount_refusal(m, wine) or "available" for m in ("rw", "ro", "copy", "overlay")}
+    if ro := mount_refusal("ro", wine):
+        report.advice.append(f"mount ro is refused here: {ro.split(': ', 1)[1]}; rw and copy are available")
+    report.advice.append("mount copy: applied file by file, guarded, staged then renamed; no crash journal on Windows")
     if wine:
         why = f"Wine {wine} accepts job limits but does not enforce them"
         for name in ("memory-limit", "pids-limit", "cpu-limit"):

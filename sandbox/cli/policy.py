@@ -203,14 +203,15 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
     from sandbox.policy import load_ruleset
     from sandbox.policy.gate import Gate, SessionState, ToolCall
     from sandbox.policy.rules import RuleStore
-    from sandbox.profile import Policy
+    from sandbox.profile import Env, Policy
 
     settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent", classifier=args.classifier)
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
         say(notice)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
-    gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode())
+    programs = Env().workspace_path  # the default profile's: what the jail's PATH finds first
+    gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode(), programs=programs)
     call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
     return gate.evaluate(call, SessionState("policy-test"))
 

@@ -92,6 +92,7 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
         "network.mode": options.network_mode(args),
         "network.allow": [*prof.network.allow, *args.allow_host] if args.allow_host else None,
         "backend": args.backend,
+        "bwrap.lifecycle": "call",  # one call: a warm jail would only add its agent's start
     }
     return prof.override(values, _FLAGS)
 

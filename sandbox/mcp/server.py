@@ -6,11 +6,16 @@ HTTP session is deleted or goes idle. A call runs shielded from the SDK's cancel
 ``notifications/cancelled`` (or the connection's end) sets the call's abort event instead, so the
 executor kills the process tree and the session audits an ``ABORTED`` call before the handler
 gives up the request, which the protocol then leaves unanswered.
+
+A request's ``_meta`` may carry ``sandbox/turnId`` (the turn a refusal holds for) and
+``sandbox/userMessage``, the user's latest message, which the classifier reads (seed 004: a
+blocked call runs when the user's next message authorises it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import sys
 from typing import TYPE_CHECKING, Any
@@ -48,6 +53,10 @@ INSTRUCTIONS = (
     "INVALID_ARGUMENT (fix the arguments), TIMEOUT, ABORTED, TOOL_FAILED."
 )
 _METHOD_NOT_FOUND = -32601
+# The user's latest message, handed to the classifier (seed 004: "say it in your next message").
+# In the request's _meta, which the client program sets, never in the arguments, which the model
+# writes: an authorisation the model could type for itself would authorise nothing.
+USER_MESSAGE_META = "sandbox/userMessage"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +143,11 @@ def build_server(options: McpOptions, connections: Connections | None = None) ->
             return tools.error_result(name, exc.code, f"the sandbox session could not open: {exc.message}", **exc.data)
         if name in review.HANDLERS:
             return await review.call(sandbox, approver, ctx, name, args)
-        return await _run_tool(sandbox, approver, ctx, connections.call_id(ctx), name, args)
+        message = (ctx.meta or {}).get(USER_MESSAGE_META)
+        if message is not None and not isinstance(message, str):
+            what = f"_meta[{USER_MESSAGE_META!r}] must be the user's latest message as a string"
+            return tools.error_result(name, "INVALID_ARGUMENT", what, meta=USER_MESSAGE_META)
+        return await _run_tool(sandbox, approver, ctx, connections.call_id(ctx), name, args, message or None)
 
     async def list_resources(_ctx: Ctx, _params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=review.resources())
@@ -168,7 +181,13 @@ async def _handshake_era_only(ctx: Ctx, call_next: CallNext) -> HandlerResult:
 
 
 async def _run_tool(
-    sandbox: Sandbox, approver: ElicitationApprover, ctx: Ctx, call_id: str, name: str, args: dict[str, Any]
+    sandbox: Sandbox,
+    approver: ElicitationApprover,
+    ctx: Ctx,
+    call_id: str,
+    name: str,
+    args: dict[str, Any],
+    user_message: str | None = None,
 ) -> types.CallToolResult:
     abort = anyio.Event()
     approver.calls[call_id] = PendingCall(ctx, abort)
@@ -189,6 +208,7 @@ async def _run_tool(
                 abort=abort,
                 on_stdout=live.callback("stdout"),
                 on_stderr=live.callback("stderr"),
+                user_message=user_message,
             )
             await live.finish()
         return result
@@ -233,9 +253,17 @@ async def _abortable(run: Callable[[], Awaitable[ToolResult]], abort: anyio.Even
 
 
 def _turn(ctx: Ctx) -> str:
-    """The client's turn id where its request's ``_meta`` names one (``sandbox/turnId``), else one turn."""
-    turn = (ctx.meta or {}).get("sandbox/turnId")
-    return turn if isinstance(turn, str) and turn else "turn-0"
+    """The client's turn id where its request's ``_meta`` names one (``sandbox/turnId``); else, when
+    it carries the user's message, a turn of that message (a new message is a new turn, so a call
+    refused in the last one is judged again with the authorisation the user just gave); else one turn."""
+    meta = ctx.meta or {}
+    turn = meta.get("sandbox/turnId")
+    if isinstance(turn, str) and turn:
+        return turn
+    message = meta.get(USER_MESSAGE_META)
+    if isinstance(message, str) and message:
+        return "message-" + hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return "turn-0"
 
 
 class _Progress:

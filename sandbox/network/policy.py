@@ -15,6 +15,12 @@ Names are judged first (:meth:`EgressPolicy.decide`); the addresses a name resol
 again (:meth:`EgressPolicy.check_address`), because a public name can resolve to loopback, a
 private network or the cloud metadata service (DNS rebinding). Such an address is refused unless
 an address rule allows it explicitly, on that port.
+
+The ``allowlist`` mode's allow patterns are the profile's ``network.allow`` and its
+``policy.trusted.domains`` (seed 004: a trusted domain is one the classifier does not judge a fetch
+of, and one the jail may reach), merged here and only here (:func:`allowlist`,
+:func:`for_profile`); the classifier's fetch exemption matches a URL with :func:`trusted_rule`,
+so both sides read the same patterns the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from sandbox.profile import Network, Profile
     from sandbox.vocabulary import EgressRuleKind, VerdictReason
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -151,6 +158,37 @@ class EgressPolicy:
         if rule is not None:
             return Verdict(True, rule.text, "allowed", f"{where} is allowed by rule {rule.text!r}")
         return Verdict(None, None, "not-allowed", f"{where} is not on the allowlist (an address needs an address rule)")
+
+
+def allowlist(allow: Iterable[str], trusted_domains: Iterable[str]) -> tuple[str, ...]:
+    """The allow patterns of the ``allowlist`` mode: ``allow`` then the trusted domains, each once."""
+    return tuple(dict.fromkeys((*allow, *trusted_domains)))
+
+
+def for_profile(profile: Profile) -> Network:
+    """The profile's network section with the trusted domains merged into ``allow``: what the
+    egress proxy enforces and what a result reports."""
+    network = profile.network
+    merged = allowlist(network.allow, profile.policy.trusted.domains)
+    return network if merged == network.allow else network.model_copy(update={"allow": merged})
+
+
+def trusted_rule(host: str, port: int, patterns: Iterable[str]) -> str | None:
+    """The first of ``patterns`` (egress patterns: the profile's trusted domains) admitting
+    ``host:port`` as :meth:`EgressPolicy.decide` would, or ``None``. An invalid pattern admits nothing."""
+    ip = literal_address(host)
+    try:
+        name = None if ip is not None else normalize_host(host)
+    except InvalidArgument:
+        return None
+    for pattern in patterns:
+        try:
+            rule = parse_rule(pattern)
+        except InvalidArgument:
+            continue
+        if rule.matches_address(ip, port) if ip is not None else rule.matches_name(name or "", port):
+            return rule.text
+    return None
 
 
 def parse_rule(pattern: str) -> Rule:

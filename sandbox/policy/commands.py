@@ -207,12 +207,27 @@ class CommandVerdict:
 # An extra exemption for one simple command (the classifier's switches, sandbox.policy.exemptions):
 # the exempt finding when the command is exempt, else None.
 Exemption = Callable[[Shape, "Sequence[str]"], "Finding | None"]
+# An exemption for a path a command writes (a redirect): trusted.paths, in_project_writes.
+WriteExemption = Callable[["ResolvedPath"], "Finding | None"]
 
 
-def judge(command: str, paths: PathPolicy, rules: RuleSet, exemption: Exemption | None = None) -> CommandVerdict:
-    """Judge a whole command line; the strongest finding decides."""
+def judge(
+    command: str,
+    paths: PathPolicy,
+    rules: RuleSet,
+    exemption: Exemption | None = None,
+    writes: WriteExemption | None = None,
+    programs: Sequence[str] = (),
+) -> CommandVerdict:
+    """Judge a whole command line; the strongest finding decides.
+
+    ``programs``: the workspace directories the jail puts first on ``PATH`` (``env.workspace_path``):
+    a name found there is the workspace's program, not the system's command of that name.
+    """
     judge_ = _Judge(paths, rules)
     judge_.exemption = exemption
+    judge_.writes = writes
+    judge_.programs = tuple(programs)
     judge_.run(command)
     findings = tuple(judge_.findings)
     external = any(p.external for p in judge_.resolved)
@@ -235,6 +250,8 @@ class _Judge:
         self.depth = 0
         self.critical = self._critical_paths()
         self.exemption: Exemption | None = None
+        self.writes: WriteExemption | None = None
+        self.programs: tuple[str, ...] = ()
 
     def _critical_paths(self) -> frozenset[str]:
         """What deleting is denied: the root, root's homes, the homes' parents, each home and its ancestors."""
@@ -369,7 +386,10 @@ class _Judge:
         finding = self.paths.protection(path, "write")
         if finding is not None:
             self.add(finding.layer, finding.rule_id, finding.reason)
-        if path.root == "external":
+        exempt = self.writes(path) if self.writes is not None and finding is None else None
+        if exempt is not None:
+            self.findings.append(exempt)
+        elif path.root == "external":
             self.add("mode", "path.external", f"writes {path.canonical}, outside the workspace")
         elif path.root == "workspace":
             self.add("mode", "shell.writes", f"writes {path.canonical}")
@@ -489,6 +509,12 @@ class _Judge:
         paths_ok = self._path_args(name, args, cmd, read_only=name in READ_ONLY)
         if name in ("cd", "pushd"):
             self._cd(args)
+        if "/" not in head.text and self._shadowed(name):
+            # `git status` would run the workspace's node_modules/.bin/git: a program, never exempt.
+            self.add(
+                "mode", "shell.workspace-program", f"{name} is the workspace's own program ({self._shadowed(name)})"
+            )
+            return
         if allowed or self._exempt(head, name, cmd, texts, unknown_args, paths_ok):
             return
         extra = self.exemption(cmd, texts) if self.exemption is not None and not unknown_args else None
@@ -496,6 +522,14 @@ class _Judge:
             self.findings.append(extra)
             return
         self.add("mode", "shell.command", f"{name} is not a read-only command")
+
+    def _shadowed(self, name: str) -> str | None:
+        """The workspace program the jail's ``PATH`` finds before the system's ``name``, if any."""
+        for folder in self.programs:
+            path = os.path.join(folder, name)
+            if os.path.lexists(path):
+                return path
+        return None
 
     def _exempt(
         self, head: Word, name: str, cmd: Shape, texts: Sequence[str], unknown_args: bool, paths_ok: bool

@@ -19,7 +19,7 @@ from sandbox.policy.rules import CompiledRule, RuleSet
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from pydantic import BaseModel
@@ -159,12 +159,16 @@ class Gate:
         *,
         data_dir: Path | None = None,
         live: LiveRules | None = None,
+        programs: Sequence[str] = (),
     ) -> None:
         """``settings`` is a ``sandbox.profile.Policy``; ``rules`` defaults to the profile's own.
 
         With ``live``, rules and the global mode saved while the session runs reach it at its next call.
+        ``programs`` are the profile's ``env.workspace_path`` entries (relative to the workspace):
+        the jail runs a command found there before the system's, so such a name is never exempt.
         """
         self.settings = settings
+        self.programs = tuple(os.path.join(str(workspace), rel) for rel in programs)
         self.global_mode = global_mode
         # Boundary 1 as the gate sees it: a session with plugin tools of its own may swap in its registry.
         self.tools: Callable[[str], ToolSpec] = lookup
@@ -186,6 +190,10 @@ class Gate:
             state_dir=state_dir,
         )
         self.policy_version = rules.version
+        # Resolved once, when the policy is read: a symlink swapped in later does not move the trust.
+        self.trusted = exemptions.trusted_directories(
+            self.settings.trusted.paths, self.paths.workspace, self.paths.homes
+        )
         self._file_rules = [r for r in rules.compiled(self.paths.homes) if r.paths is not None]
 
     def follow(self) -> None:
@@ -384,6 +392,9 @@ class Gate:
             reason = "reads inside the session roots" if operation == "read" else "writes the scratch directory"
             return replace(base, reason=reason, rule_id=f"risk.{operation}.{target.root}")
         if self.classifier_mode() != "off":
+            trusted = exemptions.trusted_write(target.canonical, self.trusted)
+            if trusted is not None:
+                return replace(base, reason=f"{call.name} {trusted.reason}", rule_id=trusted.rule_id)
             if self.settings.exemptions.in_project_writes:
                 reason = f"{call.name} writes inside the workspace (exemption in_project_writes)"
                 return replace(base, reason=reason, rule_id="exempt.in-project-write")
@@ -439,7 +450,10 @@ class Gate:
 
     def _bash(self, call: ToolCall, mode: PermissionMode) -> Decision:
         assert isinstance(call.params, BashParams)
-        verdict = commands.judge(call.params.command, self.paths, self.rules, self._exemption())
+        writes = None
+        if self.classifier_mode() != "off":
+            writes = exemptions.write_check(self.trusted, self.settings.exemptions.in_project_writes)
+        verdict = commands.judge(call.params.command, self.paths, self.rules, self._exemption(), writes, self.programs)
         base = Decision(
             "allow",
             verdict.finding.reason,

@@ -106,6 +106,47 @@ def _git(_shape: Shape, args: Sequence[str]) -> bool:
     return True
 
 
+# pip's reports of what is installed; none reaches an index (``list --outdated`` would) or writes a log.
+_PIP_READ = frozenset({"list", "show", "freeze", "check"})
+_PIP_WRITING = (
+    "--log",
+    "--cache-dir",
+    "--outdated",
+    "-o",
+    "--uptodate",
+    "-u",
+    "--index",
+    "--extra-index",
+    "-i",
+    "--path",
+)
+
+
+def _pip(_shape: Shape, args: Sequence[str]) -> bool:
+    positionals = [arg for arg in args if not arg.startswith("-")]
+    if not positionals:
+        return set(args) <= {"--version", "-V"} and bool(args)
+    return positionals[0] in _PIP_READ and not any(arg.startswith(_PIP_WRITING) for arg in args)
+
+
+def _npm(_shape: Shape, args: Sequence[str]) -> bool:
+    """``npm ls`` / ``npm list`` (the installed tree, read from node_modules) and ``npm --version``."""
+    positionals = [arg for arg in args if not arg.startswith("-")]
+    if not positionals:
+        return list(args) in (["--version"], ["-v"])
+    return positionals[0] in ("ls", "list") and not any(a.startswith(("--prefix", "--global", "-g")) for a in args)
+
+
+_TSC_WRITING = frozenset({"-b", "--build", "-w", "--watch", "--init", "-i", "--incremental", "--composite"})
+
+
+def _tsc(_shape: Shape, args: Sequence[str]) -> bool:
+    """``tsc --noEmit``: the type check only (no build mode, watch, trace or build-info file)."""
+    if "--noEmit" not in args or any(a in _TSC_WRITING for a in args):
+        return False
+    return not any(a.startswith(("--generateTrace", "--tsBuildInfoFile", "--noEmit=false")) for a in args)
+
+
 READ_ONLY: dict[str, Predicate] = dict.fromkeys(
     (
         "ls",
@@ -190,6 +231,12 @@ READ_ONLY.update(
         "rg": _no_flags("--pre", "--pre-glob"),
     }
 )
+
+# Read-only uses of tools that also install or build: not in READ_ONLY, whose names the command judge
+# reads as "only reads its paths" (so ``npm install --prefix .git/hooks`` would lose its write
+# check); the exemption layer asks these after the paths were judged as writes
+# (:func:`sandbox.policy.exemptions.declared_dependencies`).
+QUERIES: dict[str, Predicate] = {"pip": _pip, "pip3": _pip, "npm": _npm, "tsc": _tsc}
 
 # Arguments of these are never file paths the command opens.
 NO_PATH_ARGS = frozenset(

@@ -9,6 +9,7 @@ and its death mid-call (a structured error, then a new jail).
 from __future__ import annotations
 
 import os
+import resource
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base, bwrap_warm, cgroups
+from sandbox.backends import base, bwrap_warm, cgroups, confine
 from sandbox.errors import BackendUnavailable
 from tests.conftest import backend_or_skip, make_profile, survivors
 
@@ -102,6 +103,52 @@ async def test_each_call_runs_in_its_own_cgroup_from_its_first_instruction(jail:
     for text in seen:
         assert "call-" in text, text  # placed before exec: the shell's first read already shows it
         assert "call-" not in agent
+
+
+async def _placed_spare(jail: bwrap_warm.WarmBwrapJail) -> tuple[bwrap_warm.Spare, int]:
+    spare = jail._spare
+    assert spare is not None, "no spare was asked for after the call"
+    await anyio.to_thread.run_sync(spare.placed.wait, 10)
+    assert spare.pid is not None, "the spare was not placed"
+    return spare, spare.pid
+
+
+@NEEDS_CGROUPS
+async def test_the_next_calls_process_waits_placed_while_the_jail_is_idle(jail: bwrap_warm.WarmBwrapJail) -> None:
+    await _sh(jail, "true")
+    _spare, pid = await _placed_spare(jail)
+    # Forked ahead of its call, already in a call cgroup with the profile's rlimits, running nothing.
+    assert "call-" in Path(f"/proc/{pid}/cgroup").read_text(encoding="ascii")
+    nofile = jail.profile.limits.nofile
+    if nofile is not None:
+        assert resource.prlimit(pid, resource.RLIMIT_NOFILE) == (nofile, nofile)
+    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    ns_pid = next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1]
+    result = await _sh(jail, "echo $$; cat /proc/self/cgroup")
+    # The call *is* the spare: the shell's pid in the jail is the spare's.
+    assert result.stdout.split()[0] == ns_pid, (result, ns_pid)
+    assert not confine.alive(pid)
+
+
+async def test_a_spare_that_died_before_its_call_does_not_fail_the_call(jail: bwrap_warm.WarmBwrapJail) -> None:
+    await _sh(jail, "true")
+    _spare, pid = await _placed_spare(jail)
+    first = _agent_pid(jail)
+    os.kill(pid, signal.SIGKILL)  # from outside: nothing inside may run while a spare waits
+    while confine.alive(pid):
+        await anyio.sleep(0.01)
+    result = await _sh(jail, "echo fine")
+    assert result.exit_code == 0 and result.stdout == "fine\n", result
+    assert _agent_pid(jail) == first  # forked and held the usual way, in the same jail
+
+
+async def test_no_process_of_a_call_meets_the_spare(jail: bwrap_warm.WarmBwrapJail) -> None:
+    # While a call runs there is no spare (it is that call); the next is forked only after the sweep.
+    await _sh(jail, "true")
+    await _placed_spare(jail)
+    listing = "for p in /proc/[0-9]*; do read c < $p/comm && echo $c; done"  # builtins only: no fork
+    result = await _sh(jail, listing)
+    assert sorted(result.stdout.split()) == ["python3", "sh"], result
 
 
 async def test_agent_survives_signals_and_refuses_ptrace_and_proc(jail: bwrap_warm.WarmBwrapJail) -> None:

@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import backend_or_skip, profile_or_skip
+from tests.integration._cli import SANDBOX, sandbox, shell
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.bwrap
-SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 
 
 @pytest.fixture(autouse=True)
@@ -26,18 +25,7 @@ def _need_bwrap() -> None:
 
 
 def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    # stdin=DEVNULL unless given: the pytest process's own stdin must not leak into the command.
-    return subprocess.run(
-        [SANDBOX, "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        input=stdin,
-        stdin=subprocess.DEVNULL if stdin is None else None,
-        timeout=120,
-        env=os.environ.copy(),
-        check=False,
-    )
+    return sandbox("run", *args, text=True, cwd=cwd, input=stdin)
 
 
 @pytest.fixture(params=["full", "quick"])
@@ -94,12 +82,7 @@ def test_timeout_exits_124_and_kills_every_process(workspace: Path, run_path: st
     done = run(
         "--timeout",
         "1",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        f"trap '' TERM; setsid sleep {marker} & sleep {marker}",
+        *shell(workspace, f"trap '' TERM; setsid sleep {marker} & sleep {marker}"),
     )
     assert done.returncode == 124
     assert "timed out" in done.stderr
@@ -126,12 +109,7 @@ def test_copy_mount_with_apply_changes_host(workspace: Path) -> None:
         "--mount",
         "copy",
         "--apply",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        "echo x > added.txt; rm README.md",
+        *shell(workspace, "echo x > added.txt; rm README.md"),
     )
     assert done.returncode == 0, done.stderr
     assert not (workspace / "README.md").exists() and (workspace / "added.txt").read_text() == "x\n"
@@ -208,12 +186,7 @@ def test_signal_to_sandbox_run_kills_the_jailed_tree(workspace: Path, signum: in
         [
             SANDBOX,
             "run",
-            "--workspace",
-            str(workspace),
-            "--",
-            "sh",
-            "-c",
-            f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}",
+            *shell(workspace, f"trap '' TERM INT; setsid sleep {marker} & sleep {marker}"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -266,12 +239,7 @@ def test_same_json_contract_and_exit_codes_on_every_backend(cli_backend: str, wo
         "--backend",
         cli_backend,
         "--json",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        "echo hi; echo oops >&2; exit 3",
+        *shell(workspace, "echo hi; echo oops >&2; exit 3"),
     )
     out = json.loads(done.stdout.strip())
     assert (done.returncode, out["exit_code"], out["backend"]) == (3, 3, cli_backend)
@@ -290,12 +258,7 @@ def test_same_json_contract_and_exit_codes_on_every_backend(cli_backend: str, wo
         "--mount",
         "copy",
         "--json",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        "echo x > new.txt",
+        *shell(workspace, "echo x > new.txt"),
     )
     assert [c["path"] for c in json.loads(copy.stdout)["changes"]] == ["new.txt"]
     assert not (workspace / "new.txt").exists()

@@ -40,6 +40,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+def into(workspace: Path, report: Path, repeat: int = 1) -> list[str]:
+    """``--repeat N --workspace WORKSPACE --report REPORT``: how often each cell runs, on what, reported where."""
+    return ["--repeat", str(repeat), "--workspace", str(workspace), "--report", str(report)]
+
+
 def snapshot(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
@@ -156,20 +161,7 @@ async def test_library_compare_every_mount(name: str, workspace: Path, tmp_path:
 def test_cli_compare_writes_table_json_markdown_chart(name: str, workspace: Path, tmp_path: Path) -> None:
     backend_or_skip(name)
     ws = docker_workspace(workspace) if name == "docker" else workspace
-    done = run_cli(
-        "--backends",
-        name,
-        "--mounts",
-        ALL_MOUNTS,
-        "--repeat",
-        "1",
-        "--workspace",
-        str(ws),
-        "--report",
-        str(tmp_path / "report"),
-        "--",
-        *COMMAND,
-    )
+    done = run_cli("--backends", name, "--mounts", ALL_MOUNTS, *into(ws, tmp_path / "report"), "--", *COMMAND)
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0].split()
     assert header[:4] == ["backend", "mount", "exit", "wall"]
@@ -187,37 +179,13 @@ def test_unavailable_named_backend_exits_2_default_one_is_skipped(workspace: Pat
     backend_or_skip("bwrap")
     nowhere = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
     named = run_cli(
-        "--backends",
-        "bwrap,docker",
-        "--mounts",
-        "rw",
-        "--repeat",
-        "1",
-        "--workspace",
-        str(workspace),
-        "--report",
-        str(tmp_path / "named"),
-        "--",
-        "true",
-        env=nowhere,
+        "--backends", "bwrap,docker", "--mounts", "rw", *into(workspace, tmp_path / "named"), "--", "true", env=nowhere
     )
     assert named.returncode == 2, named.stderr
     cells = json.loads((tmp_path / "named" / "report.json").read_text())["cells"]
     assert [(c["backend"], c["status"]) for c in cells] == [("bwrap", "ran"), ("docker", "skipped")]
     assert "unavailable" in cells[1]["reason"] and "no-docker.sock" in cells[1]["reason"]
-    default = run_cli(
-        "--mounts",
-        "rw",
-        "--repeat",
-        "1",
-        "--workspace",
-        str(workspace),
-        "--report",
-        str(tmp_path / "default"),
-        "--",
-        "true",
-        env=nowhere,
-    )
+    default = run_cli("--mounts", "rw", *into(workspace, tmp_path / "default"), "--", "true", env=nowhere)
     assert default.returncode == 0, default.stderr
     assert "docker/rw: skipped: backend docker unavailable" in default.stderr
 
@@ -230,12 +198,7 @@ def test_failing_command_is_data_not_an_error(workspace: Path, tmp_path: Path) -
         "bwrap",
         "--mounts",
         "ro",
-        "--repeat",
-        "2",
-        "--workspace",
-        str(workspace),
-        "--report",
-        str(tmp_path),
+        *into(workspace, tmp_path, repeat=2),
         "--",
         "sh",
         "-c",

@@ -17,7 +17,7 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import docker
@@ -29,8 +29,10 @@ import sandbox
 from sandbox import exec as executor
 from sandbox.backends import docker as dockerb
 from sandbox.backends.docker.links import AGENT_DIR
+from sandbox.backends.docker.pool import POOL_SIZE
 from sandbox.errors import BackendUnavailable, find_error
-from tests.conftest import backend_or_skip, make_profile, survivors
+from tests.conftest import make_profile, survivors
+from tests.integration._docker import Jails, docker_or_skip
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -40,9 +42,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
 @pytest.fixture
 def backend() -> dockerb.DockerBackend:
-    found = backend_or_skip("docker")
-    assert isinstance(found, dockerb.DockerBackend)
-    return found
+    return docker_or_skip()
 
 
 @pytest.fixture
@@ -52,11 +52,9 @@ def client(backend: dockerb.DockerBackend) -> Iterator[docker.DockerClient]:  # 
 
 
 @pytest.fixture
-async def jails() -> AsyncIterator[list[dockerb.DockerJail]]:
-    opened: list[dockerb.DockerJail] = []
-    yield opened
-    for jail in opened:
-        await jail.aclose()
+async def jails(backend: dockerb.DockerBackend, workspace: Path) -> AsyncIterator[Jails[dockerb.DockerJail]]:
+    async with Jails(backend, workspace, (dockerb.DockerJail,)) as opened:
+        yield opened
 
 
 async def unavailable(call: Awaitable[None]) -> BackendUnavailable:
@@ -76,19 +74,10 @@ def jail_containers(client: docker.DockerClient, jail: dockerb.DockerJail) -> li
     return [str(row["Id"]) for row in found]
 
 
-async def open_jail(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, **overrides: Any
-) -> dockerb.DockerJail:
-    jail = await backend.open_jail(workspace, make_profile(**overrides))
-    assert isinstance(jail, dockerb.DockerJail)
-    jails.append(jail)
-    return jail
-
-
 async def test_session_lifecycle_reuses_one_labelled_container(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+    jails: Jails[dockerb.DockerJail], client: docker.DockerClient
 ) -> None:
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; hostname"])
     second = await executor.run(jail, ["cat", "/tmp/kept"])
     assert (first.stdout, second.stdout) == ("sandbox\n", "x\n")
@@ -101,22 +90,25 @@ async def test_session_lifecycle_reuses_one_labelled_container(
 
 
 async def test_call_lifecycle_uses_a_fresh_container_per_call(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+    jails: Jails[dockerb.DockerJail], client: docker.DockerClient
 ) -> None:
-    jail = await open_jail(backend, jails, workspace, **{"docker.lifecycle": "call"})
-    assert jail_containers(client, jail) == []
-    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; cat /proc/1/cmdline | tr '\\0' ' '"])
+    jail = await jails.open(**{"docker.lifecycle": "call"})
+    assert isinstance(jail, dockerb.PerCallJail)
+    ahead = set(jail_containers(client, jail))  # the pool's, started before any call
+    assert 0 < len(ahead) <= POOL_SIZE
+    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; head -c 7 /proc/1/cmdline"])
     second = await executor.run(jail, ["sh", "-c", "cat /tmp/kept || echo fresh"])
-    assert "tini" in first.stdout and "fresh" in second.stdout
-    with anyio.fail_after(10):  # the daemon auto-removes them once stopped
-        while jail_containers(client, jail):
+    # The agent is PID 1, as in a warm jail; the second call's container never saw the first.
+    assert first.stdout == "python3" and "fresh" in second.stdout
+    with anyio.fail_after(10):  # the calls' containers go once the calls are over
+        while ahead & set(jail_containers(client, jail)):
             await anyio.sleep(0.05)
 
 
 async def test_container_confinement_settings(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+    jails: Jails[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
 ) -> None:
-    jail = await open_jail(backend, jails, workspace, **{"limits.cpus": 0.5})
+    jail = await jails.open(**{"limits.cpus": 0.5})
     (cid,) = jail_containers(client, jail)
     host = client.containers.get(cid).attrs["HostConfig"]
     assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
@@ -136,10 +128,8 @@ async def test_container_confinement_settings(
     assert limits.stdout.split() == [str(jail.profile.limits.cpu_time_s), str(jail.profile.limits.nofile)]
 
 
-async def test_timeout_leaves_no_process_in_the_container(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
-) -> None:
-    jail = await open_jail(backend, jails, workspace)
+async def test_timeout_leaves_no_process_in_the_container(jails: Jails[dockerb.DockerJail]) -> None:
+    jail = await jails.open()
     script = "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep 600' & sleep 600"
     proc = await jail.spawn(["sh", "-c", script])
     with anyio.fail_after(10):
@@ -150,11 +140,9 @@ async def test_timeout_leaves_no_process_in_the_container(
     proc.release()
 
 
-async def test_the_command_cannot_kill_or_stop_the_agent(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
-) -> None:
+async def test_the_command_cannot_kill_or_stop_the_agent(jails: Jails[dockerb.DockerJail]) -> None:
     """The agent is PID 1 of the container: the kernel drops signals it has no handler for."""
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     cid = jail.container_id
     for sig in ("KILL", "STOP", "TERM", "INT", "HUP", "QUIT"):
         result = await executor.run(jail, ["sh", "-c", f"kill -{sig} 1; kill -{sig} -1; echo survived"])
@@ -176,10 +164,8 @@ for path in ("/proc/1/mem", "/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/environ"):
 """
 
 
-async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
-) -> None:
-    jail = await open_jail(backend, jails, workspace)
+async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(jails: Jails[dockerb.DockerJail]) -> None:
+    jail = await jails.open()
     result = await executor.run(jail, ["python3", "-c", PEEK_AT_THE_AGENT])
     assert result.exit_code == 0, result.stderr
     assert "ptrace -1 Operation not permitted" in result.stdout
@@ -187,10 +173,10 @@ async def test_the_agent_cannot_be_ptraced_or_its_pipes_opened(
 
 
 async def test_a_call_that_changes_the_agents_limits_spoils_only_its_container(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path
+    jails: Jails[dockerb.DockerJail],
 ) -> None:
     """prlimit and setpriority need only the same uid: the agent retires rather than pass them on."""
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     cid = jail.container_id
     script = "import os, resource; resource.prlimit(1, resource.RLIMIT_NOFILE, (64, 64)); os.setpriority(0, 1, 19)"
     tamper = await executor.run(jail, ["python3", "-c", script])
@@ -201,9 +187,9 @@ async def test_a_call_that_changes_the_agents_limits_spoils_only_its_container(
 
 
 async def test_a_leftover_background_process_dies_before_the_next_call(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, marker: str
+    jails: Jails[dockerb.DockerJail], marker: str
 ) -> None:
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     script = (
         f"setsid sh -c 'trap \"\" TERM; exec sleep {marker}' & ( (sleep {marker} &) & ); "
         f"nohup sleep {marker} >/dev/null 2>&1 & echo started"
@@ -219,15 +205,11 @@ async def test_a_leftover_background_process_dies_before_the_next_call(
 
 @pytest.mark.root
 async def test_the_agent_dying_mid_call_is_a_structured_error_and_nothing_runs_on_the_host(
-    backend: dockerb.DockerBackend,
-    jails: list[dockerb.DockerJail],
-    workspace: Path,
-    client: docker.DockerClient,
-    marker: str,
+    jails: Jails[dockerb.DockerJail], client: docker.DockerClient, marker: str
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("killing the container's PID 1 from the host needs root")
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     cid = jail.container_id
     assert cid is not None
     host_pid = int(client.containers.get(cid).attrs["State"]["Pid"])
@@ -306,9 +288,9 @@ async def test_unreachable_daemon_fails_fast(
 
 
 async def test_container_killed_from_outside_is_a_structured_error(
-    backend: dockerb.DockerBackend, jails: list[dockerb.DockerJail], workspace: Path, client: docker.DockerClient
+    jails: Jails[dockerb.DockerJail], client: docker.DockerClient
 ) -> None:
-    jail = await open_jail(backend, jails, workspace)
+    jail = await jails.open()
     cid = jail.container_id
     assert cid is not None
 

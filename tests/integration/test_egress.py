@@ -114,15 +114,35 @@ def denied(result: executor.ExecResult) -> list[tuple[str, int, str]]:
     return [(d["host"], d["port"], d["reason"]) for d in result.network["denials"]]
 
 
+async def fetched_then_refused(
+    jail: base.Jail, allowed: str, refused: str, env: Mapping[str, str]
+) -> executor.ExecResult:
+    """curl ``allowed`` then ``refused`` in one call; the first must arrive and the second be refused."""
+    result = await sh(jail, f"curl -sSf {allowed} && echo fetched; curl -sSf {refused} || echo refused", env)
+    assert "fetched" in result.stdout and "refused" in result.stdout, result
+    return result
+
+
+def allowing(lab: NetLab, name: str) -> list[str]:
+    """``name`` on the lab's HTTP and HTTPS ports, and the lab's own address (see lab_address)."""
+    return [*on_ports(lab, name), *lab_address(lab)]
+
+
+@pytest.fixture
+async def allowed_jail(allowlist_jail: Opener, lab: NetLab) -> base.Jail:
+    """A jail whose allowlist names ``allowed.test``: what most of these tests need."""
+    jail: base.Jail = await allowlist_jail(allowing(lab, "allowed.test"))
+    return jail
+
+
 # -- what an allowlist lets through --------------------------------------------------------------
 
 
 async def test_allowed_hosts_work_for_curl_urllib_pip_and_git(
-    allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]
+    allowed_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]
 ) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "allowed.test"), *lab_address(lab)])
     result = await sh(
-        jail,
+        allowed_jail,
         f"curl -sSf {lab.http_url('allowed.test', '/hello.txt')} && "
         f"curl -sSf {lab.https_url('allowed.test', '/hello.txt')} && "
         f"python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1]).read().decode())' "
@@ -139,9 +159,10 @@ async def test_allowed_hosts_work_for_curl_urllib_pip_and_git(
     assert denied(result) == []
 
 
-async def test_a_long_download_arrives_whole(allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "allowed.test"), *lab_address(lab)])
-    result = await sh(jail, f"curl -sSf {lab.https_url('allowed.test', '/big.bin')} | sha256sum", ca_env, timeout=120)
+async def test_a_long_download_arrives_whole(allowed_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]) -> None:
+    result = await sh(
+        allowed_jail, f"curl -sSf {lab.https_url('allowed.test', '/big.bin')} | sha256sum", ca_env, timeout=120
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.split()[0] == lab.big_sha256
 
@@ -150,11 +171,10 @@ async def test_a_long_download_arrives_whole(allowlist_jail: Opener, lab: NetLab
 
 
 async def test_a_host_not_on_the_list_is_refused_with_a_denial(
-    allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]
+    allowed_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]
 ) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "allowed.test"), *lab_address(lab)])
     result = await sh(
-        jail,
+        allowed_jail,
         f"curl -sSf {lab.http_url('other.test', '/hello.txt')}; echo curl=$?; "
         f"curl -sSf {lab.https_url('other.test', '/hello.txt')}; echo curl=$?",
         ca_env,
@@ -172,21 +192,14 @@ async def test_a_host_not_on_the_list_is_refused_with_a_denial(
 
 
 async def test_a_wildcard_covers_subdomains_only(allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "*.allowed.test"), *lab_address(lab)])
-    result = await sh(
-        jail,
-        f"curl -sSf {lab.http_url('sub.allowed.test', '/hello.txt')} && echo sub-ok; "
-        f"curl -sSf {lab.http_url('allowed.test', '/hello.txt')} || echo apex-refused",
-        ca_env,
-    )
-    assert "sub-ok" in result.stdout and "apex-refused" in result.stdout, result
+    jail = await allowlist_jail(allowing(lab, "*.allowed.test"))
+    sub, apex = lab.http_url("sub.allowed.test", "/hello.txt"), lab.http_url("allowed.test", "/hello.txt")
+    result = await fetched_then_refused(jail, sub, apex, ca_env)
     assert denied(result) == [("allowed.test", lab.http_port, "not-allowed")]
 
 
 async def test_deny_wins_over_allow(allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]) -> None:
-    jail = await allowlist_jail(
-        [*on_ports(lab, "*.allowed.test"), *lab_address(lab)], deny=on_ports(lab, "sub.allowed.test")
-    )
+    jail = await allowlist_jail(allowing(lab, "*.allowed.test"), deny=on_ports(lab, "sub.allowed.test"))
     result = await sh(jail, f"curl -sSf {lab.http_url('sub.allowed.test', '/hello.txt')} || echo refused", ca_env)
     assert "refused" in result.stdout
     assert [r for _, _, r in denied(result)] == ["denied"]
@@ -194,13 +207,8 @@ async def test_deny_wins_over_allow(allowlist_jail: Opener, lab: NetLab, ca_env:
 
 async def test_ip_literals_and_ports_are_exact(allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]) -> None:
     jail = await allowlist_jail([f"{lab.address}:{lab.http_port}"])
-    result = await sh(
-        jail,
-        f"curl -sSf {lab.http_url(None, '/hello.txt')} && echo ip-ok; "
-        f"curl -sSf {lab.http_url(None, '/hello.txt', port=lab.alt_port)} || echo other-port-refused",
-        ca_env,
-    )
-    assert "ip-ok" in result.stdout and "other-port-refused" in result.stdout, result
+    ip, other_port = lab.http_url(None, "/hello.txt"), lab.http_url(None, "/hello.txt", port=lab.alt_port)
+    result = await fetched_then_refused(jail, ip, other_port, ca_env)
     assert [(h, p) for h, p, _ in denied(result)] == [(lab.address, lab.alt_port)]
 
 
@@ -220,9 +228,8 @@ async def test_names_that_rebind_to_loopback_or_metadata_are_refused(
 
 
 async def test_raw_sockets_dev_tcp_and_dns_find_no_route(
-    allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]
+    allowed_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]
 ) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "allowed.test"), *lab_address(lab)])
     probe = (
         "import socket, sys\n"
         f"addr = ({lab.address!r}, {lab.http_port})\n"
@@ -240,7 +247,7 @@ async def test_raw_sockets_dev_tcp_and_dns_find_no_route(
         "print(' '.join(out))\n"
     )
     script = f'python3 -c "$PROBE"; (exec 3<>/dev/tcp/{lab.address}/{lab.http_port}) 2>/dev/null && echo devtcp-open'
-    result = await sh(jail, f"{script} || echo devtcp-refused", {**ca_env, "PROBE": probe})
+    result = await sh(allowed_jail, f"{script} || echo devtcp-refused", {**ca_env, "PROBE": probe})
     assert "open" not in result.stdout.replace("devtcp-refused", ""), result
     assert "devtcp-refused" in result.stdout
 
@@ -249,10 +256,9 @@ async def test_raw_sockets_dev_tcp_and_dns_find_no_route(
 
 
 async def test_the_proxy_dying_mid_call_fails_the_call_and_opens_nothing(
-    allowlist_jail: Opener, lab: NetLab, ca_env: dict[str, str]
+    allowed_jail: base.Jail, lab: NetLab, ca_env: dict[str, str]
 ) -> None:
-    jail = await allowlist_jail([*on_ports(lab, "allowed.test"), *lab_address(lab)])
-    egress = jail.egress
+    egress = allowed_jail.egress
     assert egress is not None
     reading = (
         "import sys, urllib.request as u\n"
@@ -271,7 +277,7 @@ async def test_the_proxy_dying_mid_call_fails_the_call_and_opens_nothing(
             started.set()
 
     result = await executor.run(
-        jail,
+        allowed_jail,
         ["bash", "-c", 'python3 -c "$READ" "$SIZE"'],
         env={**ca_env, "READ": reading, "SIZE": str(lab.big_size)},
         on_stdout=on_stdout,
@@ -280,7 +286,7 @@ async def test_the_proxy_dying_mid_call_fails_the_call_and_opens_nothing(
     assert started.is_set(), result
     assert result.exit_code != 0, result
     with pytest.raises(BackendUnavailable, match="egress proxy has stopped"):
-        await sh(jail, f"curl -sS {lab.http_url('allowed.test', '/hello.txt')}", ca_env)
+        await sh(allowed_jail, f"curl -sS {lab.http_url('allowed.test', '/hello.txt')}", ca_env)
 
 
 # -- through sandbox serve: denials as they happen, the audit, asking for new hosts --------------
@@ -296,7 +302,7 @@ async def test_serve_streams_each_denial_and_the_audit_keeps_it(lab: NetLab, wor
                 "workspace": str(workspace),
                 "backend": "bwrap",
                 "mode": "auto",
-                "allow_hosts": [*on_ports(lab, "allowed.test"), *lab_address(lab)],
+                "allow_hosts": allowing(lab, "allowed.test"),
             },
         )
         sid = opened["result"]["session_id"]
@@ -466,9 +472,7 @@ def test_sandbox_run_prints_and_audits_each_denial(lab: NetLab, workspace: Path)
     """The CLI's contract: --allow-host implies allowlist, the JSON names the network and its
     denials, the text mode adds one line per refused host, and the audit keeps them."""
     backend_or_skip("bwrap")
-    allow = [
-        arg for pattern in [*on_ports(lab, "allowed.test"), *lab_address(lab)] for arg in ("--allow-host", pattern)
-    ]
+    allow = [arg for pattern in allowing(lab, "allowed.test") for arg in ("--allow-host", pattern)]
     run = [rpc_client.SANDBOX, "run", "--backend", "bwrap", "--workspace", str(workspace), *allow]
     command = ["--", "curl", "-sSf", lab.http_url("other.test", "/hello.txt")]
     as_json = subprocess.run([*run, "--json", *command], capture_output=True, text=True, check=False, timeout=60)

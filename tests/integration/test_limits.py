@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -22,9 +20,13 @@ from sandbox import profile as profiles
 from sandbox.backends import base, cgroups, confine
 from sandbox.errors import GuaranteeUnavailable
 from tests.conftest import backend_or_skip, survivors
+from tests.integration._cli import sandbox, shell
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
 
 pytestmark = pytest.mark.bwrap
-SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 ALLOCATE_400_MIB = "x = b'1' * (400 << 20); print('allocated', len(x))"
 COUNT_FORKS = """import os, time
 n = 0
@@ -54,16 +56,7 @@ def run(*args: str, limit_nproc: int | None = None, timeout: float = 120) -> sub
         if limit_nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (limit_nproc, limit_nproc))
 
-    return subprocess.run(
-        [SANDBOX, *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=timeout,
-        env=os.environ.copy(),
-        check=False,
-        preexec_fn=lower_nproc,
-    )
+    return sandbox(*args, text=True, timeout=timeout, preexec_fn=lower_nproc)
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
@@ -134,26 +127,24 @@ def test_the_cli_refuses_a_cpu_share_without_a_cpu_cgroup(workspace: Path, tmp_p
     assert "GUARANTEE_UNAVAILABLE" in done.stderr and "limits.cpus" in done.stderr
 
 
-@ORDINARY_USER
-def test_fork_bomb_is_capped_per_call_and_reported(workspace: Path, marker: str) -> None:
-    done = run(
-        "run",
-        "--pids",
-        "50",
-        "--timeout",
-        "5",
-        "--json",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
-    )
+def fork_bomb(
+    workspace: Path, marker: str, pids: int, *flags: str, limit_nproc: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``sandbox run`` of a fork bomb allowed ``pids`` processes for 5 s; ``marker`` finds what it left."""
+    bomb = f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive"
+    return run("run", "--pids", str(pids), "--timeout", "5", *flags, *shell(workspace, bomb), limit_nproc=limit_nproc)
+
+
+def assert_reported_as_the_calls(done: subprocess.CompletedProcess[str], marker: str) -> None:
     out = _json(done)
     # The shell's own status (2 when it cannot fork), or 124: the call's, reported, not ours.
     assert done.returncode != 125 and out["exit_status"] == done.returncode
     assert survivors(marker) == []
+
+
+@ORDINARY_USER
+def test_fork_bomb_is_capped_per_call_and_reported(workspace: Path, marker: str) -> None:
+    assert_reported_as_the_calls(fork_bomb(workspace, marker, 50, "--json"), marker)
 
 
 def _user_tasks() -> int:
@@ -170,45 +161,15 @@ def test_fork_bomb_that_exhausts_the_user_leaves_the_executor_reporting(workspac
     # The executor's own RLIMIT_NPROC a little above what this user runs now: the bomb (allowed
     # 500 per call) takes the rest, and the executor cannot start a thread or a process either.
     headroom = _user_tasks() + 30
-    done = run(
-        "run",
-        "--pids",
-        "500",
-        "--timeout",
-        "5",
-        "--json",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
-        limit_nproc=headroom,
-    )
-    out = _json(done)
-    # The shell's own status (2 when it cannot fork), or 124: the call's, reported, not ours.
-    assert done.returncode != 125 and out["exit_status"] == done.returncode
-    assert survivors(marker) == []
+    done = fork_bomb(workspace, marker, 500, "--json", limit_nproc=headroom)
+    assert_reported_as_the_calls(done, marker)
     assert [p for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE] == []
 
 
 @ORDINARY_USER
 def test_fork_bomb_that_exhausts_the_user_streams_and_reports_without_a_traceback(workspace: Path, marker: str) -> None:
     # Streaming output is where a thread per call used to die (``can't start new thread``).
-    done = run(
-        "run",
-        "--pids",
-        "500",
-        "--timeout",
-        "5",
-        "--workspace",
-        str(workspace),
-        "--",
-        "sh",
-        "-c",
-        f": {marker}; bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo alive",
-        limit_nproc=_user_tasks() + 30,
-    )
+    done = fork_bomb(workspace, marker, 500, limit_nproc=_user_tasks() + 30)
     assert "Traceback" not in done.stderr and "can't start new thread" not in done.stderr
     assert done.returncode not in (1, 125), done.stderr[-2000:]
     assert survivors(marker) == []

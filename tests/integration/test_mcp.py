@@ -25,6 +25,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from sandbox import changes as changes_store
 from sandbox.audit import AuditLog
 from tests.conftest import BACKENDS, backend_or_skip, own_like_a_checkout, survivors
+from tests.mcp_support import Answer, Asker, audited_errors, data, leave_mid_call, text, until
 from tests.rpc_client import SANDBOX
 
 if TYPE_CHECKING:
@@ -34,24 +35,6 @@ if TYPE_CHECKING:
     from mcp.client import ClientRequestContext
 
 pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
-
-Answer = types.ElicitResult | str
-
-
-class Asker:
-    """An elicitation callback answering from a script; it records each question."""
-
-    def __init__(self, *answers: Answer) -> None:
-        self.answers = list(answers)
-        self.asked: list[types.ElicitRequestParams] = []
-
-    async def __call__(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
-        del context  # the question is all a script reads
-        self.asked.append(params)
-        answer = self.answers.pop(0) if self.answers else "deny"
-        if isinstance(answer, types.ElicitResult):
-            return answer
-        return types.ElicitResult(action="accept", content={"decision": answer})
 
 
 @contextlib.asynccontextmanager
@@ -64,17 +47,6 @@ async def connect(
     async with stdio_client(server) as (read, write), ClientSession(read, write, elicitation_callback=elicit) as s:
         await s.initialize()
         yield s
-
-
-def data(result: types.CallToolResult) -> dict[str, Any]:
-    assert isinstance(result.structured_content, dict), result
-    return result.structured_content
-
-
-def text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 async def test_lists_the_tools_with_their_parameter_schemas(workspace: Path) -> None:
@@ -154,28 +126,17 @@ async def test_cancellation_kills_the_tree_and_is_audited(workspace: Path, marke
                     await s.call_tool("Bash", {"command": f"setsid sleep {marker} & sleep {marker}"})
 
                 tg.start_soon(call)
-                while not survivors(marker):
-                    await anyio.sleep(0.05)
+                await until(lambda: survivors(marker))
                 tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the call
-            while survivors(marker):
-                await anyio.sleep(0.05)
+            await until(lambda: not survivors(marker))
         after = await s.call_tool("Bash", {"command": "echo still serving"})
     assert survivors(marker) == [] and data(after)["stdout"] == "still serving\n"
-    rows = [r for r in AuditLog().rows() if r["tool"] == "Bash" and marker in r["args_preview"]]
-    assert [r["error_code"] for r in rows] == ["ABORTED"]
+    assert audited_errors(marker, tool="Bash") == ["ABORTED"]
 
 
 async def test_disconnect_mid_call_kills_the_tree(workspace: Path, marker: str) -> None:
-    with anyio.fail_after(60):
-        async with connect(workspace) as s, anyio.create_task_group() as tg:
-            tg.start_soon(s.call_tool, "Bash", {"command": f"sleep {marker}"})
-            while not survivors(marker):
-                await anyio.sleep(0.05)
-            tg.cancel_scope.cancel()
-        while survivors(marker):
-            await anyio.sleep(0.05)
-    rows = [r for r in AuditLog().rows() if marker in r["args_preview"]]
-    assert [r["error_code"] for r in rows] == ["ABORTED"]
+    await leave_mid_call(connect(workspace), marker)
+    assert audited_errors(marker) == ["ABORTED"]
 
 
 OUTSIDE = "/etc/hostname"  # outside the workspace: the policy asks before a read there

@@ -22,10 +22,9 @@ from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from sandbox.audit import AuditLog
 from sandbox.cli.output import EXIT_ERROR
-from tests.conftest import backend_or_skip, survivors
-from tests.integration.test_mcp import Asker, data
+from tests.conftest import backend_or_skip
+from tests.mcp_support import Asker, audited_errors, data, leave_mid_call
 from tests.rpc_client import SANDBOX
 
 if TYPE_CHECKING:
@@ -169,16 +168,8 @@ async def test_a_remote_bind_is_refused_unless_asked(workspace: Path) -> None:
 async def test_session_closes_with_the_http_session_and_kills_the_tree(workspace: Path, marker: str) -> None:
     asker = Asker("allow-once")
     async with http_server(workspace) as (url, token):
-        with anyio.fail_after(60):
-            async with connect(url, token, asker) as s, anyio.create_task_group() as tg:
-                tg.start_soon(s.call_tool, "Bash", {"command": f"sleep {marker}"})
-                while not survivors(marker):
-                    await anyio.sleep(0.05)
-                tg.cancel_scope.cancel()
-            while survivors(marker):
-                await anyio.sleep(0.05)
-    rows = [r for r in AuditLog().rows() if marker in r["args_preview"]]
-    assert [r["error_code"] for r in rows] == ["ABORTED"]
+        await leave_mid_call(connect(url, token, asker), marker)
+    assert audited_errors(marker) == ["ABORTED"]
 
 
 async def test_the_sdks_auto_mode_client_gets_the_handshake_over_http(workspace: Path) -> None:

@@ -24,9 +24,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from sandbox.network.policy import EgressPolicy
 from sandbox.network.proxy import Connected, Denial, EgressProxy
 from sandbox.network.resolve import DnsResolver, StaticResolver
+from tests.integration._loopback import WAIT, Approver, ProxyLab, on, serve, within
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import Answer
 
 pytestmark = pytest.mark.anyio
-WAIT = 10.0
-"""How long a client waits for an answer: generous, it only bounds a failing test."""
 T = TypeVar("T")
 
 NAMES = {
@@ -127,18 +126,6 @@ async def _pipe(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream) ->
         await sink.send_eof()
 
 
-async def _serve(tg: anyio.abc.TaskGroup, handler: Callable[[anyio.abc.SocketStream], Awaitable[None]]) -> int:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-
-    async def serve() -> None:
-        async with listener:
-            await listener.serve(handler)
-
-    tg.start_soon(serve)
-    port: int = listener.extra(anyio.abc.SocketAttribute.local_port)
-    return port
-
-
 _OPEN: list[anyio.abc.AsyncResource] = []
 """Client streams and the servers' result streams, closed when the test's lab is torn down."""
 
@@ -150,35 +137,16 @@ def _memory_stream(_kind: type[T]) -> tuple[MemoryObjectSendStream[T], MemoryObj
 
 
 @dataclass
-class Lab:
+class Lab(ProxyLab):
+    NAMES = NAMES
     echo: Server
     banner: Server
     http: HttpServer
     tmp: Path
     closed_port: int
-    denials: list[Denial] = field(default_factory=list)
-    connects: list[Connected] = field(default_factory=list)
 
-    @contextlib.asynccontextmanager
-    async def proxy(
-        self, allow: list[str], deny: list[str] | None = None, **options: Any
-    ) -> AsyncIterator[EgressProxy]:
-        policy = EgressPolicy.from_patterns(allow, deny or [], ask=options.pop("ask", False))
-
-        async def on_denial(denial: Denial) -> None:  # async on purpose: the proxy awaits it
-            self.denials.append(denial)
-
-        options.setdefault("resolver", StaticResolver(NAMES))
-        proxy = EgressProxy(
-            policy,
-            tcp=("127.0.0.1", 0),
-            unix_path=self.tmp / "egress.sock",
-            on_denial=on_denial,
-            on_connect=self.connects.append,
-            **options,
-        )
-        async with proxy:
-            yield proxy
+    def listeners(self) -> dict[str, Any]:
+        return {"tcp": ("127.0.0.1", 0), "unix_path": self.tmp / "egress.sock"}
 
 
 @pytest.fixture
@@ -186,9 +154,9 @@ async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
     async with anyio.create_task_group() as tg:
         echo, banner, http = Server(), Server(banner=b"SSH-2.0-test\r\n"), HttpServer()
         echo.port, banner.port, http.port = (
-            await _serve(tg, echo.handle),
-            await _serve(tg, banner.handle),
-            await _serve(tg, http.handle),
+            await serve(tg, echo.handle),
+            await serve(tg, banner.handle),
+            await serve(tg, http.handle),
         )
         with socket.socket() as unused:
             unused.bind(("127.0.0.1", 0))
@@ -199,11 +167,6 @@ async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
             tg.cancel_scope.cancel()
             while _OPEN:
                 await _OPEN.pop().aclose()
-
-
-async def within(awaitable: Awaitable[T]) -> T:
-    with anyio.fail_after(WAIT):
-        return await awaitable
 
 
 # -- clients ------------------------------------------------------------------------------------------
@@ -269,11 +232,6 @@ def client_hello(server_name: str) -> bytes:
     with pytest.raises(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
-
-
-def on(port: int, *names: str) -> list[str]:
-    """Allow ``names`` on ``port``, and the loopback address they resolve to on that port."""
-    return [f"{name}:{port}" for name in names] + [f"127.0.0.1:{port}"]
 
 
 # -- CONNECT -----------------------------------------------------------------------------------------------
@@ -538,16 +496,6 @@ async def test_socks5_ip_literals(lab: Lab) -> None:
 
 
 # -- ask ---------------------------------------------------------------------------------------------------
-@dataclass
-class Approver:
-    answer: Answer
-    asked: list[tuple[str, int]] = field(default_factory=list)
-
-    async def __call__(self, host: str, port: int) -> Answer:
-        self.asked.append((host, port))
-        return self.answer
-
-
 async def test_ask_allow_once_asks_again_next_time(lab: Lab) -> None:
     approver, port = Approver("allow-once"), lab.echo.port
     async with lab.proxy([f"127.0.0.1:{port}"], ask=True, approver=approver) as proxy:
@@ -618,7 +566,7 @@ async def test_upstream_proxy_is_chained_by_name(lab: Lab) -> None:
     port = lab.echo.port
     upstream = UpstreamProxy({f"good.test:{port}": port, f"good.test:{lab.http.port}": lab.http.port})
     async with anyio.create_task_group() as tg:
-        upstream.port = await _serve(tg, upstream.handle)
+        upstream.port = await serve(tg, upstream.handle)
         options: dict[str, Any] = {"upstream": f"http://127.0.0.1:{upstream.port}", "resolver": StaticResolver({})}
         async with lab.proxy([f"good.test:{port}", f"good.test:{lab.http.port}"], **options) as proxy:
             client, status, _, _ = await tunnel(proxy, f"good.test:{port}")

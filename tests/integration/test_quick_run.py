@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import backend_or_skip
+from tests.integration._cli import sandbox, shell
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.bwrap
-SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 
 
 @pytest.fixture(autouse=True)
@@ -25,10 +27,8 @@ def _need_bwrap() -> None:
     backend_or_skip("bwrap")
 
 
-def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-    kwargs.setdefault("stdin", subprocess.DEVNULL)
-    kwargs.setdefault("capture_output", True)
-    return subprocess.run([SANDBOX, "run", *args], timeout=120, check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
+def run(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    return sandbox("run", *args, **kwargs)
 
 
 def cache_stamp(data_dir: Path) -> list[int]:
@@ -73,12 +73,7 @@ def test_a_host_file_on_stdout_is_never_handed_to_the_jail(workspace: Path, tmp_
         done = run(
             "--timeout",
             "5",
-            "--workspace",
-            str(workspace),
-            "--",
-            "sh",
-            "-c",
-            "timeout 2 cat /proc/self/fd/1 >&2; echo appended",
+            *shell(workspace, "timeout 2 cat /proc/self/fd/1 >&2; echo appended"),
             capture_output=False,
             stdout=out,
             stderr=subprocess.PIPE,

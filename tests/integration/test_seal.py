@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -137,3 +138,27 @@ def test_sandbox_run_seals_on_the_quick_path_too(project: Path) -> None:
             check=False,
         )
         assert done.returncode == 0 and done.stdout == "", (done.stdout, done.stderr)
+
+
+@pytest.mark.bwrap
+def test_sandbox_run_masks_a_secret_created_after_a_cached_search(project: Path, data_dir: Path) -> None:
+    """Each ``sandbox run`` is a process of its own: the second reads the first's search from the
+    data directory (sandbox/backends/seal.py's cache) and must still mask what came after it."""
+    backend_or_skip("bwrap")
+    time.sleep(seal.RACY_NS / 1e9 + 0.2)  # past the racy window: the first run's search is trusted
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [SANDBOX, "run", "--workspace", str(project), "--", *argv], capture_output=True, text=True, check=False
+        )
+
+    assert run("true").returncode == 0
+    assert list((data_dir / "cache" / "seal").iterdir()), "the first run kept no search"
+    (project / "deploy" / "late.pem").write_text("LATE\n")  # an existing directory, deep or not
+    (project / "src" / "new").mkdir()
+    (project / "src" / "new" / ".env.prod").write_text("PROD\n")
+    done = run("cat", "deploy/late.pem", "src/new/.env.prod", ".env")
+    assert done.returncode == 0 and done.stdout == "", (done.stdout, done.stderr)
+    (project / "deploy" / "late.pem").unlink()
+    done = run("ls", "deploy")
+    assert done.stdout.split() == ["server.key"], (done.stdout, done.stderr)

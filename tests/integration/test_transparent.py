@@ -14,7 +14,7 @@ import datetime
 import socket
 import ssl
 from dataclasses import astuple, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -32,21 +32,17 @@ from cryptography.x509.oid import NameOID
 
 from sandbox.network.dnsfilter import FilteringDns
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Connected, Denial, EgressProxy
+from sandbox.network.proxy import Denial, EgressProxy
 from sandbox.network.resolve import StaticResolver
+from tests.integration._loopback import WAIT, Approver, ProxyLab, on, serve, within
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
-    from sandbox.vocabulary import Answer
-
 pytestmark = pytest.mark.anyio
-WAIT = 10.0
-"""How long a client waits for an answer: generous, it only bounds a failing test."""
 SILENCE = 0.5
 """How long a DNS client waits to conclude that no answer is coming (the one wait for an absence)."""
-T = TypeVar("T")
 
 NAMES = {
     "good.test": ["127.0.0.1"],
@@ -121,48 +117,20 @@ class HttpServer:
             await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
 
 
-async def _serve(tg: anyio.abc.TaskGroup, handler: Callable[[anyio.abc.SocketStream], Awaitable[None]]) -> int:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-
-    async def serve() -> None:
-        async with listener:
-            await listener.serve(handler)
-
-    tg.start_soon(serve)
-    port: int = listener.extra(anyio.abc.SocketAttribute.local_port)
-    return port
-
-
 @dataclass
-class Lab:
+class Lab(ProxyLab):
+    NAMES = NAMES
     tls: TlsServer
     http: HttpServer
     client_context: ssl.SSLContext
-    denials: list[Denial] = field(default_factory=list)
-    connects: list[Connected] = field(default_factory=list)
 
-    @contextlib.asynccontextmanager
-    async def proxy(
-        self, allow: list[str], deny: list[str] | None = None, **options: Any
-    ) -> AsyncIterator[EgressProxy]:
-        """A proxy with only the transparent listeners; TLS is taken to the TLS server's port."""
-        policy = EgressPolicy.from_patterns(allow, deny or [], ask=options.pop("ask", False))
-
-        async def on_denial(denial: Denial) -> None:  # async on purpose: the proxy awaits it
-            self.denials.append(denial)
-
-        options.setdefault("resolver", StaticResolver(NAMES))
-        proxy = EgressProxy(
-            policy,
-            transparent_http=("127.0.0.1", 0),
-            transparent_tls=("127.0.0.1", 0),
-            transparent_tls_port=self.tls.port,
-            on_denial=on_denial,
-            on_connect=self.connects.append,
-            **options,
-        )
-        async with proxy:
-            yield proxy
+    def listeners(self) -> dict[str, Any]:
+        """Only the transparent listeners; TLS is taken to the TLS server's port."""
+        return {
+            "transparent_http": ("127.0.0.1", 0),
+            "transparent_tls": ("127.0.0.1", 0),
+            "transparent_tls_port": self.tls.port,
+        }
 
 
 @pytest.fixture
@@ -173,31 +141,11 @@ async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
     client_context = ssl.create_default_context(cafile=str(cert))
     async with anyio.create_task_group() as tg:
         tls, http = TlsServer(server_context), HttpServer()
-        tls.port, http.port = await _serve(tg, tls.handle), await _serve(tg, http.handle)
+        tls.port, http.port = await serve(tg, tls.handle), await serve(tg, http.handle)
         try:
             yield Lab(tls, http, client_context)
         finally:
             tg.cancel_scope.cancel()
-
-
-async def within(awaitable: Awaitable[T]) -> T:
-    with anyio.fail_after(WAIT):
-        return await awaitable
-
-
-def on(port: int, *names: str) -> list[str]:
-    """Allow ``names`` on ``port``, and the loopback address they resolve to on that port."""
-    return [f"{name}:{port}" for name in names] + [f"127.0.0.1:{port}"]
-
-
-@dataclass
-class Approver:
-    answer: Answer
-    asked: list[tuple[str, int]] = field(default_factory=list)
-
-    async def __call__(self, host: str, port: int) -> Answer:
-        self.asked.append((host, port))
-        return self.answer
 
 
 # -- the TLS listener -----------------------------------------------------------------------------------

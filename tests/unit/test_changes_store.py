@@ -10,6 +10,7 @@ import pytest
 from sandbox import changes, leftovers
 from sandbox.errors import Conflict, InvalidArgument
 from sandbox.mounts import Change, CopyTree, Stamp, sha256_file
+from tests.unit.copy_trees import copy_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,14 +21,13 @@ HOOK = ".git/hooks/pre-commit"
 
 @pytest.fixture
 async def tree(tmp_path: Path) -> CopyTree:
-    ws = tmp_path / "ws"
-    (ws / "src").mkdir(parents=True)
-    (ws / "src" / "app.py").write_text("print('hello')\n")
-    (ws / "README.md").write_text("# sample\n")
-    (ws / "old.txt").write_text("old\n")
-    (ws / "blob.bin").write_bytes(b"\0\1\2")
-    (tmp_path / "copies").mkdir()
-    return await CopyTree.prepare(ws, tmp_path / "copies")
+    files: dict[str, str | bytes] = {
+        "src/app.py": "print('hello')\n",
+        "README.md": "# sample\n",
+        "old.txt": "old\n",
+        "blob.bin": b"\0\1\2",
+    }
+    return await copy_of(tmp_path, files)
 
 
 def edit(tree: CopyTree) -> None:

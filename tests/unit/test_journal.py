@@ -10,6 +10,7 @@ import pytest
 from sandbox import journal
 from sandbox.errors import Conflict
 from sandbox.mounts import CopyTree, walk
+from tests.unit.copy_trees import copy_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -19,13 +20,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def tree(tmp_path: Path) -> CopyTree:
-    ws = tmp_path / "ws"
-    (ws / "dir").mkdir(parents=True)
-    (ws / "dir" / "a.txt").write_text("a\n")
-    (ws / "b.txt").write_text("b\n")
-    (ws / "c.txt").write_text("c\n")
-    (tmp_path / "copies").mkdir()
-    return await CopyTree.prepare(ws, tmp_path / "copies")
+    return await copy_of(tmp_path, {"dir/a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"})
 
 
 def contents(root: Path) -> dict[str, str]:

@@ -5,25 +5,24 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
 
 from sandbox.calls import check_workspace
 from sandbox.errors import InvalidArgument
-from sandbox.mounts import CopyTree
+from tests.unit.copy_trees import copy_of
+
+if TYPE_CHECKING:
+    from sandbox.mounts import CopyTree
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 async def tree(tmp_path: Path) -> CopyTree:
-    ws = tmp_path / "ws"
-    (ws / "dir").mkdir(parents=True)
-    (ws / "dir" / "a.txt").write_text("a\n")
-    (ws / "b.txt").write_text("b\n")
-    (tmp_path / "copies").mkdir()
-    return await CopyTree.prepare(ws, tmp_path / "copies")
+    return await copy_of(tmp_path, {"dir/a.txt": "a\n", "b.txt": "b\n"})
 
 
 async def test_untouched_copy_has_no_changes(tree: CopyTree) -> None:

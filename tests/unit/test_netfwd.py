@@ -321,6 +321,12 @@ def test_pass_without_a_proxy_resets_the_client(sock_path: Path) -> None:
         assert sees_end(sock)
 
 
+def run_beside(listen: str, to: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """The forwarder run to completion as ``--listen LISTEN --to TO -- COMMAND``."""
+    argv = [sys.executable, "-I", "-S", "-c", PROGRAM, "--listen", listen, "--to", str(to), "--", *command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
+
+
 def test_run_beside_a_command_listens_before_the_command_starts(sock_path: Path) -> None:
     """``-- ARGV``: bound first, the command exec'd in the forwarder's own process, which the
     forwarder outlives by nothing (it dies with the command)."""
@@ -331,28 +337,7 @@ def test_run_beside_a_command_listens_before_the_command_starts(sock_path: Path)
     )
     port = free_port()
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                PROGRAM,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--to",
-                str(sock_path),
-                "--",
-                sys.executable,
-                "-c",
-                probe,
-                str(port),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE_S,
-            check=False,
-        )
+        done = run_beside(f"127.0.0.1:{port}", sock_path, sys.executable, "-c", probe, str(port))
     finally:
         server.close()
     assert (done.returncode, done.stdout.strip()) == (0, "ping"), done.stderr
@@ -360,25 +345,7 @@ def test_run_beside_a_command_listens_before_the_command_starts(sock_path: Path)
 
 
 def test_run_beside_a_missing_command_exits_127(sock_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            PROGRAM,
-            "--listen",
-            "127.0.0.1:0",
-            "--to",
-            str(sock_path),
-            "--",
-            "/no/such/command",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        check=False,
-    )
+    done = run_beside("127.0.0.1:0", sock_path, "/no/such/command")
     assert done.returncode == 127 and "/no/such/command" in done.stderr
 
 

@@ -9,9 +9,18 @@ import anyio
 import pytest
 
 from sandbox.errors import InvalidArgument
-from sandbox.network.policy import EgressPolicy, IPAddress, parse_rule, special_kind
+from sandbox.network.policy import (
+    EgressPolicy,
+    IPAddress,
+    allowlist,
+    for_profile,
+    parse_rule,
+    special_kind,
+    trusted_rule,
+)
 from sandbox.network.proxy import IncompleteHello, NotClientHello, client_hello_sni, upstream_from_env
 from sandbox.network.resolve import CachedResolver, DnsResolver, StaticResolver, SystemResolver, resolver_from_env
+from sandbox.profile import Profile
 
 
 def policy(*allow: str, deny: tuple[str, ...] = (), ask: bool = False) -> EgressPolicy:
@@ -344,3 +353,68 @@ def test_a_cached_resolver_keeps_answers_for_its_ttl_and_never_an_empty_one() ->
         assert inner.asked == 4
 
     anyio.run(scenario)
+
+
+# -- seed 004's trusted.domains, shared with the allowlist ------------------------------------
+
+
+def _profile(allow: tuple[str, ...] = (), deny: tuple[str, ...] = (), trusted: tuple[str, ...] = ()) -> Profile:
+    return Profile.model_validate(
+        {
+            "network": {"mode": "allowlist", "allow": list(allow), "deny": list(deny)},
+            "policy": {"trusted": {"domains": list(trusted)}},
+        }
+    )
+
+
+def test_the_allowlist_merges_the_trusted_domains_once() -> None:
+    assert allowlist(("pypi.org", "*.corp.test"), ("*.corp.test", "wiki.corp.test")) == (
+        "pypi.org",
+        "*.corp.test",
+        "wiki.corp.test",
+    )
+    plain = _profile(allow=("pypi.org",))
+    assert for_profile(plain) is plain.network  # nothing to merge: the profile's own section
+    merged = for_profile(_profile(allow=("pypi.org",), trusted=("wiki.corp.test", "pypi.org")))
+    assert merged.allow == ("pypi.org", "wiki.corp.test") and merged.mode == "allowlist"
+
+
+def test_a_trusted_domain_is_allowed_by_the_proxy_and_exempt_for_fetches() -> None:
+    from sandbox.policy.exemptions import public_fetch
+
+    profile = _profile(allow=("pypi.org",), deny=("secret.corp.test",), trusted=("*.corp.test", "10.0.0.0/8:8080"))
+    network = for_profile(profile)
+    egress = EgressPolicy.from_patterns(network.allow, network.deny, ask=network.ask)
+    trusted = profile.policy.trusted.domains
+    cases = [
+        ("wiki.corp.test", 443, True),
+        ("a.b.corp.test", 80, True),
+        ("corp.test", 443, False),  # *.x: subdomains only, on both sides
+        ("wiki.corp.test", 8443, False),  # no port: 80 and 443 only
+        ("10.1.2.3", 8080, True),
+        ("10.1.2.3", 443, False),
+        ("evilcorp.test", 443, False),
+    ]
+    for host, port, allowed in cases:
+        assert egress.decide(host, port).allowed is (True if allowed else None), (host, port)
+        url = f"http://{host}:{port}/"
+        found = public_fetch("fetch_content", {"url": url}, trusted, read_only_web_fetch=False)
+        assert (found is not None) is allowed, url
+    # The profile's deny still wins in the proxy, trusted or not.
+    assert egress.decide("secret.corp.test", 443).allowed is False
+    # A private address a trusted name resolves to needs an address rule, as for any allowed name.
+    assert egress.check_address(ip("10.9.9.9"), 443, name_rule="*.corp.test").allowed is False
+
+
+def test_an_untrusted_profile_allows_nothing_more() -> None:
+    network = for_profile(_profile(allow=("pypi.org",)))
+    egress = EgressPolicy.from_patterns(network.allow, network.deny)
+    assert egress.decide("wiki.corp.test", 443).allowed is None
+
+
+def test_trusted_rule_reads_egress_patterns() -> None:
+    assert trusted_rule("wiki.corp.test", 443, ["*.corp.test"]) == "*.corp.test"
+    assert trusted_rule("WIKI.corp.test.", 443, ["wiki.corp.test"]) == "wiki.corp.test"
+    assert trusted_rule("[2001:db8::1]", 443, ["2001:db8::/32"]) == "2001:db8::/32"
+    assert trusted_rule("wiki.corp.test", 443, ["not a pattern", "10.0.0.0/8"]) is None  # invalid admits nothing
+    assert trusted_rule("bad host!", 443, ["*.corp.test"]) is None

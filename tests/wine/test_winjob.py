@@ -60,8 +60,11 @@ async def test_probe_is_honest() -> None:
     report = base.get("winjob").probe()
     assert report.available, report.reason
     assert report.guarantees["tree-kill"] and report.guarantees["env-scrubbed"]
-    for name in ("fs-write-confined", "fs-readonly-root", "net-none", "non-root", "no-new-privs"):
-        assert not report.guarantees[name], name  # never claimed: no token, ACL or network work yet
+    for name in ("net-none", "net-confined", "fs-hidden-home", "no-new-privs"):
+        assert not report.guarantees[name], name  # never claimed: no AppContainer; POSIX facilities
+    for name in ("fs-write-confined", "fs-readonly-root", "non-root"):  # the token's: real Windows only
+        assert report.guarantees[name] is not UNDER_WINE, name
+        assert not UNDER_WINE or "Wine accepts file ACLs" in report.reasons[name]
     if UNDER_WINE:
         for name in ("memory-limit", "pids-limit", "cpu-limit"):
             assert not report.guarantees[name] and "Wine" in report.reasons[name]
@@ -185,13 +188,15 @@ async def test_jail_refuses_what_it_cannot_do(workspace: Path, profile: Profile)
     from sandbox.errors import GuaranteeUnavailable
 
     backend = base.get("winjob")
-    with pytest.raises(GuaranteeUnavailable, match="mount 'copy'"):
-        await backend.open_jail(workspace, profile.with_overrides(**{"mount.strategy": "copy"}))
+    with pytest.raises(GuaranteeUnavailable, match="overlay"):
+        await backend.open_jail(workspace, profile.with_overrides(**{"mount.strategy": "overlay"}))
     with pytest.raises(GuaranteeUnavailable, match="network.mode = 'none'"):
         await backend.open_jail(workspace, profile.with_overrides(**{"network.mode": "none"}))
-    with pytest.raises(GuaranteeUnavailable, match="fs-write-confined"):
-        backend.check(profile.with_overrides(requires=["tree-kill", "fs-write-confined"]))
+    with pytest.raises(GuaranteeUnavailable, match="fs-hidden-home"):
+        backend.check(profile.with_overrides(requires=["tree-kill", "fs-hidden-home"]))
     if UNDER_WINE:
+        with pytest.raises(GuaranteeUnavailable, match="fs-write-confined"):
+            backend.check(profile.with_overrides(requires=["tree-kill", "fs-write-confined"]))
         with pytest.raises(GuaranteeUnavailable, match="limits.memory"):
             backend.check(profile.with_overrides(**{"limits.memory": "64MiB"}))
 
@@ -228,7 +233,7 @@ def test_cli_run_json_contract(workspace: Path, tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["exit_code"] == 3 and result["stdout"] == "o\r\n" and result["backend"] == "winjob"
     refused = subprocess.run(
-        [*base_cmd, "--workspace", str(workspace), "--json", "--mount", "copy", "--", PY, "-c", "pass"],
+        [*base_cmd, "--workspace", str(workspace), "--json", "--mount", "overlay", "--", PY, "-c", "pass"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -10,6 +10,7 @@ pids to PIDFILE, prints ``ready`` and sleeps.
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 DETACHED_PROCESS = 0x8
 CREATE_NEW_PROCESS_GROUP = 0x200
@@ -45,7 +46,9 @@ def main() -> None:
         say(f"breakaway-refused {getattr(exc, 'winerror', None)}")
     with open(pidfile, "a") as f:
         f.writelines(f"{pid}\n" for pid in pids)
-    time.sleep(1)  # the nested child writes its grandchild's pid
+    deadline = time.monotonic() + 60  # the nested child writes its grandchild's pid: wait for it (a loaded host)
+    while len(Path(pidfile).read_text().split()) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
     say("ready")
     time.sleep(600)
 

@@ -3,70 +3,17 @@
  * records what it registers, and tools executed the way pi's agent loop executes them.
  */
 import assert from "node:assert/strict";
-import { existsSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
-import { after, before, describe, it } from "node:test";
-import type { AgentToolResult, ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
-import sandboxExtension, { resolveConfig } from "../src/index.ts";
-import { SANDBOX_BIN, tempDir, text } from "./helpers.ts";
-
-interface RegisteredTool {
-	name: string;
-	execute: (id: string, params: unknown, signal: AbortSignal | undefined, onUpdate: undefined, ctx: unknown) => Promise<AgentToolResult<unknown>>;
-}
-type Handler = (event: unknown, ctx: unknown) => unknown;
-
-function loadExtension(flags: Record<string, string>) {
-	const tools = new Map<string, RegisteredTool>();
-	const handlers = new Map<string, Handler[]>();
-	const commands = new Map<string, { handler: (args: string, ctx: unknown) => Promise<void> }>();
-	const pi = {
-		registerFlag: () => {},
-		getFlag: (name: string) => flags[name],
-		registerTool: (tool: RegisteredTool) => tools.set(tool.name, tool),
-		on: (event: string, handler: Handler) => handlers.set(event, [...(handlers.get(event) ?? []), handler]),
-		registerCommand: (name: string, options: { handler: (args: string, ctx: unknown) => Promise<void> }) => commands.set(name, options),
-	};
-	sandboxExtension(pi as unknown as ExtensionAPI);
-	const emit = async (event: string, payload: unknown, ctx: unknown) => {
-		let last: unknown;
-		for (const handler of handlers.get(event) ?? []) last = await handler(payload, ctx);
-		return last;
-	};
-	return { tools, commands, emit };
-}
-
-function fakeContext(cwd: string, answer: string | undefined = "Deny", hasUI = true) {
-	const notes: string[] = [];
-	const asked: string[] = [];
-	const ctx = {
-		cwd,
-		hasUI,
-		mode: hasUI ? "tui" : "print",
-		signal: undefined,
-		ui: {
-			select: async (title: string) => (asked.push(title), answer),
-			notify: (message: string) => notes.push(message),
-			setStatus: () => {},
-		},
-	};
-	return { ctx: ctx as unknown as ExtensionContext, notes, asked };
-}
+import { describe, it } from "node:test";
+import { resolveConfig } from "../src/index.ts";
+import { SANDBOX_BIN, text } from "./helpers.ts";
+import { answering, loadExtension, sessionDirs } from "./support.ts";
 
 const TOOL_NAMES = ["bash", "edit", "find", "grep", "ls", "read", "write"];
 
 describe("the pi extension", () => {
-	let workspace: string;
-	let dataDir: string;
-	before(() => {
-		workspace = tempDir("pi-sbx-ext-ws-");
-		dataDir = tempDir("pi-sbx-ext-data-");
-		process.env.SANDBOX_DATA_DIR = dataDir;
-	});
-	after(() => {
-		rmSync(workspace, { recursive: true, force: true });
-		rmSync(dataDir, { recursive: true, force: true });
-	});
+	const dirs = sessionDirs("ext");
 
 	it("overrides pi's seven built-in tools and registers user_bash and /sandbox", () => {
 		const { tools, commands } = loadExtension({});
@@ -93,11 +40,11 @@ describe("the pi extension", () => {
 	});
 
 	it("without a server every tool fails and nothing runs on the host", async () => {
-		const { tools, emit } = loadExtension({ "sandbox-bin": path.join(workspace, "no-such-sandbox") });
-		const { ctx, notes } = fakeContext(workspace);
+		const { tools, emit } = loadExtension({ "sandbox-bin": path.join(dirs.workspace, "no-such-sandbox") });
+		const { ctx, notes } = answering(dirs.workspace);
 		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 		assert.match(notes.join("\n"), /Sandbox unavailable/);
-		const canary = path.join(workspace, "ran-on-the-host");
+		const canary = path.join(dirs.workspace, "ran-on-the-host");
 		const calls: Array<[string, unknown]> = [
 			["bash", { command: `touch ${canary}` }],
 			["write", { path: canary, content: "x" }],
@@ -116,16 +63,16 @@ describe("the pi extension", () => {
 			);
 		}
 		assert.equal(existsSync(canary), false);
-		const userBash = (await emit("user_bash", { type: "user_bash", command: `touch ${canary}`, excludeFromContext: false, cwd: workspace }, ctx)) as {
+		const userBash = (await emit("user_bash", { type: "user_bash", command: `touch ${canary}`, excludeFromContext: false, cwd: dirs.workspace }, ctx)) as {
 			operations: { exec: (c: string, cwd: string, o: { onData: (d: Buffer) => void }) => Promise<unknown> };
 		};
-		await assert.rejects(userBash.operations.exec(`touch ${canary}`, workspace, { onData: () => {} }), /sandbox/);
+		await assert.rejects(userBash.operations.exec(`touch ${canary}`, dirs.workspace, { onData: () => {} }), /sandbox/);
 		assert.equal(existsSync(canary), false);
 	});
 
 	it("runs tools in the sandbox, asks pi's UI, and stays down after the server dies until /sandbox restart", async () => {
 		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
-		const { ctx, asked } = fakeContext(workspace, "Deny");
+		const { ctx, asked } = answering(dirs.workspace, "Deny");
 		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 		const bash = tools.get("bash");
 		const write = tools.get("write");
@@ -136,33 +83,33 @@ describe("the pi extension", () => {
 
 		await assert.rejects(write.execute("e2", { path: "denied.txt", content: "x" }, undefined, undefined, ctx), /TOOL_DENIED/);
 		assert.equal(asked.length, 1);
-		assert.equal(existsSync(path.join(workspace, "denied.txt")), false);
+		assert.equal(existsSync(path.join(dirs.workspace, "denied.txt")), false);
 
-		const allowing = fakeContext(workspace, "Allow once");
+		const allowing = answering(dirs.workspace, "Allow once");
 		await write.execute("e3", { path: "allowed.txt", content: "yes\n" }, undefined, undefined, allowing.ctx);
-		assert.equal(readFileSync(path.join(workspace, "allowed.txt"), "utf8"), "yes\n");
+		assert.equal(readFileSync(path.join(dirs.workspace, "allowed.txt"), "utf8"), "yes\n");
 
-		const userBash = (await emit("user_bash", { type: "user_bash", command: "id -u", excludeFromContext: false, cwd: workspace }, ctx)) as {
+		const userBash = (await emit("user_bash", { type: "user_bash", command: "id -u", excludeFromContext: false, cwd: dirs.workspace }, ctx)) as {
 			operations: { exec: (c: string, cwd: string, o: { onData: (d: Buffer) => void }) => Promise<{ exitCode: number | null }> };
 		};
 		let out = "";
-		const done = await userBash.operations.exec("id -u", workspace, { onData: (d) => (out += d.toString()) });
+		const done = await userBash.operations.exec("id -u", dirs.workspace, { onData: (d) => (out += d.toString()) });
 		assert.equal(done.exitCode, 0);
 		assert.notEqual(out.trim(), "0");
 
 		// Kill the server behind the extension's back: calls fail, no silent restart.
-		const status = fakeContext(workspace);
+		const status = answering(dirs.workspace);
 		await commands.get("sandbox")?.handler("", status.ctx);
 		const pid = Number(/pid (\d+)/.exec(status.notes.join("\n"))?.[1]);
 		assert.ok(pid > 0, status.notes.join("\n"));
 		process.kill(pid, "SIGKILL");
 		await new Promise((resolve) => setTimeout(resolve, 1500));
-		const canary = path.join(workspace, "after-death");
+		const canary = path.join(dirs.workspace, "after-death");
 		await assert.rejects(bash.execute("e4", { command: `touch ${canary}` }, undefined, undefined, ctx), /sandbox server was killed/);
 		await assert.rejects(bash.execute("e5", { command: `touch ${canary}` }, undefined, undefined, ctx), /until \/sandbox restart/);
 		assert.equal(existsSync(canary), false);
 
-		const restart = fakeContext(workspace);
+		const restart = answering(dirs.workspace);
 		await commands.get("sandbox")?.handler("restart", restart.ctx);
 		assert.match(restart.notes.join("\n"), /Sandbox restarted/);
 		const again = await bash.execute("e6", { command: "echo back" }, undefined, undefined, ctx);
@@ -173,7 +120,7 @@ describe("the pi extension", () => {
 
 	it("turns are real: a call denied in one turn is not asked again in it, but is in the next", async () => {
 		const { tools, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
-		const { ctx, asked } = fakeContext(workspace, "Deny");
+		const { ctx, asked } = answering(dirs.workspace, "Deny");
 		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 		try {
 			const write = tools.get("write");
@@ -190,7 +137,7 @@ describe("the pi extension", () => {
 			await emit("before_agent_start", { type: "before_agent_start", messageType: "user", prompt: "two", systemPrompt: "" }, ctx);
 			assert.match(String(await attempt("t3")), /TOOL_DENIED/);
 			assert.equal(asked.length, 2, "a new turn asks again");
-			assert.equal(existsSync(path.join(workspace, "turned.txt")), false);
+			assert.equal(existsSync(path.join(dirs.workspace, "turned.txt")), false);
 		} finally {
 			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 		}
@@ -198,7 +145,7 @@ describe("the pi extension", () => {
 
 	it("/sandbox mode and /sandbox plan change the running session's modes", async () => {
 		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
-		const { ctx, asked, notes } = fakeContext(workspace, "Deny");
+		const { ctx, asked, notes } = answering(dirs.workspace, "Deny");
 		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 		try {
 			const write = tools.get("write");
@@ -209,10 +156,10 @@ describe("the pi extension", () => {
 			assert.match(notes.at(-1) ?? "", /permission mode auto, operating mode agent/);
 			await write.execute("m1", { path: "moded.txt", content: "x" }, undefined, undefined, ctx);
 			assert.equal(asked.length, 0);
-			assert.equal(readFileSync(path.join(workspace, "moded.txt"), "utf8"), "x");
+			assert.equal(readFileSync(path.join(dirs.workspace, "moded.txt"), "utf8"), "x");
 			await commands.get("sandbox")?.handler("plan", ctx);
 			await assert.rejects(write.execute("m2", { path: "planned.txt", content: "x" }, undefined, undefined, ctx), /plan mode/);
-			assert.equal(existsSync(path.join(workspace, "planned.txt")), false);
+			assert.equal(existsSync(path.join(dirs.workspace, "planned.txt")), false);
 		} finally {
 			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 		}
@@ -220,7 +167,7 @@ describe("the pi extension", () => {
 
 	it("/sandbox policy and /sandbox audit: a rule saved from pi reaches the running session at once", async () => {
 		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "auto" });
-		const { ctx, notes } = fakeContext(workspace, "Deny");
+		const { ctx, notes } = answering(dirs.workspace, "Deny");
 		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 		try {
 			const bash = tools.get("bash");

@@ -7,12 +7,11 @@ import assert from "node:assert/strict";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
-import type { AgentToolResult, ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
-import sandboxExtension from "../src/index.ts";
 import { discoverManifests, explicitManifests, needsCheck, pluginResult } from "../src/plugins.ts";
 import type { ApprovalRequest } from "../src/protocol.ts";
 import { SandboxSession } from "../src/session.ts";
 import { SANDBOX_BIN, tempDir, text } from "./helpers.ts";
+import { answeringInTurn, loadExtension, sessionDirs } from "./support.ts";
 
 const TOOL = `import json, os, sys
 args = json.load(sys.stdin)
@@ -35,66 +34,24 @@ function writePlugin(root: string, id = "loud"): string {
 	return manifest;
 }
 
-interface RegisteredTool {
-	name: string;
-	execute: (id: string, params: unknown, signal: AbortSignal | undefined, onUpdate: undefined, ctx: unknown) => Promise<AgentToolResult<unknown>>;
-}
-type Handler = (event: unknown, ctx: unknown) => unknown;
-
 /** The extension over a stand-in ExtensionAPI; `others` are tools other extensions registered. */
-function loadExtension(others: string[]) {
-	const tools = new Map<string, RegisteredTool>();
-	const handlers = new Map<string, Handler[]>();
-	const pi = {
-		registerFlag: () => {},
-		getFlag: () => undefined,
-		registerTool: (tool: RegisteredTool) => tools.set(tool.name, tool),
+function loadWithOthers(others: string[]) {
+	return loadExtension({}, (tools) => ({
 		getAllTools: () => [
 			...["read", "bash", "todo"].map((name) => ({ name, sourceInfo: { source: "builtin", path: `builtin:${name}` } })),
 			...others.map((name) => ({ name, sourceInfo: { source: "extension", path: "/ext/other.ts" } })),
 			...[...tools.keys()].map((name) => ({ name, sourceInfo: { source: "extension", path: "/ext/sandbox.ts" } })),
 		],
-		on: (event: string, handler: Handler) => handlers.set(event, [...(handlers.get(event) ?? []), handler]),
-		registerCommand: () => {},
-	};
-	sandboxExtension(pi as unknown as ExtensionAPI);
-	const emit = async (event: string, payload: unknown, ctx: unknown) => {
-		let last: unknown;
-		for (const handler of handlers.get(event) ?? []) last = await handler(payload, ctx);
-		return last;
-	};
-	return { tools, emit };
-}
-
-function fakeContext(cwd: string, answers: string[]) {
-	const asked: string[] = [];
-	const notes: string[] = [];
-	const ctx = {
-		cwd,
-		hasUI: true,
-		mode: "tui",
-		signal: undefined,
-		ui: {
-			select: async (title: string) => (asked.push(title), answers.shift() ?? "Deny"),
-			notify: (message: string) => notes.push(message),
-			setStatus: () => {},
-		},
-	};
-	return { ctx: ctx as unknown as ExtensionContext, asked, notes };
+	}));
 }
 
 describe("plugin tools", () => {
+	const dirs = sessionDirs("plugin");
 	let root: string;
-	let workspace: string;
-	let dataDir: string;
 	before(() => {
 		root = tempDir("pi-sbx-plugins-");
-		workspace = tempDir("pi-sbx-plugin-ws-");
-		dataDir = tempDir("pi-sbx-plugin-data-");
 	});
-	after(() => {
-		for (const dir of [root, workspace, dataDir]) rmSync(dir, { recursive: true, force: true });
-	});
+	after(() => rmSync(root, { recursive: true, force: true }));
 
 	it("finds manifests in the folders and the explicit list", () => {
 		const folder = path.join(root, "folder");
@@ -126,10 +83,10 @@ describe("plugin tools", () => {
 		let index = 0;
 		const session = await SandboxSession.open({
 			bin: SANDBOX_BIN,
-			workspace,
+			workspace: dirs.workspace,
 			mode: "ask",
 			plugins: [writePlugin(root)],
-			env: { ...process.env, SANDBOX_DATA_DIR: dataDir },
+			env: { ...process.env, SANDBOX_DATA_DIR: dirs.dataDir },
 		});
 		try {
 			assert.equal(session.info.plugins?.[0]?.registered, false);
@@ -151,7 +108,7 @@ describe("plugin tools", () => {
 			assert.ok(listed.some((t) => t.name === "plugin_loud_shout" && t.risk === "low"));
 			const result = await session.call("plugin_loud_shout", { text: "hi" });
 			assert.equal(result.content, "shouted HI");
-			assert.deepEqual(result.details.result_details, { dir: "/run/sandbox/plugins/loud", cwd: workspace });
+			assert.deepEqual(result.details.result_details, { dir: "/run/sandbox/plugins/loud", cwd: dirs.workspace });
 			const invalid = await session.call("plugin_loud_shout", { text: 5 });
 			assert.equal(invalid.error_code, "INVALID_ARGUMENT");
 		} finally {
@@ -162,10 +119,10 @@ describe("plugin tools", () => {
 	it("the extension asks before registering, exposes the tool and gates other extensions' tools", async () => {
 		const manifest = writePlugin(path.join(root, "ext"), "ext");
 		process.env.SANDBOX_PLUGINS = manifest;
-		process.env.SANDBOX_DATA_DIR = dataDir;
+		process.env.SANDBOX_DATA_DIR = dirs.dataDir;
 		process.env.SANDBOX_BIN = SANDBOX_BIN;
-		const { tools, emit } = loadExtension(["web_search"]);
-		const { ctx, asked, notes } = fakeContext(workspace, ["Allow once", "Allow once", "Deny"]);
+		const { tools, emit } = loadWithOthers(["web_search"]);
+		const { ctx, asked, notes } = answeringInTurn(dirs.workspace, ["Allow once", "Allow once", "Deny"]);
 		try {
 			await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
 			assert.match(asked[0] ?? "", /plugin\.ext to register plugin_ext_shout \(risk low\)/);

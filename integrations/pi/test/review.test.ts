@@ -11,10 +11,9 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
-import type { AgentToolResult, ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
-import sandboxExtension from "../src/index.ts";
 import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, PI_CLI, piHome, piPrint, type Reply } from "./fake-model.ts";
 import { SANDBOX_BIN, tempDir, waitFor } from "./helpers.ts";
+import { loadExtension, scriptedUi } from "./support.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const extensionDir = path.resolve(here, "..");
@@ -143,54 +142,7 @@ describe("pi's agent loop in an untrusted session: review, then apply", () => {
 
 // -- the extension with a stand-in UI: consent for flagged entries, discard ----------------------
 
-interface RegisteredTool {
-	name: string;
-	execute: (id: string, params: unknown, signal: AbortSignal | undefined, onUpdate: undefined, ctx: unknown) => Promise<AgentToolResult<unknown>>;
-}
-type Handler = (event: unknown, ctx: unknown) => unknown;
-
-function loadExtension() {
-	const tools = new Map<string, RegisteredTool>();
-	const handlers = new Map<string, Handler[]>();
-	const commands = new Map<string, { handler: (args: string, ctx: unknown) => Promise<void> }>();
-	const flags: Record<string, string> = { "sandbox-bin": SANDBOX_BIN, "sandbox-profile": "untrusted", "sandbox-mode": "auto" };
-	const pi = {
-		registerFlag: () => {},
-		getFlag: (name: string) => flags[name],
-		registerTool: (tool: RegisteredTool) => tools.set(tool.name, tool),
-		on: (event: string, handler: Handler) => handlers.set(event, [...(handlers.get(event) ?? []), handler]),
-		registerCommand: (name: string, options: { handler: (args: string, ctx: unknown) => Promise<void> }) => commands.set(name, options),
-	};
-	sandboxExtension(pi as unknown as ExtensionAPI);
-	const emit = async (event: string, payload: unknown, ctx: unknown) => {
-		for (const handler of handlers.get(event) ?? []) await handler(payload, ctx);
-	};
-	return { tools, commands, emit };
-}
-
-/** A UI that answers each select with the first option matching the next pattern. */
-function scriptedUi(cwd: string, answers: RegExp[]) {
-	const notes: string[] = [];
-	const titles: string[] = [];
-	const ctx = {
-		cwd,
-		hasUI: true,
-		mode: "tui",
-		signal: undefined,
-		ui: {
-			select: async (title: string, options: string[]) => {
-				titles.push(title);
-				const want = answers.shift();
-				return want ? options.find((o) => want.test(o)) : undefined;
-			},
-			notify: (message: string) => notes.push(message),
-			setStatus: () => {},
-			setWidget: () => {},
-			editor: async () => undefined,
-		},
-	};
-	return { ctx: ctx as unknown as ExtensionContext, notes, titles };
-}
+const REVIEW_FLAGS = { "sandbox-bin": SANDBOX_BIN, "sandbox-profile": "untrusted", "sandbox-mode": "auto" };
 
 describe("/sandbox review with a UI", () => {
 	let dirs: Dirs;
@@ -201,7 +153,7 @@ describe("/sandbox review with a UI", () => {
 	after(() => removeDirs(dirs));
 
 	it("holds flagged entries back until the user consents, then applies them from the kept changeset", async () => {
-		const { tools, commands, emit } = loadExtension();
+		const { tools, commands, emit } = loadExtension(REVIEW_FLAGS);
 		const start = scriptedUi(dirs.workspace, []);
 		await emit("session_start", { type: "session_start", reason: "startup" }, start.ctx);
 		try {
@@ -220,7 +172,7 @@ describe("/sandbox review with a UI", () => {
 			// The held-back part stays kept; a later review offers it, and "all" is consent.
 			const second = scriptedUi(dirs.workspace, [/^Apply all 1, the 1 flagged/]);
 			await commands.get("sandbox")?.handler("review", second.ctx);
-			assert.match(second.titles.join("\n"), /apply the changes kept as ch-/);
+			assert.match(second.asked.join("\n"), /apply the changes kept as ch-/);
 			assert.equal(readFileSync(path.join(dirs.workspace, ".prettierrc"), "utf8"), "semi=false\n");
 			assert.deepEqual(
 				keptChangesets(dirs).map((c) => c.state),
@@ -238,7 +190,7 @@ describe("/sandbox review with a UI", () => {
 	});
 
 	it("Discard leaves the workspace as it was and removes the changeset; dismissing keeps it", async () => {
-		const { tools, commands, emit } = loadExtension();
+		const { tools, commands, emit } = loadExtension(REVIEW_FLAGS);
 		const start = scriptedUi(dirs.workspace, []);
 		await emit("session_start", { type: "session_start", reason: "startup" }, start.ctx);
 		try {

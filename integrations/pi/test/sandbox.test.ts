@@ -16,14 +16,7 @@ import {
 	createWriteTool,
 } from "@earendil-works/pi-coding-agent";
 import { executeSandboxGrep } from "../src/grep.ts";
-import {
-	createSandboxBashOperations,
-	createSandboxEditOperations,
-	createSandboxFindOperations,
-	createSandboxLsOperations,
-	createSandboxReadOperations,
-	createSandboxWriteOperations,
-} from "../src/operations.ts";
+import * as operations from "../src/operations.ts";
 import type { OutputStream, ToolResult } from "../src/protocol.ts";
 import { openSandbox, pgrep, type Sandbox, serverHasRawRead, tempDir, text, waitFor } from "./helpers.ts";
 
@@ -40,11 +33,23 @@ async function failure(promise: Promise<AgentToolResult<unknown> & { isError?: b
 	);
 }
 
+/** pi's own file tools on the sandbox's workspace, each built with the extension's operations. */
+function fileTools(sb: Sandbox) {
+	const ctx = sb.ctx();
+	return {
+		write: createWriteTool(sb.workspace, { operations: operations.createSandboxWriteOperations(ctx) }),
+		read: createReadTool(sb.workspace, { operations: operations.createSandboxReadOperations(ctx) }),
+		edit: createEditTool(sb.workspace, { operations: operations.createSandboxEditOperations(ctx) }),
+		ls: createLsTool(sb.workspace, { operations: operations.createSandboxLsOperations(ctx) }),
+		find: createFindTool(sb.workspace, { operations: operations.createSandboxFindOperations(ctx) }),
+	};
+}
+
 function bash(sb: Sandbox) {
 	const chunks: Array<[OutputStream, string]> = [];
 	const results: ToolResult[] = [];
 	const tool = createBashTool(sb.workspace, {
-		operations: createSandboxBashOperations(sb.ctx(), {
+		operations: operations.createSandboxBashOperations(sb.ctx(), {
 			onChunk: (stream, data) => chunks.push([stream, data]),
 			onResult: (result) => results.push(result),
 		}),
@@ -66,7 +71,7 @@ describe("pi tools over sandbox serve", () => {
 
 	describe("write confinement", () => {
 		it("writes inside the workspace, creating parent directories", async () => {
-			const write = createWriteTool(sb.workspace, { operations: createSandboxWriteOperations(sb.ctx()) });
+			const { write } = fileTools(sb);
 			const result = await write.execute("w1", { path: "sub/dir/hello.txt", content: "hello\n" });
 			assert.match(text(result), /Successfully wrote/);
 			assert.equal(readFileSync(path.join(sb.workspace, "sub/dir/hello.txt"), "utf8"), "hello\n");
@@ -74,7 +79,7 @@ describe("pi tools over sandbox serve", () => {
 
 		it("a write to another directory fails and the host file is not created", async () => {
 			const target = path.join(outside, "escape.txt");
-			const write = createWriteTool(sb.workspace, { operations: createSandboxWriteOperations(sb.ctx()) });
+			const { write } = fileTools(sb);
 			const error = await failure(write.execute("w2", { path: target, content: "pwned" }));
 			assert.match(error.message, /sandbox Write/);
 			assert.equal(existsSync(target), false);
@@ -84,7 +89,7 @@ describe("pi tools over sandbox serve", () => {
 			const target = path.join(outside, "dotdot.txt");
 			const relative = path.relative(sb.workspace, target);
 			assert.ok(relative.startsWith("../"), relative);
-			const write = createWriteTool(sb.workspace, { operations: createSandboxWriteOperations(sb.ctx()) });
+			const { write } = fileTools(sb);
 			await failure(write.execute("w3", { path: relative, content: "pwned" }));
 			assert.equal(existsSync(target), false);
 		});
@@ -99,7 +104,7 @@ describe("pi tools over sandbox serve", () => {
 
 		it("a write to the host's /tmp lands in the jail's private /tmp, never on the host", async () => {
 			const target = `/tmp/pi-sbx-probe-${process.pid}-${Date.now()}.txt`;
-			const write = createWriteTool(sb.workspace, { operations: createSandboxWriteOperations(sb.ctx()) });
+			const { write } = fileTools(sb);
 			await write.execute("w4", { path: target, content: "pwned" }).catch(() => undefined);
 			assert.equal(existsSync(target), false);
 		});
@@ -155,7 +160,7 @@ describe("pi tools over sandbox serve", () => {
 
 		it("runs in pi's cwd when it is a subdirectory of the workspace", async () => {
 			mkdirSync(path.join(sb.workspace, "nested"), { recursive: true });
-			const tool = createBashTool(path.join(sb.workspace, "nested"), { operations: createSandboxBashOperations(sb.ctx()) });
+			const tool = createBashTool(path.join(sb.workspace, "nested"), { operations: operations.createSandboxBashOperations(sb.ctx()) });
 			const result = await tool.execute("b7", { command: "pwd" });
 			assert.equal(text(result).trim(), path.join(sb.workspace, "nested"));
 		});
@@ -203,19 +208,19 @@ describe("pi tools over sandbox serve", () => {
 		});
 
 		it("ls lists a directory, directories with a slash", async () => {
-			const ls = createLsTool(sb.workspace, { operations: createSandboxLsOperations(sb.ctx()) });
+			const { ls } = fileTools(sb);
 			const listing = text(await ls.execute("l1", { path: "src" })).split("\n");
 			assert.deepEqual(listing, ["lib/", "main.ts"]);
 		});
 
 		it("ls of a file says it is not a directory", async () => {
-			const ls = createLsTool(sb.workspace, { operations: createSandboxLsOperations(sb.ctx()) });
+			const { ls } = fileTools(sb);
 			const error = await failure(ls.execute("l2", { path: "README.md" }));
 			assert.match(error.message, /Not a directory/);
 		});
 
 		it("find matches names at any depth and paths with a slash", async () => {
-			const find = createFindTool(sb.workspace, { operations: createSandboxFindOperations(sb.ctx()) });
+			const { find } = fileTools(sb);
 			const all = text(await find.execute("f1", { pattern: "*.ts" })).split("\n").sort();
 			assert.deepEqual(all, ["src/lib/util.ts", "src/main.ts"]);
 			const nested = text(await find.execute("f2", { pattern: "src/lib/*.ts" })).split("\n");
@@ -256,27 +261,27 @@ describe("pi tools over sandbox serve", () => {
 	describe("read and edit", () => {
 		it("read returns the file as pi formats it", { skip: RAW_READ }, async () => {
 			writeFileSync(path.join(sb.workspace, "r.txt"), "one\ntwo\nthree\n");
-			const read = createReadTool(sb.workspace, { operations: createSandboxReadOperations(sb.ctx()) });
+			const { read } = fileTools(sb);
 			assert.equal(text(await read.execute("r1", { path: "r.txt" })), "one\ntwo\nthree\n");
 			assert.match(text(await read.execute("r2", { path: "r.txt", offset: 2, limit: 1 })), /^two\n/);
 		});
 
 		it("read of a missing file fails with the sandbox's reason", { skip: RAW_READ }, async () => {
-			const read = createReadTool(sb.workspace, { operations: createSandboxReadOperations(sb.ctx()) });
+			const { read } = fileTools(sb);
 			const error = await failure(read.execute("r3", { path: "missing.txt" }));
 			assert.match(error.message, /does not exist/);
 		});
 
 		it("read outside the workspace sees the jail, not the host", { skip: RAW_READ }, async () => {
 			writeFileSync(path.join(outside, "secret.txt"), "host secret\n");
-			const read = createReadTool(sb.workspace, { operations: createSandboxReadOperations(sb.ctx()) });
+			const { read } = fileTools(sb);
 			const out = await read.execute("r4", { path: path.join(outside, "secret.txt") }).then(text, (e: Error) => e.message);
 			assert.doesNotMatch(out, /host secret/);
 		});
 
 		it("edit rewrites the file through the sandbox, keeping CRLF line ends", { skip: RAW_READ }, async () => {
 			writeFileSync(path.join(sb.workspace, "e.txt"), "alpha\r\nbeta\r\ngamma\r\n");
-			const edit = createEditTool(sb.workspace, { operations: createSandboxEditOperations(sb.ctx()) });
+			const { edit } = fileTools(sb);
 			const result = await edit.execute("e1", { path: "e.txt", edits: [{ oldText: "beta", newText: "BETA" }] });
 			assert.match(text(result), /Successfully replaced 1 block/);
 			assert.equal(readFileSync(path.join(sb.workspace, "e.txt"), "utf8"), "alpha\r\nBETA\r\ngamma\r\n");
@@ -285,7 +290,7 @@ describe("pi tools over sandbox serve", () => {
 		it("edit outside the workspace fails and leaves the host file alone", { skip: RAW_READ }, async () => {
 			const target = path.join(outside, "keep.txt");
 			writeFileSync(target, "original\n");
-			const edit = createEditTool(sb.workspace, { operations: createSandboxEditOperations(sb.ctx()) });
+			const { edit } = fileTools(sb);
 			await failure(edit.execute("e2", { path: target, edits: [{ oldText: "original", newText: "pwned" }] }));
 			assert.equal(readFileSync(target, "utf8"), "original\n");
 		});

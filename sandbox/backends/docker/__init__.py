@@ -7,8 +7,10 @@ Two process models, one module each, behind the common :class:`~.jail.DockerJail
   request over a unix socket of ours bound into the container, with the call's pipe ends passed
   along (:mod:`.links`; the attach stream is the fallback), and a fork in the container, no
   ``docker exec``; the agent sweeps the uid's processes out before it reports the exit.
-* :mod:`.percall` (``lifecycle = "call"``): a container per call, tini and ``sleep infinity`` as
-  a keeper uid, the call one ``docker exec`` as the command uid; the container goes with the call.
+* :mod:`.percall` (``lifecycle = "call"``): a fresh container per call, with the same agent as
+  its PID 1 and the same links, taken from the jail's :mod:`.pool` of containers started ahead
+  (never one container for two calls); the call is one request to its agent, and the container
+  is removed once the call is over. Both share :class:`~.warm.AgentJail`.
 
 Around them: :mod:`.client` (the client, and the one place ``docker.errors.*`` become ours, so
 none crosses a public call), :mod:`.config` (the container's ``create()`` arguments: every
@@ -17,6 +19,13 @@ hijacked sockets as anyio streams) and :mod:`.gc` (containers nobody else will r
 SDK calls run in worker threads; output is read from hijacked sockets in dedicated threads that
 feed bounded memory streams as frames arrive.
 
+A remote engine (``[docker] host = "tcp://…"`` or ``"ssh://…"`` with its TLS files, or
+``DOCKER_HOST``; see :func:`.client.engine_of`) cannot see this host's files: only ``copy``
+mounts are offered there, the private copy travelling into a volume of the engine's and back as
+tar streams (:mod:`.archive`), every member checked; ``rw``, ``ro``, ``overlay``, the allowlist
+network and ``env.files`` are refused with the reason (each needs a bind), and the agents' calls
+take the attach stream because the engine is remote.
+
 This package imports the docker SDK: only :func:`sandbox.backends.base.get` loads it, when the
 docker backend is asked for.
 """
@@ -24,6 +33,7 @@ docker backend is asked for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +41,18 @@ import anyio.to_thread
 
 from sandbox.backends import seal
 from sandbox.backends.base import Backend, get
+from sandbox.backends.docker.archive import Limits, RemoteTree, populate
 from sandbox.backends.docker.client import (
     API_TIMEOUT_S,
     DEFAULT_IMAGE,
     IMAGE_REPOSITORY,
     IMAGE_VERSION_LABEL,
     PROBE_TIMEOUT_S,
+    Engine,
     check_image,
     connect,
+    engine_name,
+    engine_of,
     image_ref,
     translated,
 )
@@ -51,6 +65,7 @@ from sandbox.backends.docker.config import (
     LABEL_VERSION,
     container_config,
     exec_user,
+    for_remote_engine,
     owner_labels,
     uid_gid,
 )
@@ -58,13 +73,15 @@ from sandbox.backends.docker.gc import gc
 from sandbox.backends.docker.jail import DockerJail
 from sandbox.backends.docker.links import socket_wanted
 from sandbox.backends.docker.percall import PerCallJail
-from sandbox.backends.docker.warm import WarmJail
+from sandbox.backends.docker.runtime import EngineTraits, traits
+from sandbox.backends.docker.warm import AgentJail, WarmJail
 from sandbox.backends.environment import host_files
 from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     import docker
@@ -107,31 +124,76 @@ class DockerBackend(Backend):
         return _report()
 
     async def _open(
-        self, workspace: Path, profile: Profile, *, scratch: Path | None, egress: Egress | None
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        egress: Egress | None,
+        shared: Sequence[tuple[str, str]] = (),
     ) -> DockerJail:
         if profile.mount.strategy == "overlay":
             raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
+        engine = engine_of(profile.docker)
+        if engine.remote is not None:
+            _check_remote(profile, engine.remote, shared)
         user = exec_user(profile, workspace)
         uid_gid(user)
         host_files(profile)  # a refused env.files entry fails here, before a client or a copy exists
-        jail = await _new_jail(workspace, profile, user, scratch, egress)
+        jail = await _new_jail(workspace, profile, user, scratch, egress, engine, shared)
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             # The jail owns the client and the copy now; its aclose shields itself from cancellation.
             cleanup_on_fail.push_async_callback(jail.aclose)
             if jail.tree is not None:
                 await anyio.to_thread.run_sync(_own_tree, jail.tree, user)
-            if scratch is not None:
+            if scratch is not None and engine.remote is None:
                 await anyio.to_thread.run_sync(_own_dir, scratch, user)
+            if isinstance(jail.tree, RemoteTree):
+                await _to_remote(jail, jail.tree, engine, scratch)
             await jail.start()
             cleanup_on_fail.pop_all()
         return jail
 
 
+def _check_remote(profile: Profile, why: str, shared: Sequence[tuple[str, str]] = ()) -> None:
+    """Refuse what an engine that cannot see this host's files cannot give (``why``: how we know)."""
+    mount = profile.mount.strategy
+    if mount != "copy":
+        what = "binds the workspace read-write" if mount == "rw" else "binds the workspace read-only"
+        raise InvalidArgument(
+            f"mount {mount!r} {what}, which a remote engine cannot do ({why}); use mount.strategy = "
+            "'copy': the workspace then travels through the archive API and comes back as a changeset",
+            backend="docker",
+            mount=mount,
+            remote=why,
+        )
+    if profile.network.mode == "allowlist":
+        raise InvalidArgument(
+            f"network 'allowlist' binds the filtering proxy's socket into the container, which a remote "
+            f"engine cannot do ({why}); use network 'none' or 'host'",
+            backend="docker",
+            remote=why,
+        )
+    if host_files(profile) or shared:
+        what = (
+            "env.files binds host files into the jail's home"
+            if host_files(profile)
+            else ("plugin tools bind their directories into the jail")
+        )
+        raise InvalidArgument(f"{what}, which a remote engine cannot do ({why})", backend="docker", remote=why)
+
+
 async def _new_jail(
-    workspace: Path, profile: Profile, user: str, scratch: Path | None, egress: Egress | None
+    workspace: Path,
+    profile: Profile,
+    user: str,
+    scratch: Path | None,
+    egress: Egress | None,
+    engine: Engine,
+    shared: Sequence[tuple[str, str]] = (),
 ) -> DockerJail:
     """A jail of the profile's lifecycle, with its client and its private copy; nothing started."""
-    client = await anyio.to_thread.run_sync(connect)
+    client = await anyio.to_thread.run_sync(functools.partial(connect, engine=engine))
     kind = WarmJail if profile.docker.lifecycle == "session" else PerCallJail
     with contextlib.ExitStack() as cleanup_on_fail:
         cleanup_on_fail.callback(client.close)
@@ -140,13 +202,32 @@ async def _new_jail(
         sealed = await anyio.to_thread.run_sync(seal.for_profile, profile, workspace)
         # A copy leaves the masked secrets out: the container masks their (empty) mount points.
         exclude = (*profile.mount.exclude, *sealed.masked_paths)
-        tree = await CopyTree.prepare(workspace, exclude=exclude) if copy else None
+        tree_kind = CopyTree if engine.remote is None else RemoteTree
+        tree = await tree_kind.prepare(workspace, exclude=exclude) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         source = tree.root if tree else workspace
-        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed)
+        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed, shared)
         cleanup_on_fail.pop_all()
     return jail
+
+
+async def _to_remote(jail: DockerJail, tree: RemoteTree, engine: Engine, scratch: Path | None) -> None:
+    """Fill the remote engine's volume from the private copy; the jail's containers mount it and bind nothing.
+
+    A warm jail's calls take the attach stream: decided here, by the engine being remote, not left
+    to the chance of a bind of our socket's directory failing on that engine (or, worse, binding
+    some other directory of that host by the same name).
+    """
+    labels = owner_labels(jail.id, jail.profile.docker.lifecycle)
+    tree.engine = engine
+    tree.limits = Limits(member=jail.profile.limits.file_size or Limits().member)
+    tree.owner = uid_gid(jail.user) if os.geteuid() == 0 else None
+    image = image_ref(jail.profile)
+    tree.carrier = await anyio.to_thread.run_sync(populate, jail.client, image, tree, jail.user, labels)
+    jail._config = for_remote_engine(jail._config, tree.carrier.mount(), jail.user, scratch)
+    if isinstance(jail, AgentJail):  # warm and per-call jails alike: each container's agent
+        jail._no_socket = jail.stream_note = f"a remote engine cannot bind our socket's directory ({engine.remote})"
 
 
 def _own_tree(tree: CopyTree, user: str) -> None:
@@ -194,31 +275,54 @@ def _security_options(info: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def _grant_limits(report: Report, info: dict[str, Any]) -> None:
+def _grant_limits(report: Report, info: dict[str, Any], found: EngineTraits) -> None:
     cgroup = f"cgroup v{info.get('CgroupVersion', '1')} ({info.get('CgroupDriver', '?')})"
     report.details["cgroup"] = cgroup
-    report.grant("memory-limit", bool(info.get("MemoryLimit")), f"the daemon's {cgroup} has no memory limit")
-    report.grant("pids-limit", bool(info.get("PidsLimit")), f"the daemon's {cgroup} has no pids limit")
-    report.grant("cpu-limit", bool(info.get("CpuCfsQuota")), f"the daemon's {cgroup} has no CPU quota")
-    report.details["swap-limit"] = bool(info.get("SwapLimit"))
+    # Rootless Podman's compatible info claims every limit, then drops them: libpod's word counts.
+    dropped = found.limits_unavailable()
+    for guarantee, key, what in (
+        ("memory-limit", "MemoryLimit", "memory limit"),
+        ("pids-limit", "PidsLimit", "pids limit"),
+        ("cpu-limit", "CpuCfsQuota", "CPU quota"),
+    ):
+        why = dropped.get(guarantee) or f"the daemon's {cgroup} has no {what}"
+        report.grant(guarantee, bool(info.get(key)) and guarantee not in dropped, why)
+    # Each limit's mechanism where the engine lacks a controller (an rlimit stand-in, or none: a
+    # profile asking for that limit is then refused, see Report.refused_limits).
+    report.limits = found.enforcement()
+    report.details["swap-limit"] = bool(info.get("SwapLimit")) and "memory-limit" not in dropped
 
 
-def _probe_report(client: docker.DockerClient) -> Report:
+def _probe_report(client: docker.DockerClient, engine: Engine | None = None) -> Report:
+    engine = engine or engine_of()
     info: dict[str, Any] = client.info()
     report = Report("docker", True)
     from sandbox.network import netns
 
     transparent = netns.available()
-    report.grant("net-transparent", transparent is None, transparent or "")
-    no_socket = socket_wanted(str(client.api.base_url))
+    no_socket = engine.remote or socket_wanted(str(client.api.base_url))
     report.details.update(
+        engine=engine_name(client.version()),
         server=info.get("ServerVersion"),
         host=client.api.base_url,
+        # Remote: the engine cannot see this host's files (see .client.engine_of for how we tell).
+        remote=engine.remote or False,
+        mounts=["copy (archive API)"] if engine.remote else ["ro", "rw", "copy"],
+        tls=engine.tls or bool(os.environ.get("DOCKER_TLS_VERIFY") or os.environ.get("DOCKER_CERT_PATH")),
         image=DEFAULT_IMAGE,
         kernel=info.get("KernelVersion"),
         # How a warm jail's output travels: our own pipes (socket) or through dockerd (attach).
         stream="socket" if no_socket is None else f"attach ({no_socket})",
     )
+    if engine.remote:
+        report.advice.append(
+            f"{report.details['engine']}: {engine.remote}, so it cannot see this host's files: only copy "
+            "mounts, through the archive API; rw, ro and overlay are refused, warm calls use the attach stream"
+        )
+        # The filtering proxy's socket and the container's network namespace are this host's.
+        report.grant("net-transparent", False, f"a remote engine's containers are not on this host ({engine.remote})")
+    else:
+        report.grant("net-transparent", transparent is None, transparent or "")
     try:
         check_image(client, DEFAULT_IMAGE)
     except BackendUnavailable as exc:
@@ -226,11 +330,16 @@ def _probe_report(client: docker.DockerClient) -> Report:
         unavailable.details = report.details
         return unavailable
     security = _security_options(info)
+    found = traits(client)
     report.details["userns-remap"] = "userns" in security
-    report.details["rootless"] = "rootless" in security
+    report.details["rootless"] = "rootless" in security or found.rootless
     for name in _PROVIDED:
         report.grant(name, True)
-    _grant_limits(report, info)
+    if engine.remote:
+        report.grant(
+            "net-allowlist", False, f"the filtering proxy's socket cannot reach a remote engine ({engine.remote})"
+        )
+    _grant_limits(report, info, found)
     seccomp = security.get("seccomp")
     report.grant(
         "seccomp", seccomp is not None and seccomp != "unconfined", "the daemon runs containers without seccomp"
@@ -241,14 +350,16 @@ def _probe_report(client: docker.DockerClient) -> Report:
 
 
 def _report() -> Report:
-    """Daemon reachable (short timeout), image present, what the daemon enforces."""
+    """Daemon reachable (short timeout), image present, what the daemon enforces; the engine's name
+    and version, and whether it is remote (then only ``copy`` mounts, through the archive API)."""
+    engine = engine_of()
     try:
-        client = connect(PROBE_TIMEOUT_S)
+        client = connect(PROBE_TIMEOUT_S, engine)
     except BackendUnavailable as exc:
         return Report("docker", False, exc.message)
     try:
         with translated("cannot query the Docker daemon"):
-            return _probe_report(client)
+            return _probe_report(client, engine)
     except BackendUnavailable as exc:
         return Report("docker", False, exc.message)
     finally:

@@ -92,6 +92,7 @@ def container_config(
     untracked: Sequence[str] = (),
     egress_dir: Path | None = None,
     sealed: seal.Seal | None = None,
+    shared: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -117,7 +118,8 @@ def container_config(
 
         mounts.append(Mount(target=JAIL_DIR, source=str(egress_dir), type="bind", read_only=True))
     files = host_files(profile)
-    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
+    binds = [*files, *shared]  # shared: a session's plugin directories, checked by open_jail
+    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in binds]
     config: dict[str, Any] = {
         "image": image_ref(profile),
         "command": ["sleep", "infinity"],
@@ -197,3 +199,21 @@ def uid_gid(user: str) -> tuple[int, int]:
         return int(uid), int(gid or uid)
     except ValueError:
         raise InvalidArgument(f"docker.user must be numeric uid:gid, got {user!r}", user=user) from None
+
+
+def for_remote_engine(
+    config: dict[str, Any], workspace_mount: Mount, user: str, scratch: Path | None = None
+) -> dict[str, Any]:
+    """``config`` for an engine that cannot see this host's files: no bind at all.
+
+    The workspace is ``workspace_mount`` (the jail's volume, filled through the archive API, see
+    :mod:`.archive`); the paths a copy leaves out and the sealing's masks are not bound (the copy
+    has neither: their empty mount points stay empty); the scratch directory is a tmpfs of the
+    command uid's, private to the container.
+    """
+    mounts = [m for m in config["mounts"] if m.get("Type") != "bind"]
+    tmpfs = dict(config["tmpfs"])
+    if scratch is not None:
+        uid, gid = uid_gid(user)
+        tmpfs[str(scratch)] = f"rw,nosuid,nodev,mode=0700,uid={uid},gid={gid}"
+    return {**config, "mounts": [workspace_mount, *mounts], "tmpfs": tmpfs}

@@ -21,6 +21,7 @@ from sandbox.backends.docker.config import container_config
 from sandbox.backends.docker.gc import remove_jail_containers
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     import docker
@@ -47,6 +48,7 @@ class DockerJail(Jail):
         scratch: Path | None = None,
         egress: Egress | None = None,
         sealed: Seal | None = None,
+        shared: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.client = client
         self.workspace = workspace
@@ -65,6 +67,7 @@ class DockerJail(Jail):
             untracked=tree.untracked if tree is not None else (),
             egress_dir=egress.socket_dir if egress is not None else None,
             sealed=sealed,
+            shared=shared,
         )
 
     @property

@@ -43,9 +43,11 @@ import contextlib
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,10 +55,10 @@ from docker.utils.socket import frames_iter
 
 from sandbox.backends.agentlink import FdLink, Link
 
-__all__ = ["AttachLink", "Link", "Listener", "PeerRefused", "SocketLink", "socket_wanted"]
+__all__ = ["AttachLink", "Link", "Listener", "PeerRefused", "SocketLink", "socket_wanted", "stale_listener_dirs"]
 from sandbox.backends.docker.streams import STDOUT, unwrap_socket
 from sandbox.datadir import subdir
-from sandbox.errors import BackendUnavailable
+from sandbox.errors import BackendUnavailable, SandboxError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -67,6 +69,7 @@ SOCKET_NAME = "agent.sock"
 AGENT_SOCKET = f"{AGENT_DIR}/{SOCKET_NAME}"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 HELLO_WAIT_S = 30  # the agent's first word: Python's start-up in a busy container
+STALE_LISTENER_S = 3600  # a listener's directory this old belongs to no start under way
 DIAGNOSTICS = 4096  # the tail of the agent's own stderr kept for error messages
 STREAMS_ENV = "SANDBOX_DOCKER_STREAMS"  # "attach" forces the fallback (tests, odd engines)
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
@@ -203,6 +206,27 @@ class Listener:
     def close(self) -> None:
         self.sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stale_listener_dirs(older_than_s: float = STALE_LISTENER_S) -> list[Path]:
+    """Remove the socket directories of listeners a killed executor left (returns them).
+
+    A listener lives only while its container starts (the agent's word and one accept, bounded by
+    :data:`HELLO_WAIT_S` and the SDK's timeouts), so a directory older than ``older_than_s`` is
+    nobody's. Telling by connecting is not an option: the listener takes exactly one connection.
+    """
+    found = [*Path(tempfile.gettempdir()).glob("sbx-agent-*")]
+    with contextlib.suppress(SandboxError):  # no data directory: nothing of ours in it either
+        found += subdir("run").glob("agent-*")
+    cutoff = time.time() - older_than_s
+    removed = []
+    for folder in found:
+        with contextlib.suppress(OSError):
+            st = folder.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mtime < cutoff:
+                shutil.rmtree(folder)
+                removed.append(folder)
+    return removed
 
 
 class PeerRefused(Exception):

@@ -1,241 +1,128 @@
-"""The per-call Docker jail: a container of its own for every call (``lifecycle = "call"``).
+"""The per-call Docker jail: a fresh container for every call (``lifecycle = "call"``), through its agent.
 
-tini runs ``sleep infinity`` as a *keeper* uid (65534); the call is one ``docker exec`` as the
-command uid, wrapped so that ``kill -KILL -1`` removes whatever it left behind, and the
-container is removed afterwards: removing it kills everything in its pid namespace. Its output
-comes through a :class:`~sandbox.backends.docker.streams.Pump`.
+Each call gets a container no other call had, from the jail's :class:`~.pool.Pool` of containers
+started ahead: the agent of :mod:`sandbox._jailside.agent` is its PID 1 (as in a warm jail,
+:mod:`.warm`), linked over our socket, and the call is one ``run`` request to it with the call's
+pipe ends passed along (:mod:`.links`): no ``docker exec``, no byte of output through dockerd.
+The agent loads the executor's seccomp filter on top of Docker's default profile first, so a
+per-call command has the same extra denials as a warm one.
+
+What stays fresh per call: the processes, ``/tmp``, the home directory and the environment,
+which die with the call's container. What a jail shares across its calls, as before: the
+workspace, or its private copy (one per jail: ``copy`` mode's changeset is the jail's), and the
+scratch directory.
+
+Once the call is over (released), its link is closed: the agent, reading the end of its socket,
+kills everything of the command uid and exits, and the daemon auto-removes the container; we
+also force-remove it in a thread, off the call's path. A kill (timeout, abort) is the agent's
+sweep as in a warm jail; an agent that does not answer, or dies, takes its container with it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import docker
-import docker.errors
 
-from sandbox.backends.base import Process
 from sandbox.backends.docker.client import quietly, run_sync
-from sandbox.backends.docker.jail import DockerJail
-from sandbox.backends.docker.runtime import Runtime
-from sandbox.backends.docker.streams import Pump
-from sandbox.backends.environment import base_env
+from sandbox.backends.docker.pool import Box, Pool
+from sandbox.backends.docker.warm import AgentCall, AgentJail
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     from sandbox.backends.base import Stdin
-
-# Runs the command, then kills whatever it left behind, so a background process holding the
-# output open cannot keep the exec running (kill is a shell builtin: no fork, and kill -1 spares
-# the shell itself). The kill before it is insurance only: a per-call container is fresh.
-WRAPPER = 'kill -KILL -1 2>/dev/null; mkdir -p "$HOME" 2>/dev/null; "$@"; rc=$?; kill -KILL -1 2>/dev/null; exit $rc'
-# Execute-only copy of dash in the image: non-dumpable, so the call cannot ptrace its wrapper.
-WRAPPER_SHELL = "/usr/local/bin/sandbox-sh"
-
-# The tree kill of a call that has a grace (a timeout, an abort): TERM, up to $1 ticks of grace,
-# KILL until ps shows nothing of this uid but the sweep itself; then the memory cgroup's
-# oom_kill count (v1 or v2 file, whichever the container shows).
-# Why in sh, a kill of its own: the container runs no Python of ours (tini and sleep as the
-# keeper uid), and the sweep must run inside its pid namespace as the command uid for
-# ``kill -1`` to reach exactly the call's processes. The host cannot signal them by pid, and
-# removing the container (the kill without grace) gives TERM-handling commands no grace.
-SWEEP = r"""
-u=$(id -u); ticks=$1
-others() {
-  ps -u "$u" -o pid=,ppid=,stat= | awk -v me=$$ '$1 != me && $2 != me && $3 !~ /^Z/ {f=1} END {exit !f}'
-}
-if [ "$ticks" -gt 0 ]; then
-  kill -TERM -1 2>/dev/null
-  i=0; while [ "$i" -lt "$ticks" ] && others; do sleep 0.02; i=$((i+1)); done
-fi
-n=0
-while others; do
-  kill -KILL -1 2>/dev/null; n=$((n+1)); [ "$n" -gt 400 ] && exit 3; sleep 0.005
-done
-cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null \
-  | awk '$1 == "oom_kill" {print "oom_kill", $2; exit}'
-exit 0
-"""
+    from sandbox.backends.docker.runtime import Runtime
 
 
-@dataclass
-class Sweep:
-    ok: bool
-    oom_kills: int | None = None
-    detail: str = ""
-
-
-def sweep(runtime: Runtime, grace: float) -> Sweep:
-    """Run :data:`SWEEP` in the call's container as the command uid (blocking)."""
-    ticks = math.ceil(grace / 0.02) if grace > 0 else 0
-    code, out = runtime.exec_output(["/bin/sh", "-c", SWEEP, "sweep", str(ticks)], runtime.user)
-    if code != 0:
-        return Sweep(False, detail=f"sweep exit {code}: {out.strip()[:200]}")
-    counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("oom_kill ")]
-    return Sweep(True, counts[0] if counts else None)
-
-
-class PerCallProcess(Process):
-    """One call of a per-call container: an exec there; killed by sweeping its uid out, then removing it."""
-
-    def __init__(self, runtime: Runtime, exec_id: str, pump: Pump, on_done: Callable[[PerCallProcess], None]) -> None:
-        self.runtime = runtime
-        self.exec_id = exec_id
-        self._pump = pump
-        self.stdout = pump.stdout
-        self.stderr = pump.stderr
-        self._on_done = on_done
-        self._oom_before = runtime.oom_kills
-        self._oom = False
-        self._swept = False
-        self._killing = False
-        self.stdin_data: Stdin = None
-        self.returncode: int | None = None
-
-    async def feed_stdin(self) -> None:
-        if self.stdin_data is None or isinstance(self.stdin_data, bytes):
-            await run_sync("cannot write the call's stdin", self._pump.feed, self.stdin_data or b"")
-        else:
-            await self._pump.stream(self.stdin_data)
-
-    async def wait(self) -> int:
-        if self.returncode is not None:
-            return self.returncode
-        await self._pump.done.wait()
-        if self._killing and self._swept:
-            # We removed its container (timeout, abort): the exec's status went with it.
-            self.returncode = -9
-            return self.returncode
-        code = await run_sync("cannot read the call's exit status", self.runtime.exit_code, self.exec_id)
-        if code is None:
-            raise BackendUnavailable(
-                "the Docker daemon stopped answering during the call", backend="docker", container=self.runtime.id
-            )
-        if code == 137 and not self._killing:
-            await self._check_container(code)
-        self.returncode = code
-        return code
-
-    async def _check_container(self, code: int) -> None:
-        """An exit by SIGKILL we did not send: was the whole container killed from outside?"""
-        killed, oom = await run_sync("cannot inspect the container", self.runtime.killed_from_outside)
-        if not killed:
-            return
-        self._oom = oom
-        self.runtime.removed = True  # auto-remove takes it away; the next call gets a new one
-        self._swept = True  # nothing is left: the container is gone
-        raise BackendUnavailable(
-            f"the container {self.runtime.id[:12]} was killed from outside "
-            f"({'out of memory' if oom else 'docker kill or stop'}); the call's exit status was {code}",
-            backend="docker",
-            container=self.runtime.id,
-            exit_code=code,
-            oom_killed=oom,
-        )
-
-    async def kill_tree(self, grace: float) -> None:
-        if self._swept:
-            return
-        self._killing = True
-        with anyio.CancelScope(shield=True):
-            await self._sweep(grace)
-
-    async def _sweep(self, grace: float) -> None:
-        if grace == 0 and self.returncode != 137:
-            # This call's own container: stopping its init kills everything in its pid
-            # namespace; the daemon then deletes it by itself (auto-remove), off our clock.
-            await run_sync("cannot stop the call's container", self.runtime.kill)
-            self._swept = True
-            self._finish()
-            return
-        try:
-            result = await run_sync("cannot kill the call's processes", sweep, self.runtime, grace)
-        except BackendUnavailable:
-            if not await self._container_gone():
-                raise
-            result = Sweep(True)
-        if result.oom_kills is not None:
-            self._oom = result.oom_kills > self._oom_before
-            self.runtime.oom_kills = result.oom_kills
-        # The container is this call's alone: removing it kills everything in its pid namespace.
-        await run_sync("cannot remove the call's container", self.runtime.remove)
-        self._swept = True
-        self._finish()
-
-    async def _container_gone(self) -> bool:
-        with contextlib.suppress(BackendUnavailable):
-            return not await run_sync("cannot inspect the container", self.runtime.alive)
-        return False
-
-    def running_pids(self) -> list[int]:
-        if self._swept:
-            return []
-        with contextlib.suppress(docker.errors.DockerException, OSError):
-            return self.runtime.running()
-        return []
-
-    def oom_killed(self) -> bool:
-        return self._oom
-
-    def release(self) -> None:
-        self._pump.close()
-        if not self._swept:
-            threading.Thread(target=quietly, args=(self.runtime.remove,), daemon=True).start()
-        self._finish()
-
-    def _finish(self) -> None:
-        self._on_done(self)
-
-
-class PerCallJail(DockerJail):
-    """A container per call: created at ``spawn``, removed once the call is over."""
+class PerCallJail(AgentJail):
+    """A fresh container per call, taken from a pool of started ones and removed after the call."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._live: set[PerCallProcess] = set()
+        self._pool: Pool | None = None
+        self._calls: dict[AgentCall, Box] = {}
+        self.stream: str | None = None  # how the last container's calls travel: ``socket`` or ``attach``
+
+    @property
+    def pool(self) -> Pool:
+        if self._pool is None:
+            raise RuntimeError("the per-call jail was not started")  # a programming error, not a user's
+        return self._pool
+
+    async def start(self) -> None:
+        self._pool = Pool(self._fresh, self._drop)
+        await self._pool.start()
+
+    async def _fresh(self) -> Box:
+        runtime, link = await self._launch()
+        self.stream = link.stream
+        return Box(runtime, link)
 
     async def _start(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
-    ) -> PerCallProcess:
-        runtime = await run_sync(
-            "cannot start the jail's container", Runtime.create, self.client, self._config, self.user
-        )
-        async with contextlib.AsyncExitStack() as cleanup_on_fail:
-            cleanup_on_fail.push_async_callback(_remove, runtime)
-            await self._way_out(runtime)
-            proc = await self._exec(runtime, argv, env, cwd, stdin)
-            cleanup_on_fail.pop_all()
-        return proc
+    ) -> AgentCall:
+        for retry in (False, True):
+            box = await self.pool.take()
+            try:
+                proc = await self._send_run(box.runtime, box.link, argv, env, cwd, stdin)
+            except BaseException as exc:
+                # Its container died while it waited in the pool (killed from outside, say): not
+                # the call's doing, and nothing of the call ran there; one more try, no more.
+                with anyio.CancelScope(shield=True):  # the drop must happen, cancelled or not
+                    again = isinstance(exc, BackendUnavailable) and not retry and await self._died_waiting(box)
+                    await self._drop(box)
+                if again:
+                    continue
+                raise
+            self._calls[proc] = box
+            return proc
+        raise AssertionError("unreachable: the second try returns or raises")
 
-    async def _exec(
-        self, runtime: Runtime, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
-    ) -> PerCallProcess:
-        cmd = [WRAPPER_SHELL, "-c", WRAPPER, "sandbox", *argv]
-        exec_id, sock = await run_sync(
-            "cannot start the command in the container",
-            runtime.exec_start,
-            cmd,
-            base_env(self.profile, env, workspace=self.workspace),
-            cwd or str(self.workspace),
-            stdin is not None,
-        )
-        proc = PerCallProcess(runtime, exec_id, Pump(sock), self._live.discard)
-        proc.stdin_data = stdin
-        self._live.add(proc)
-        return proc
+    async def _died_waiting(self, box: Box) -> bool:
+        if box.link.dead:
+            return True
+        with contextlib.suppress(BackendUnavailable):
+            return not await run_sync("cannot inspect the container", box.runtime.alive)
+        return False
+
+    async def _drop(self, box: Box) -> None:
+        """Remove a container (shielded: a cancelled call leaves none behind)."""
+        with anyio.CancelScope(shield=True):
+            box.link.close()
+            if not box.runtime.removed:
+                await run_sync("cannot remove the call's container", box.runtime.remove)
+
+    async def discard(self, runtime: Runtime) -> None:
+        for box in self._calls.values():
+            if box.runtime is runtime:
+                box.link.close()
+        if not runtime.removed:
+            await run_sync("cannot remove the call's container", runtime.remove)
+
+    def call_done(self, proc: AgentCall) -> None:
+        box = self._calls.pop(proc, None)
+        if not proc.finished:
+            proc.lost()  # its container goes now: what carries its output (attach: our streams) ends too
+        proc.forget()
+        if box is None:
+            return
+        # Closing the link is the kill: the agent sees its socket end, kills what is left of the
+        # uid and exits, and auto-remove takes the container. The forced removal makes sure,
+        # in a thread: the caller has its result already.
+        box.link.close()
+        if not box.runtime.removed:
+            threading.Thread(target=quietly, args=(box.runtime.remove,), daemon=True).start()
 
     def _release_calls(self) -> None:
-        for proc in list(self._live):
+        for proc in list(self._calls):
             proc.release()
 
-
-async def _remove(runtime: Runtime) -> None:
-    """Remove a call's container whose start failed; shielded, so a cancelled start leaves none."""
-    with anyio.CancelScope(shield=True):
-        await run_sync("cannot remove the call's container", runtime.remove)
+    async def _shutdown(self) -> None:
+        # The pool first: no container may start after the label sweep of DockerJail._shutdown.
+        if self._pool is not None:
+            await self._pool.close()
+        await super()._shutdown()

@@ -26,6 +26,11 @@ the link ends: the call fails with BACKEND_UNAVAILABLE saying why, and the next 
 container. Our side closing (the executor died) ends the socket and the agent's stdin
 (StdinOnce), which ends the container; auto-remove deletes it. Per-call OOM kills are the
 agent's reading of the memory cgroup's ``oom_kill`` count before and after the call.
+
+:class:`AgentJail` holds what this jail shares with the per-call one
+(:mod:`sandbox.backends.docker.percall`): starting an agent container and linking it, sending a
+call to an agent, explaining a lost one. The per-call jail gives each call a container of its
+own from a pool and removes it after the call; this one keeps its container for the session.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ class AgentCall(AgentReplies, Process):
     output comes back is the subclass's: :class:`PipeProcess` or :class:`FramedProcess`.
     """
 
-    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
+    def __init__(self, jail: AgentJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
         self.runtime = runtime
         self._jail = jail
         self._link = link
@@ -192,7 +197,7 @@ class AgentCall(AgentReplies, Process):
         self._close_streams()
         if not self.finished and not self._link.dead:
             # Never waited for (a jail closing, a failed caller): have the agent sweep it anyway;
-            # the next call waits for that (WarmJail._ready_agent).
+            # the next call waits for that (WarmJail._ready_agent; a per-call container just goes).
             message = {"op": "kill", "id": self.id, "grace": 0}
             threading.Thread(target=quietly, args=(lambda: self._link.send(message),), daemon=True).start()
         self._jail.call_done(self)
@@ -204,7 +209,7 @@ class AgentCall(AgentReplies, Process):
 class PipeProcess(AgentCall):
     """A call over the socket: the command writes into our pipes, which we read like a local child's."""
 
-    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
+    def __init__(self, jail: AgentJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
         self._pipes = CallPipes(stdin)
         super().__init__(jail, runtime, link, stdin)  # registered with the link only once it exists
         self.stdout, self.stderr = self._pipes.stdout, self._pipes.stderr
@@ -225,7 +230,7 @@ class PipeProcess(AgentCall):
 class FramedProcess(AgentCall):
     """A call over the attach stream: its output comes back in the agent's frames."""
 
-    def __init__(self, jail: WarmJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
+    def __init__(self, jail: AgentJail, runtime: Runtime, link: Link, stdin: Stdin) -> None:
         super().__init__(jail, runtime, link, stdin)
         out_send, out_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
         err_send, err_recv = anyio.create_memory_object_stream[bytes](BUFFERED_CHUNKS)
@@ -293,38 +298,28 @@ class FramedProcess(AgentCall):
             self._blocked.cancel()
 
     def _close_streams(self) -> None:
+        # A call abandoned before its exit came (a jail closing under it) never reaches _end():
+        # its send ends must close here too, or they are left for the collector (ResourceWarning).
+        for send in self._sends.values():
+            send.close()
         self._out.close()
         self._err.close()
 
 
-class WarmJail(DockerJail):
-    """One container for the session's calls, one call at a time, through its agent."""
+class AgentJail(DockerJail):
+    """What the agent's jails share: starting a container whose only process is the agent, a call
+    through it, and a lost agent explained. :class:`WarmJail` keeps one such container for the
+    session; :class:`~sandbox.backends.docker.percall.PerCallJail` takes a fresh one per call."""
 
     agent = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._warm: Runtime | None = None
-        self._link: Link | None = None
-        self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
-        self._held: AgentCall | None = None
-        self._pending: AgentCall | None = None  # released before its exit was reported
         self._no_socket: str | None = socket_wanted(str(self.client.api.base_url))
         self.stream_note = self._no_socket or ""  # why the calls use the attach stream, if they do
 
-    @property
-    def container_id(self) -> str | None:
-        return self._warm.id if self._warm else None
-
-    @property
-    def stream(self) -> str | None:
-        """How the current agent's calls travel: ``socket`` (pipes passed to it) or ``attach``."""
-        return self._link.stream if self._link is not None else None
-
-    async def start(self) -> None:
-        await self._new_agent()
-
-    async def _new_agent(self) -> Runtime:
+    async def _launch(self) -> tuple[Runtime, Link]:
+        """A new container with its agent started, linked and idle (the socket where we can)."""
         listener = None
         if self._no_socket is None:
             try:
@@ -342,7 +337,7 @@ class WarmJail(DockerJail):
             if listener is not None:
                 listener.close()
 
-    async def _start_agent(self, listener: Listener | None) -> Runtime:
+    async def _start_agent(self, listener: Listener | None) -> tuple[Runtime, Link]:
         config = self._config
         if listener is not None:
             config = with_agent_socket(config, listener.folder, AGENT_SOCKET)
@@ -370,9 +365,7 @@ class WarmJail(DockerJail):
             if listener is not None:
                 link = await self._connect(runtime, attach, listener)
             cleanup_on_fail.pop_all()
-        self._link = link
-        self._warm = runtime
-        return runtime
+        return runtime, link
 
     async def _connect(self, runtime: Runtime, attach: AttachLink, listener: Listener) -> Link:
         """The agent's word on the socket, then its connection, checked (see :mod:`.links`)."""
@@ -393,21 +386,16 @@ class WarmJail(DockerJail):
         self.stream_note = ""
         return SocketLink(conn, attach)
 
-    async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    async def _send_run(
+        self,
+        runtime: Runtime,
+        link: Link,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: Stdin,
     ) -> AgentCall:
-        await self._slot.acquire()
-        with contextlib.ExitStack() as cleanup_on_fail:
-            cleanup_on_fail.callback(self._slot.release)
-            proc = await self._run_in_agent(argv, env, cwd, stdin)
-            cleanup_on_fail.pop_all()
-        self._held = proc
-        return proc
-
-    async def _run_in_agent(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
-    ) -> AgentCall:
-        runtime, link = await self._ready_agent()
+        """One ``run`` request to the agent on ``link``, with the call's pipe ends where it can take them."""
         kind = PipeProcess if isinstance(link, SocketLink) else FramedProcess
         proc = kind(self, runtime, link, stdin)
         request = proc.request(argv, base_env(self.profile, env, workspace=self.workspace), cwd or str(self.workspace))
@@ -424,33 +412,13 @@ class WarmJail(DockerJail):
             cleanup_on_fail.pop_all()
         return proc
 
-    async def _ready_agent(self) -> tuple[Runtime, Link]:
-        """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending.finished:
-            with anyio.move_on_after(KILL_WAIT_S):
-                await pending._exited.wait()
-            if not pending.finished and self._warm is not None:
-                await self.discard(self._warm)
-        if pending is not None:
-            pending.forget()
-        link = self._link
-        if self._warm is not None and (self._warm.removed or link is None or link.dead or link.retired):
-            await self.discard(self._warm)
-        if self._warm is None or self._link is None:
-            await self._new_agent()
-        assert self._warm is not None and self._link is not None
-        return self._warm, self._link
-
+    @abstractmethod
     async def discard(self, runtime: Runtime) -> None:
-        """Remove a warm container we can no longer trust to be empty (its processes die with it)."""
-        if self._warm is runtime:
-            self._warm = None
-            if self._link is not None:
-                self._link.close()
-                self._link = None
-        if not runtime.removed:
-            await run_sync("cannot remove the container", runtime.remove)
+        """Remove a container we can no longer trust to be empty (its processes die with it)."""
+
+    @abstractmethod
+    def call_done(self, proc: AgentCall) -> None:
+        """The call is over for its caller (released): free its slot, or its container."""
 
     async def agent_lost(self, proc: AgentCall) -> None:
         """The agent's stream ended mid-call: say why, structured, and never reuse the container."""
@@ -480,6 +448,79 @@ class WarmJail(DockerJail):
             exit_code=code,
             oom_killed=oom,
         )
+
+
+class WarmJail(AgentJail):
+    """One container for the session's calls, one call at a time, through its agent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._warm: Runtime | None = None
+        self._link: Link | None = None
+        self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
+        self._held: AgentCall | None = None
+        self._pending: AgentCall | None = None  # released before its exit was reported
+
+    @property
+    def container_id(self) -> str | None:
+        return self._warm.id if self._warm else None
+
+    @property
+    def stream(self) -> str | None:
+        """How the current agent's calls travel: ``socket`` (pipes passed to it) or ``attach``."""
+        return self._link.stream if self._link is not None else None
+
+    async def start(self) -> None:
+        await self._new_agent()
+
+    async def _new_agent(self) -> Runtime:
+        self._warm, self._link = await self._launch()
+        return self._warm
+
+    async def _start(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> AgentCall:
+        await self._slot.acquire()
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(self._slot.release)
+            proc = await self._run_in_agent(argv, env, cwd, stdin)
+            cleanup_on_fail.pop_all()
+        self._held = proc
+        return proc
+
+    async def _run_in_agent(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+    ) -> AgentCall:
+        runtime, link = await self._ready_agent()
+        return await self._send_run(runtime, link, argv, env, cwd, stdin)
+
+    async def _ready_agent(self) -> tuple[Runtime, Link]:
+        """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.finished:
+            with anyio.move_on_after(KILL_WAIT_S):
+                await pending._exited.wait()
+            if not pending.finished and self._warm is not None:
+                await self.discard(self._warm)
+        if pending is not None:
+            pending.forget()
+        link = self._link
+        if self._warm is not None and (self._warm.removed or link is None or link.dead or link.retired):
+            await self.discard(self._warm)
+        if self._warm is None or self._link is None:
+            await self._new_agent()
+        assert self._warm is not None and self._link is not None
+        return self._warm, self._link
+
+    async def discard(self, runtime: Runtime) -> None:
+        """Remove a warm container we can no longer trust to be empty (its processes die with it)."""
+        if self._warm is runtime:
+            self._warm = None
+            if self._link is not None:
+                self._link.close()
+                self._link = None
+        if not runtime.removed:
+            await run_sync("cannot remove the container", runtime.remove)
 
     def call_done(self, proc: AgentCall) -> None:
         if not proc.finished:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, get_args
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.policy.gate import Gate, ToolCall
-from sandbox.profile import Policy
+from sandbox.profile import Env, Policy
 from sandbox.tools.params import ToolSpec, lookup, validate
 from sandbox.vocabulary import PluginRisk
 
@@ -69,7 +69,7 @@ class World:
         """``settings_table`` is more of the profile's ``[policy]`` (its own ``rules`` included)."""
         policy = {"operating_mode": "plan" if plan else "agent", **(settings_table or {}), **policy}
         settings = Policy.model_validate({"mode": mode, **policy})
-        gate = Gate(self.ws, self.scratch, settings, rules, data_dir=self.data)
+        gate = Gate(self.ws, self.scratch, settings, rules, data_dir=self.data, programs=Env().workspace_path)
         gate.tools = tools
         return gate
 

@@ -9,9 +9,7 @@ whether the model was consulted; deny and ask rules come first, and every failur
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -30,6 +28,7 @@ from sandbox.policy.classifier import (
 )
 from sandbox.policy.gate import SessionState
 from sandbox.policy.rules import RuleSet, UserRule
+from tests.chat_model import ChatServer
 from tests.unit.fake_support import serve
 
 if TYPE_CHECKING:
@@ -159,64 +158,30 @@ async def run_callable(world: World, case: Case) -> Outcome:
 # -- driver 2: the built-in client against a chat-completions server on loopback -------------------
 
 
-class ChatServer:
-    """``POST /v1/chat/completions`` answering as the current case says."""
+class ScriptedChat(ChatServer):
+    """The chat-completions server answering as the current case says (``reply``)."""
 
     def __init__(self) -> None:
         self.reply = "allow"
-        self.seen: list[dict[str, Any]] = []
-        self.bodies: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        outer = self
+        super().__init__(self._respond)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *_args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.bodies.append(body)
-                outer.headers.append(dict(self.headers))
-                request = json.loads(body["messages"][-1]["content"])
-                outer.seen.append(request)
-                if outer.reply == "timeout":
-                    time.sleep(TIMEOUT_S * 3)
-                if outer.reply == "http-error":
-                    self.send_response(500)
-                    self.end_headers()
-                    self.wfile.write(b'{"error": {"message": "overloaded"}}')
-                    return
-                if outer.reply == "malformed":
-                    content = "Sure! I think this is fine."
-                else:
-                    content = "```json\n" + json.dumps(verdict_for(outer.reply, request)) + "\n```"
-                reply = {"id": "x", "object": "chat.completion", "model": body["model"]}
-                reply["choices"] = [{"index": 0, "message": {"role": "assistant", "content": content}}]
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+    def _respond(self, request: dict[str, Any]) -> tuple[int, str]:
+        if self.reply == "timeout":
+            time.sleep(TIMEOUT_S * 3)
+        if self.reply == "http-error":
+            return 500, '{"error": {"message": "overloaded"}}'
+        if self.reply == "malformed":
+            return 200, "Sure! I think this is fine."
+        return 200, "```json\n" + json.dumps(verdict_for(self.reply, request)) + "\n```"
 
 
 @pytest.fixture(scope="module")
-def chat_server() -> Iterator[ChatServer]:
-    server = ChatServer()
-    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+def chat_server() -> Iterator[ScriptedChat]:
+    with ScriptedChat() as server:
         yield server
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
 
 
-async def run_http(world: World, case: Case, server: ChatServer, monkeypatch: pytest.MonkeyPatch) -> Outcome:
+async def run_http(world: World, case: Case, server: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> Outcome:
     server.reply, server.seen = case.reply, []
     monkeypatch.setenv("TEST_CLASSIFIER_KEY", "sk-test-123")
     client = ChatClassifier(server.url, "tiny-model", "TEST_CLASSIFIER_KEY", http_timeout=TIMEOUT_S * 2)
@@ -312,7 +277,7 @@ async def test_through_a_callable(world: World, case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_through_the_builtin_http_client(
-    world: World, case: Case, chat_server: ChatServer, monkeypatch: pytest.MonkeyPatch
+    world: World, case: Case, chat_server: ScriptedChat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check(world, case, await run_http(world, case, chat_server, monkeypatch))
 
@@ -400,7 +365,7 @@ async def test_a_judgement_is_redacted_before_the_model_sees_it(world: World) ->
 async def test_a_session_without_a_callable_uses_the_profiles_endpoint(
     fake: Any,  # noqa: ARG001 - the fake backend, scripted per test
     workspace: Path,
-    chat_server: ChatServer,
+    chat_server: ScriptedChat,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The built-in client serves the CLI and ``sandbox mcp``: a session opened without a classifier
