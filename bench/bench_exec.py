@@ -151,7 +151,6 @@ async def runner_calls(jail: base.Jail, ws: Path) -> dict[str, float]:
     return out
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.rpc_client: the serve client
 SERVE_CALLS = {
     "Read": {"path": "bench.txt"},
     "Write": {"path": "bench-serve.txt", "content": "x\n" * 100},
@@ -161,24 +160,11 @@ SERVE_CALLS = {
 
 async def serve_calls(ws: Path, gap_s: float) -> dict[str, float]:
     """Median milliseconds of Read, Write and LS through ``sandbox serve`` (JSON-RPC, the gate, the audit)."""
-    from tests.rpc_client import serve
+    from bench_mcp import via_serve
 
     (ws / "bench.txt").write_text("line\n" * 100)
-    out = {}
-    async with serve() as client:
-        opened = await client.call("session.open", {"workspace": str(ws), "mode": "auto", "backend": "bwrap"})
-        sid = opened["result"]["session_id"]
-        for tool, args in SERVE_CALLS.items():
-            times = []
-            for _ in range(max(10, CALLS // 2) + 2):
-                await anyio.sleep(gap_s)
-                t = time.perf_counter()
-                reply = await client.call("tool.call", {"session_id": sid, "tool": tool, "args": args})
-                times.append(time.perf_counter() - t)
-                assert reply["result"]["ok"], reply
-            out[tool] = ms(times[2:])  # the first calls warm the caches
-        await client.call("shutdown", {})
-    return out
+    medians = await via_serve(ws, max(10, CALLS // 2) + 2, SERVE_CALLS, gap_s)
+    return {tool: seconds * 1000 for tool, seconds in medians.items()}
 
 
 def ms(values: list[float]) -> float:

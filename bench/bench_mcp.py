@@ -27,14 +27,18 @@ from tests.rpc_client import SANDBOX, serve  # noqa: E402 - after the checkout i
 CALLS = {"Read": {"path": "README.md"}, "Bash": {"command": "true"}}
 
 
-async def via_serve(workspace: Path, n: int) -> dict[str, float]:
+async def via_serve(
+    workspace: Path, n: int, calls: dict[str, dict[str, str]] = CALLS, gap_s: float = 0.0
+) -> dict[str, float]:
+    """Median seconds per tool of ``n`` calls through ``sandbox serve``, ``gap_s`` apart (bubblewrap)."""
     medians = {}
     async with serve() as client:
         opened = await client.call("session.open", {"workspace": str(workspace), "mode": "auto", "backend": "bwrap"})
         sid = opened["result"]["session_id"]
-        for tool, args in CALLS.items():
+        for tool, args in calls.items():
             times = []
             for _ in range(n):
+                await anyio.sleep(gap_s)
                 started = time.perf_counter()
                 reply = await client.call("tool.call", {"session_id": sid, "tool": tool, "args": args})
                 times.append(time.perf_counter() - started)

@@ -226,14 +226,13 @@ class Backend(ABC):
         ``shared``: ``(host directory, jail directory)`` pairs shown read-only (a session's plugin
         directories, :mod:`sandbox.plugins`); each must still be a directory.
         """
-        from sandbox import journal  # here: the journal reads trees through mounts, which imports us
         from sandbox.backends.environment import shared_dirs
 
         self.check(profile)
         _check_scratch(scratch)
         dirs = shared_dirs(shared)
         ws = check_workspace(workspace)
-        await off_loop(journal.recover, ws)  # an apply a crash interrupted is finished or undone first
+        await self._recover(ws)
         if profile.network.mode != "allowlist":
             return await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs)
         from sandbox.network.egress import Egress
@@ -249,6 +248,12 @@ class Backend(ABC):
             raise
         jail.egress = egress  # the jail closes it
         return jail
+
+    async def _recover(self, workspace: Path) -> None:
+        """Finish or undo an apply a crash interrupted in ``workspace``, before a jail shows it."""
+        from sandbox import journal  # here: the journal reads trees through mounts, which imports us
+
+        await off_loop(journal.recover, workspace)
 
     @abstractmethod
     async def _open(

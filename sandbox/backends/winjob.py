@@ -646,23 +646,6 @@ def resolve(argv0: str, path: str, cwd: str) -> str | None:
 
 # -- the file tools' runner and the copy's view ---------------------------------------------------
 
-# The runner (sandbox/_jailside/runner.py) is POSIX code: Windows' os has no O_NOFOLLOW or
-# O_NONBLOCK, os.open there opens in text mode (CRLF translated, ^Z an end of file), and
-# os.rename does not replace. Run before it, in its own process, this makes those flags no-ops,
-# every os.open binary and rename POSIX's. Without
-# O_NOFOLLOW the runner's guard is its realpath check of the approved path; its writes are
-# confined as Bash's are, by the job's token (the same process tree, the same token).
-RUNNER_PRELUDE = """\
-import os as _os
-_os.O_NOFOLLOW = getattr(_os, "O_NOFOLLOW", 0)
-_os.O_NONBLOCK = getattr(_os, "O_NONBLOCK", 0)
-_os_open = _os.open
-def _open_binary(path, flags, mode=0o777, *, dir_fd=None):
-    return _os_open(path, flags | getattr(_os, "O_BINARY", 0), mode, dir_fd=dir_fd)
-_os.open = _open_binary
-_os.rename = _os.replace  # POSIX rename replaces its target; Windows' refuses to
-"""
-
 
 def is_runner(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is the file tools' runner as :mod:`sandbox.tools.run` starts it."""
@@ -810,9 +793,10 @@ class WinJobJail(Jail):
 
     def _runner_argv(self, program: str) -> list[str]:
         """The file tools' runner (``python3 -I -S -c PROGRAM`` on POSIX) as this Python runs it
-        inside the job: from a file (Windows caps a command line at 32,767 characters), after
-        :data:`RUNNER_PRELUDE`."""
-        text = RUNNER_PRELUDE + program
+        inside the job: from a file (Windows caps a command line at 32,767 characters). The runner
+        is Windows-safe itself (no O_NOFOLLOW there: its realpath check of the approved path is the
+        guard; binary opens; ``os.replace``); its writes are confined as Bash's are, by the job's token."""
+        text = program
         path = self.private / f"jailside-{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
         if not path.exists():
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -910,23 +894,9 @@ LINUX_ONLY = "a Linux facility; no Windows equivalent in this backend"
 class WinJobBackend(Backend):
     name = NAME
 
-    async def open_jail(
-        self,
-        workspace: Path,
-        profile: Profile,
-        *,
-        scratch: Path | None = None,
-        shared: Sequence[tuple[str, str]] = (),
-    ) -> Jail:
-        """:meth:`Backend.open_jail`'s template without the apply journal's recovery: the journal
-        is POSIX code (flock, ``O_DIRECTORY``); a copy's apply here is :mod:`winjob_apply`, which
-        keeps no journal to recover."""
-        from sandbox.backends.base import _check_scratch
-        from sandbox.calls import check_workspace
-
-        self.check(profile)
-        _check_scratch(scratch)
-        return await self._open(check_workspace(workspace), profile, scratch=scratch, egress=None, shared=shared)
+    async def _recover(self, workspace: Path) -> None:
+        """Nothing to recover: the journal is POSIX code (flock, ``O_DIRECTORY``), and a copy's
+        apply here is :mod:`winjob_apply`, which keeps no journal."""
 
     def _probe(self) -> Report:
         if sys.platform != "win32":
