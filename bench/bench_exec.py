@@ -9,7 +9,7 @@
 - the warm jail (``[bwrap] lifecycle = "session"``, the default; issue 13 items 2 and 6): the same `true`, kill
   and 1 GiB figures through one bwrap whose PID 1 is the agent (target: `true` <= 0.5x bare bwrap,
   1 GiB >= 0.8x bare bwrap's speed), and the file tools' runner round trip (Read, Write, LS) in
-  both jails: served by a fork of the agent in the warm one, ``python3`` started per call otherwise;
+  both jails: served by the agent itself in the warm one, ``python3`` started per call otherwise;
 - the file tools through ``sandbox serve`` (issue 13 item 3, target: median Read/Write/LS <= 5 ms):
   one session, the default (warm) jail, calls back to back and spaced by 50 ms (an agent's calls
   are spaced by its model's thinking: the jail prepares the next call's process meanwhile).

@@ -23,6 +23,7 @@ import base64
 import difflib
 import itertools
 import json
+import re
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import ChangeStatus, ReviewOperation, SnapshotState
 
 HUNK_CHARS = 64 * 1024
+CONTEXT = 3  # lines of context around a change, as diff -u
+_RANGE = re.compile(r"([-+])(\d+)")
 REVIEW_VERSION = 1
 """The review record's ``version`` (seed 003 §4c): bumped when a field changes meaning."""
 
@@ -169,10 +172,30 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
     return {"additions": additions, "deletions": deletions, "hunks": hunks, "binary": False, "truncated": truncated}
 
 
+def _shared(old: list[str], new: list[str]) -> int:
+    """How many lines ``old`` and ``new`` share at their start."""
+    count = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
 def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
-    """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers."""
+    """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers.
+
+    The lines both sides share at their start and end, beyond a hunk's context, are left out of
+    the comparison (an edit touches a few lines of a long file; difflib's matcher is quadratic in
+    repeated lines) and the ``@@`` line numbers moved back by what was left out at the start.
+    """
+    skip = max(0, _shared(old, new) - CONTEXT)
+    tail = max(0, _shared(old[skip:][::-1], new[skip:][::-1]) - CONTEXT)
+    old, new = old[skip : len(old) - tail], new[skip : len(new) - tail]
     hunk: list[str] = []
-    for line in itertools.islice(difflib.unified_diff(old, new, lineterm=""), 2, None):
+    for line in itertools.islice(difflib.unified_diff(old, new, lineterm="", n=CONTEXT), 2, None):
+        if line.startswith("@@"):
+            line = _RANGE.sub(lambda m: f"{m[1]}{int(m[2]) + skip}", line, count=2)
         if line.startswith("@@") and hunk:
             yield hunk
             hunk = []

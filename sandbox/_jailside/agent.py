@@ -45,11 +45,19 @@ tells it the command's pid as the host sees it) and then waits for ``1``: meanwh
 executor moves it into the call's cgroup and sets its rlimits, as ``bwrap --block-fd`` holds a
 fresh jail's init. Anything but ``1`` (the executor refused, or died) and the command never runs.
 
-**The file tools** (``"py": "runner"`` instead of an ``argv``; bubblewrap, whose agent program
-carries :mod:`sandbox._jailside.runner`): the agent forks and the child runs the runner's
-``main()`` on the call's pipes, as a command would: held and placed like one, in a session of
-its own, killed and swept like one. No Python starts and nothing is compiled per call; the
-runner resolves the path again in the jail as it does when it runs as a program.
+**The file tools** (``"py": "runner"`` instead of an ``argv``; the agent's program carries
+:mod:`sandbox._jailside.runner`, socket mode only). With ``"inline": <request>`` (the runner's
+JSON request in the message, no stdin pipe) the agent serves a Read, Write, Edit, LS or restore in
+its own process: :func:`~sandbox._jailside.runner.serve_inline` resolves the path again in the
+jail's view, writes the reply into the call's stdout pipe and the agent reports ``x`` with
+``"inline": true``; no process is forked, so a bubblewrap spare stays the next call. What must not
+run in the agent it declines: Glob and Grep (they walk trees), a file past 1 MiB or a directory
+past 4000 names (the agent is outside the call's cgroup: its memory is nobody's limit), and paths
+under ``/proc``, ``/sys`` and ``/dev`` (``/proc/self`` would be the agent). Declined, or sent
+without ``"inline"``, the request runs as a command would: in a fork of the agent (the spare, or a
+fork held and placed like one) that runs the runner's ``main()`` on the call's pipes, in a session
+of its own, killed and swept like a command, with a memfd holding the request as its stdin when
+the request came inline. No Python starts and nothing is compiled per call either way.
 
 **A spare** (bubblewrap): ``{"op": "spare", "id", "fds": 1}`` with a hold socket, sent while no
 call runs, forks the next call's process ahead of its call: it is held and placed exactly as a
@@ -291,6 +299,10 @@ class Agent:
             self.emit(b"!", cid, b"a held start needs the socket link")
             return
         held = fds[-1] if hold else None
+        if msg.get("inline") is not None:
+            if self.serve_inline(cid, msg, fds):
+                return
+            stdin = True  # declined: the request, in a memfd, is the forked runner's stdin
         if msg.get("spare") and not hold:
             self.hand_to_spare(cid, msg, fds)
             return
@@ -338,6 +350,35 @@ class Agent:
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
+
+    def serve_inline(self, cid: int, msg: dict[str, Any], fds: list[int]) -> bool:
+        """A file tool's request served in this process (see the module doc); ``False``: the spare runs it.
+
+        The request came in the message, not on a stdin pipe: if the runner declines it here, a
+        memfd holding it becomes the spare's stdin (``fds`` grows by it; our caller closes them all).
+        """
+        if msg.get("py") != "runner" or msg.get("stdin") or len(fds) != 2 + bool(msg.get("hold")):
+            self.emit(b"!", cid, b"an inline request is the runner's, with no stdin pipe")
+            return True
+        text = str(msg["inline"])
+        try:
+            reply = importlib.import_module("sandbox._jailside.runner").serve_inline(json.loads(text))
+        except Exception:  # whatever it is, the forked runner meets it again and reports it
+            reply = None
+        if reply is None:
+            stdin = os.memfd_create("sandbox-request")
+            fds.insert(2, stdin)  # after stdout and stderr, before a hold socket
+            os.write(stdin, text.encode())
+            os.lseek(stdin, 0, os.SEEK_SET)
+            msg["stdin"] = True
+            return False
+        data = memoryview(json.dumps(reply).encode())
+        with contextlib.suppress(OSError):  # the executor stopped reading: the reply has nowhere to go
+            os.set_blocking(fds[0], True)
+            while data:
+                data = data[os.write(fds[0], data) :]
+        self.emit(b"x", cid, json.dumps({"code": 0, "oom": False, "inline": True}).encode())
+        return True
 
     def hand_to_spare(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
         """The call's request and pipe ends to the waiting spare, which becomes the call."""

@@ -1,5 +1,8 @@
 """The file tools' half that runs inside the jail: standard library only, one request per run.
 
+A warm jail's agent carries this module and serves small requests in its own process
+(:func:`serve_inline`, within bounds); everywhere else it runs as a program, as below.
+
 ``sandbox.tools.run`` sends this module, with the glob translator it imports, to
 ``python3 -I -S -c`` in the jail (see :func:`sandbox._jailside.program`), writes one JSON request
 to its stdin and reads one JSON response from its stdout. Running here, a tool sees exactly
@@ -58,11 +61,17 @@ def _sha(data: bytes) -> str:
 def _read_bytes(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _BINARY)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise Failure("INVALID_ARGUMENT", f"{path} is not a regular file")
-        chunks = []
+        if _inline and st.st_size > INLINE_BYTES:
+            raise TooBig(path)
+        chunks, total = [], 0
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
+            total += len(chunk)
+            if _inline and total > INLINE_BYTES:  # it grew since the fstat
+                raise TooBig(path)
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -339,7 +348,12 @@ def op_ls(req: dict[str, Any]) -> dict[str, Any]:
     if not os.path.isdir(path):
         raise Failure("INVALID_ARGUMENT", f"{path} is not a directory")
     with os.scandir(path) as it:
-        entries = [{"name": e.name, "type": _entry_type(e)} for e in sorted(it, key=lambda e: e.name)]
+        found = []
+        for entry in it:
+            found.append(entry)
+            if _inline and len(found) > INLINE_ENTRIES:
+                raise TooBig(path)
+        entries = [{"name": e.name, "type": _entry_type(e)} for e in sorted(found, key=lambda e: e.name)]
     truncated = len(entries) > LIST_LIMIT
     marks = {"dir": "/", "symlink-dir": "@", "symlink": "@"}
     lines = [e["name"] + marks.get(e["type"], "") for e in entries[:LIST_LIMIT]]
@@ -377,8 +391,8 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.buffer.read())
+def handle(request: dict[str, Any]) -> dict[str, Any]:
+    """One request's reply: the path resolved again here, then the operation, its failure structured."""
     approved = request.get("path")
     if approved is not None:
         request["path"] = _real(approved)
@@ -410,7 +424,49 @@ def main() -> None:
             "details": {"errno": exc.errno},
         }
     reply["resolved"] = request.get("path")
-    sys.stdout.write(json.dumps(reply))
+    return reply
+
+
+# -- served inside the warm jail's agent (its PID 1), not in a process of the call's own
+
+INLINE_OPS = frozenset({"read", "write", "edit", "ls", "restore"})  # bounded work; Glob and Grep walk trees
+INLINE_BYTES = 1024 * 1024  # a file larger than this is read by a forked runner, in the call's cgroup
+INLINE_ENTRIES = 4 * LIST_LIMIT  # likewise a directory with more entries
+# Paths whose meaning depends on the process that opens them (/proc/self is the agent's own) or
+# that reach devices: a forked runner, which is the call's process, opens those.
+INLINE_REFUSED = ("/proc", "/sys", "/dev")
+_inline = False
+
+
+class TooBig(Exception):
+    """An in-agent operation met more than it may hold in the agent's memory: a forked runner does it."""
+
+
+def serve_inline(request: dict[str, Any]) -> dict[str, Any] | None:
+    """``handle`` in the agent's process, within its bounds; ``None``: a forked runner must do it.
+
+    The agent is outside the call's cgroup, so nothing here may hold more than ``INLINE_BYTES``
+    of a file or ``INLINE_ENTRIES`` names of a directory, whatever the jail's commands left
+    there; an operation that meets more gives up (``TooBig``) before anything was written.
+    """
+    global _inline
+    if request.get("op") not in INLINE_OPS:
+        return None
+    path = request.get("path")
+    real = _real(path) if isinstance(path, str) else "/proc"
+    if any(real == top or real.startswith(top + "/") for top in INLINE_REFUSED):
+        return None
+    _inline = True
+    try:
+        return handle(request)
+    except TooBig:
+        return None
+    finally:
+        _inline = False
+
+
+def main() -> None:
+    sys.stdout.write(json.dumps(handle(json.loads(sys.stdin.buffer.read()))))
 
 
 if __name__ == "__main__":

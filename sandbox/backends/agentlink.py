@@ -9,6 +9,9 @@
 * :class:`CallPipes`: one call's stdout/stderr (and stdin) pipes: the command's ends go to the
   agent, ours are read like a local child's (:class:`~sandbox.backends.child.FdReceiveStream`),
   so no byte of output crosses the agent.
+* :func:`as_runner`: the file tools' runner, started as :mod:`sandbox.tools.run` starts it, told
+  apart so that the request names the runner the agent carries (``"py": "runner"``) and, when
+  small, rides in the request for the agent to serve itself (``"inline"``).
 """
 
 from __future__ import annotations
@@ -25,13 +28,43 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from sandbox import _jailside
 from sandbox._jailside.agent import HEADER as AGENT_HEADER
+from sandbox._jailside.runner import INLINE_BYTES
 from sandbox.backends.child import FdReceiveStream, feed_fd
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sandbox.backends.base import Stdin
+
+
+# The agent's program carries the file tools' runner (and its glob translator), defined once at
+# the jail's start: a Read, Write or LS is then served by the agent, no Python start-up per call.
+AGENT_PROGRAM = _jailside.program("agent", "runner", "glob")
+RUNNER_PROGRAMS = frozenset({_jailside.program("runner", "glob"), _jailside.program("runner")})
+INLINE_REQUEST_BYTES = 64 * 1024  # a larger file tool request (a Write's content) goes to a forked runner
+# The most an inline Edit can write: a file the agent may hold, grown by a request's worth.
+INLINE_WRITE_BYTES = INLINE_BYTES + INLINE_REQUEST_BYTES
+
+
+def as_runner(request: dict[str, Any], argv: Sequence[str], stdin: Stdin, file_size: int | None) -> bool:
+    """Make ``request`` name the agent's runner if ``argv`` is the runner; ``True``: it rides inline.
+
+    Inline, the runner's request (``stdin``) is in the message and the call has no stdin pipe:
+    the agent serves it in its own process, or declines (:func:`sandbox._jailside.runner.serve_inline`)
+    and gives the forked runner a copy of it as stdin. ``file_size`` is the profile's limit: the
+    agent has none of a call's rlimits, so under a limit smaller than what it could write, never inline.
+    """
+    if not (len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS):
+        return False
+    request["py"], request["argv"] = "runner", ["sandbox-runner"]
+    if file_size is not None and file_size < INLINE_WRITE_BYTES:
+        return False
+    if not isinstance(stdin, bytes) or len(stdin) > INLINE_REQUEST_BYTES or not stdin.isascii():
+        return False  # json.dumps' output is ASCII: anything else is not a request of ours
+    request["inline"], request["stdin"] = stdin.decode("ascii"), False
+    return True
 
 
 class LinkedCall(Protocol):

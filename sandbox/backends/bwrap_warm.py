@@ -28,6 +28,15 @@ first writer after an idle spell waits for an RCU grace period (about 10 ms here
 exactly what an agent's calls, spaced by the model's thinking, would otherwise pay each time.
 Nothing of the spare runs before it is placed, and it runs nothing but the next call's command.
 
+**File tools served by the agent.** A Read, Write, Edit or LS whose request is small rides in the
+run message (``"inline"``, :func:`~sandbox.backends.agentlink.as_runner`) and the agent serves it in
+its own process, in the jail's view, the path resolved again there: no fork, no hold, no cgroup,
+and the spare stays the next call. The request still names the spare, so that what the agent
+declines (see :mod:`sandbox._jailside.agent`: Glob and Grep, files past 1 MiB, paths under
+``/proc``) runs in it as a command would, placed in its cgroup. The agent is outside the call's
+cgroup, which is why it declines whatever could make it big; an operation stuck in the agent
+(a hung network file system) is a call that does not answer: the timeout replaces the jail.
+
 **Kill.** The agent sweeps each call (TERM, grace, ``kill(-1, SIGKILL)`` until ``/proc`` shows
 nothing but itself) and reports the exit only then. When it does not answer in time, or died,
 we kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (killing PID 1
@@ -58,9 +67,8 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from sandbox import _jailside
 from sandbox.backends import bwrap, cgroups, confine, seccomp
-from sandbox.backends.agentlink import AgentReplies, CallPipes, FdLink
+from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, as_runner
 from sandbox.backends.base import Process, off_loop
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
@@ -71,10 +79,6 @@ if TYPE_CHECKING:
 
     from sandbox.backends.base import Stdin
 
-# The agent's program carries the file tools' runner (and its glob translator), defined once at
-# the jail's start: a Read, Write or LS is then a fork of the agent, no Python start-up per call.
-AGENT_PROGRAM = _jailside.program("agent", "runner", "glob")
-RUNNER_PROGRAMS = frozenset({_jailside.program("runner", "glob"), _jailside.program("runner")})
 KILL_WAIT_S = 5.0  # beyond the grace: an agent this late is wedged, and its jail is killed
 HOLD_WAIT_S = 30.0  # a fork in a busy jail
 DIAGNOSTICS = 4096
@@ -263,22 +267,23 @@ class WarmBwrapJail(bwrap.BwrapJail):
             group = spare.group if spare is not None else self._pool.take()
             if group is not None:
                 cleanup_on_fail.callback(self._pool.give_back, group)
-            call = WarmCall(self, agent, group, stdin, spare)
-            cleanup_on_fail.callback(call.abandon)
             request: dict[str, Any] = {
                 "op": "run",
-                "id": call.id,
                 "argv": list(argv),
                 "env": base_env(self.profile, env, workspace=self.workspace),
                 "cwd": cwd or str(self.workspace),
                 "stdin": stdin is not None,
             }
+            # A file tool: served by the agent itself when small, the spare kept for the next call;
+            # else by a fork of the agent (the spare), as a command is. Inline needs the spare to decline to.
+            inline = as_runner(request, argv, stdin if spare is not None else None, self.profile.limits.file_size)
+            call = WarmCall(self, agent, group, None if inline else stdin, spare)
+            cleanup_on_fail.callback(call.abandon)
+            request["id"] = call.id
             if call.pid is not None:
                 request["spare"] = True
             else:
                 request["hold"] = True
-            if _is_runner(argv):
-                request["py"], request["argv"] = "runner", ["sandbox-runner"]  # served by a fork of the agent
             fds = call.remote_fds()
             request["fds"] = len(fds)
             try:
@@ -311,6 +316,8 @@ class WarmBwrapJail(bwrap.BwrapJail):
         )
 
     def call_done(self, call: WarmCall) -> None:
+        if call.inline and call.spare is not None and self._spare is None and self._held is call:
+            self._spare, call.cgroup = call.spare, None  # untouched: it is still the next call
         if call.cgroup is not None:
             self._pool.give_back(call.cgroup)
             call.cgroup = None
@@ -392,11 +399,6 @@ def _hold_pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
-def _is_runner(argv: Sequence[str]) -> bool:
-    """The file tools' runner as :mod:`sandbox.tools.run` starts it: ``python3 -I -S -c <program>``."""
-    return len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
-
-
 class WarmCall(AgentReplies, Process):
     """One call in the warm jail: our pipes, its cgroup, the agent's exit report."""
 
@@ -415,6 +417,7 @@ class WarmCall(AgentReplies, Process):
         self._pipes = CallPipes(stdin)
         self.stdout, self.stderr = self._pipes.stdout, self._pipes.stderr
         self._hold_theirs: socket.socket | None = None
+        self.spare = spare  # kept when the agent serves the call itself
         if spare is None:
             self._hold, self._hold_theirs = _hold_pair()
         else:
@@ -436,6 +439,11 @@ class WarmCall(AgentReplies, Process):
     @property
     def finished(self) -> bool:
         return self._exited.is_set()
+
+    @property
+    def inline(self) -> bool:
+        """The agent served this call in its own process: the spare (and its cgroup) never ran it."""
+        return bool(self._result and self._result.get("inline"))
 
     def remote_fds(self) -> list[int]:
         return [*self._pipes.theirs, *([self._hold_theirs.fileno()] if self._hold_theirs is not None else [])]
@@ -552,12 +560,12 @@ class WarmCall(AgentReplies, Process):
         return []
 
     def oom_killed(self) -> bool:
-        if self.cgroup is not None and self.cgroup.oom_killed():
+        if self.cgroup is not None and not self.inline and self.cgroup.oom_killed():
             return True
         return bool(self._result and self._result.get("oom"))
 
     def peak_memory(self) -> int | None:
-        return self.cgroup.peak_memory() if self.cgroup is not None else None
+        return self.cgroup.peak_memory() if self.cgroup is not None and not self.inline else None
 
     def abandon(self) -> None:
         """A start that failed half-way: nothing of it may run, and the jail is not trusted again."""

@@ -271,7 +271,7 @@ async def test_closing_the_jail_ends_its_agent_and_everything_in_it(workspace: P
     assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
 
 
-async def test_file_tools_are_served_by_a_fork_of_the_agent_and_resolve_again(
+async def test_file_tools_are_served_by_the_agent_itself_and_resolve_again(
     jail: bwrap_warm.WarmBwrapJail, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sandbox.tools.run import run_in_jail
@@ -286,10 +286,13 @@ async def test_file_tools_are_served_by_a_fork_of_the_agent_and_resolve_again(
         send(message, fds)
 
     monkeypatch.setattr(link, "send", recording)
+    spare, _pid = await _placed_spare(jail)
     (workspace / "notes.txt").write_text("one\ntwo\n")
     read = await run_in_jail(jail, {"op": "read", "path": str(workspace / "notes.txt")})
     assert read["ok"] and "two" in read["content"], read
-    assert [m.get("py") for m in sent if m.get("op") == "run"] == ["runner"]
+    runs = [m for m in sent if m.get("op") == "run"]
+    assert [(m.get("py"), "inline" in m) for m in runs] == [("runner", True)]
+    assert jail._spare is spare, "the agent served the Read itself: the spare stays the next call"
     # The approved path is resolved again in the jail: a symlink planted since is refused.
     (workspace / "swapped").symlink_to(workspace / "notes.txt")
     moved = await run_in_jail(jail, {"op": "write", "path": str(workspace / "swapped"), "content": "x"})
@@ -297,3 +300,102 @@ async def test_file_tools_are_served_by_a_fork_of_the_agent_and_resolve_again(
     assert (workspace / "notes.txt").read_text() == "one\ntwo\n"
     listed = await run_in_jail(jail, {"op": "ls", "path": str(workspace)})
     assert listed["ok"] and "notes.txt" in listed["content"]
+    wrote = await run_in_jail(jail, {"op": "write", "path": str(workspace / "new" / "f.txt"), "content": "hi"})
+    assert wrote["ok"] and (workspace / "new" / "f.txt").read_text() == "hi", wrote
+    assert jail._spare is spare
+    # Glob and Grep walk trees of any size: a fork of the agent (the spare) in the call's cgroup runs them.
+    found = await run_in_jail(jail, {"op": "glob", "path": str(workspace), "pattern": "**/*.txt"})
+    assert found["ok"] and str(workspace / "new" / "f.txt") in found["details"]["paths"], found
+    assert jail._spare is not spare
+
+
+async def _served_by_a_fork(jail: bwrap_warm.WarmBwrapJail, request: dict[str, object]) -> dict[str, object]:
+    """``request``'s reply, checking that the agent declined it and the spare (the call's own process) ran it."""
+    from sandbox.tools.run import run_in_jail
+
+    spare, _pid = await _placed_spare(jail)
+    with anyio.fail_after(30):
+        reply = await run_in_jail(jail, request)
+    assert jail._spare is not spare, f"the agent served {request['op']} itself"
+    return dict(reply)
+
+
+async def test_what_the_agent_must_not_hold_or_open_goes_to_the_calls_own_process(
+    jail: bwrap_warm.WarmBwrapJail, workspace: Path
+) -> None:
+    """The agent is outside the call's cgroup: it declines what could make it big, slow or someone else.
+
+    A file past its bound (it could be any size: Read's memory would be the agent's), a directory
+    of many thousand names, a large Write, and paths under /proc (/proc/self is the agent), /sys
+    and /dev all go to the spare, placed in the call's cgroup; the replies are the same.
+    """
+    big = workspace / "big.txt"
+    big.write_bytes(b"line\n" * (300 * 1024))  # 1.5 MiB
+    read = await _served_by_a_fork(jail, {"op": "read", "path": str(big), "limit": 3})
+    assert read["ok"] and read["details"]["lines"] == 300 * 1024, read  # type: ignore[index]
+    raw = await _served_by_a_fork(jail, {"op": "read", "path": str(big), "raw": True})
+    assert raw["ok"] and raw["details"]["size"] == big.stat().st_size  # type: ignore[index]
+    many = workspace / "many"
+    many.mkdir()
+    for index in range(5000):
+        (many / f"f{index}").touch()
+    listed = await _served_by_a_fork(jail, {"op": "ls", "path": str(many)})
+    assert listed["ok"] and listed["details"]["count"] == 5000, listed  # type: ignore[index]
+    edited = await _served_by_a_fork(
+        jail, {"op": "edit", "path": str(big), "edits": [{"old_text": "line\nline\n", "new_text": "x"}]}
+    )
+    assert (edited["ok"], edited["error_code"]) == (False, "TOOL_FAILED"), edited  # matched many times
+    content = "y" * (128 * 1024)
+    wrote = await _served_by_a_fork(jail, {"op": "write", "path": str(workspace / "w.txt"), "content": content})
+    assert wrote["ok"] and (workspace / "w.txt").read_text() == content, wrote
+    proc = await _served_by_a_fork(jail, {"op": "read", "path": "/proc/version"})
+    assert proc["ok"] and "Linux" in str(proc["content"]), proc
+
+
+async def test_a_fifo_or_a_broken_request_does_not_hang_or_harm_the_agent(
+    jail: bwrap_warm.WarmBwrapJail, workspace: Path
+) -> None:
+    from sandbox.tools.run import run_in_jail
+
+    first = _agent_pid(jail)
+    os.mkfifo(workspace / "pipe")
+    with anyio.fail_after(10):  # no writer: an open or a read that blocked would hang the agent
+        read = await run_in_jail(jail, {"op": "read", "path": str(workspace / "pipe")})
+        wrote = await run_in_jail(jail, {"op": "write", "path": str(workspace / "pipe"), "content": "x"})
+    assert (read["ok"], read["error_code"]) == (False, "INVALID_ARGUMENT"), read
+    assert (wrote["ok"], wrote["error_code"]) == (False, "INVALID_ARGUMENT"), wrote
+    # Not UTF-8: the runner's decode fails unexpectedly; in the agent that is a decline, and the
+    # forked runner fails as it always did, structured, its traceback in the reply.
+    (workspace / "latin1.txt").write_bytes(b"caf\xe9\n")
+    broken = await _served_by_a_fork(
+        jail, {"op": "edit", "path": str(workspace / "latin1.txt"), "edits": [{"old_text": "caf", "new_text": "x"}]}
+    )
+    assert (broken["ok"], broken["error_code"]) == (False, "TOOL_FAILED"), broken
+    assert "UnicodeDecodeError" in str(broken["content"])
+    assert (workspace / "latin1.txt").read_bytes() == b"caf\xe9\n"
+    after = await _sh(jail, "echo fine")
+    assert after.stdout == "fine\n" and _agent_pid(jail) == first
+
+
+async def test_under_a_file_size_limit_the_agent_serves_no_file_tool(workspace: Path) -> None:
+    """The agent has none of a call's rlimits: a limit below what it could write keeps every tool forked."""
+    from sandbox.tools.run import run_in_jail
+
+    backend = backend_or_skip("bwrap")
+    limit = 1024 * 1024
+    opened = await backend.open_jail(
+        workspace, make_profile(**{"bwrap.lifecycle": "session", "limits.file_size": limit})
+    )
+    assert isinstance(opened, bwrap_warm.WarmBwrapJail)
+    try:
+        near = workspace / "near.txt"
+        near.write_text("x" * (limit - 10) + "\nend\n")
+        grown = await _served_by_a_fork(
+            opened, {"op": "edit", "path": str(near), "edits": [{"old_text": "end", "new_text": "end" * 40}]}
+        )
+        assert (grown["ok"], grown["error_code"]) == (False, "TOOL_FAILED"), grown  # EFBIG, as for a command
+        assert near.read_text().endswith("\nend\n")
+        read = await run_in_jail(opened, {"op": "read", "path": str(near), "offset": 2})
+        assert read["ok"] and "end" in read["content"], read
+    finally:
+        await opened.aclose()

@@ -97,6 +97,27 @@ async def test_glob_grep_ls(session: Sandbox, workspace: Path) -> None:
     assert listing.content.splitlines() == ["app.py", "deep/"]
 
 
+async def test_what_is_too_big_for_the_agent_gives_the_same_replies(session: Sandbox, workspace: Path) -> None:
+    """Past the warm agent's bounds (a 1 MiB file, 4000 names, a 64 KiB request) a forked runner serves the call."""
+    (workspace / "big.txt").write_text("".join(f"line {n}\n" for n in range(200_000)))  # about 2.2 MiB
+    read = await session.call("Read", {"path": "big.txt", "offset": 150_000, "limit": 2})
+    assert read.ok and read.content.splitlines()[:2] == ["150000\tline 149999", "150001\tline 150000"], read
+    assert read.details["lines"] == 200_000
+    edited = await session.call("Edit", {"path": "big.txt", "edits": [{"old_text": "line 7\n", "new_text": "seven\n"}]})
+    assert edited.ok and (workspace / "big.txt").read_text().startswith("line 0\nline 1\n"), edited
+    assert "\nseven\nline 8\n" in (workspace / "big.txt").read_text()
+    (workspace / "many").mkdir()
+    for n in range(5000):
+        (workspace / "many" / f"f{n:04}").touch()
+    listing = await session.call("LS", {"path": "many"})
+    assert listing.ok and listing.details["count"] == 5000 and listing.details["truncated"], listing
+    content = "".join(f"{n}\n" for n in range(30_000))  # about 170 KiB
+    wrote = await session.call("Write", {"path": "large.txt", "content": content})
+    assert wrote.ok and (workspace / "large.txt").read_text() == content, wrote
+    small = await session.call("Read", {"path": "large.txt", "limit": 1})
+    assert small.ok and small.content.startswith("     1\t0"), small
+
+
 async def test_bash_streams_apart_and_reports_failure(session: Sandbox) -> None:
     out: list[bytes] = []
     err: list[bytes] = []

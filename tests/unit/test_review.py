@@ -146,7 +146,15 @@ CASES: dict[str, tuple[str | None, str | None]] = {
         "".join(f"{n}\n" for n in range(40)),
         "".join(f"{n}\n" for n in range(40) if n not in (3, 30)) + "x\n",
     ),
+    # Shared lines at both ends are left out of the comparison: the line numbers must still be right.
+    "repeated": ("x\n" * 300, "x\n" * 150 + "y\n" + "x\n" * 149 + "z\n"),
 }
+
+
+def test_an_unchanged_file_has_no_hunks(tmp_path: Path) -> None:
+    text = "same\n" * 500
+    record = _record(tmp_path, text, text)
+    assert (record["additions"], record["deletions"], record["hunks"]) == (0, 0, [])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from docker.types import Mount, Ulimit
 
-from sandbox import __version__, _jailside
+from sandbox import __version__
 from sandbox.backends import seal, seccomp
+from sandbox.backends.agentlink import AGENT_PROGRAM
 from sandbox.backends.bwrap_argv import empty_dir, empty_file
 from sandbox.backends.docker.client import image_ref
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
@@ -36,7 +37,6 @@ LABEL_OWNER_STARTED = "sandbox.owner-started"  # the owner's start time, against
 LABEL_JAIL = "sandbox.jail"
 LABEL_LIFECYCLE = "sandbox.lifecycle"
 LABEL_VERSION = "sandbox.version"
-AGENT_SOURCE = _jailside.source("agent")  # sent as the command: the image needs nothing of ours
 
 
 def owner_labels(jail_id: str, lifecycle: str) -> dict[str, str]:
@@ -154,7 +154,7 @@ def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
         "stdin_open": True,
         "detach": False,
         # The last argument is the socket to connect to (none: the attach stream, see .links).
-        "command": ["-I", "-S", "-c", AGENT_SOURCE, "" if cpu is None else str(cpu), ""],
+        "command": ["-I", "-S", "-c", AGENT_PROGRAM, "" if cpu is None else str(cpu), ""],
     }
 
 

@@ -48,7 +48,7 @@ import anyio.to_thread
 import docker
 import docker.errors
 
-from sandbox.backends.agentlink import AgentReplies, CallPipes
+from sandbox.backends.agentlink import AgentReplies, CallPipes, as_runner
 from sandbox.backends.base import Process
 from sandbox.backends.docker.client import quietly, run_sync
 from sandbox.backends.docker.config import with_agent_socket
@@ -109,10 +109,6 @@ class AgentCall(AgentReplies, Process):
     @property
     def finished(self) -> bool:
         return self._exited.is_set()
-
-    def request(self, argv: Sequence[str], env: dict[str, str], cwd: str) -> dict[str, Any]:
-        stdin = self._stdin is not None
-        return {"op": "run", "id": self.id, "argv": list(argv), "env": env, "cwd": cwd, "stdin": stdin}
 
     def remote_fds(self) -> list[int]:
         """The fds that go with the run request (the command's ends of our pipes)."""
@@ -396,9 +392,17 @@ class AgentJail(DockerJail):
         stdin: Stdin,
     ) -> AgentCall:
         """One ``run`` request to the agent on ``link``, with the call's pipe ends where it can take them."""
-        kind = PipeProcess if isinstance(link, SocketLink) else FramedProcess
-        proc = kind(self, runtime, link, stdin)
-        request = proc.request(argv, base_env(self.profile, env, workspace=self.workspace), cwd or str(self.workspace))
+        env = base_env(self.profile, env, workspace=self.workspace)
+        request: dict[str, Any] = {"op": "run", "argv": list(argv), "env": env, "cwd": cwd or str(self.workspace)}
+        inline = False
+        if isinstance(link, SocketLink):
+            kind: type[AgentCall] = PipeProcess
+            # A file tool: the agent's runner, served by the agent itself if small.
+            inline = as_runner(request, argv, stdin, self.profile.limits.file_size)
+        else:  # the attach stream carries no fds: the runner is started as a program
+            kind = FramedProcess
+        proc = kind(self, runtime, link, None if inline else stdin)
+        request.update(id=proc.id, stdin=stdin is not None and not inline)
         fds = proc.remote_fds()
         if fds:
             request["fds"] = len(fds)
