@@ -23,6 +23,7 @@ import base64
 import difflib
 import itertools
 import json
+import os
 import re
 import shutil
 import uuid
@@ -172,16 +173,6 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
     return {"additions": additions, "deletions": deletions, "hunks": hunks, "binary": False, "truncated": truncated}
 
 
-def _shared(old: list[str], new: list[str]) -> int:
-    """How many lines ``old`` and ``new`` share at their start."""
-    count = 0
-    for a, b in zip(old, new, strict=False):
-        if a != b:
-            break
-        count += 1
-    return count
-
-
 def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
     """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers.
 
@@ -189,16 +180,17 @@ def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
     the comparison (an edit touches a few lines of a long file; difflib's matcher is quadratic in
     repeated lines) and the ``@@`` line numbers moved back by what was left out at the start.
     """
-    skip = max(0, _shared(old, new) - CONTEXT)
-    tail = max(0, _shared(old[skip:][::-1], new[skip:][::-1]) - CONTEXT)
+    skip = max(0, len(os.path.commonprefix([old, new])) - CONTEXT)  # commonprefix takes any sequences
+    tail = max(0, len(os.path.commonprefix([old[skip:][::-1], new[skip:][::-1]])) - CONTEXT)
     old, new = old[skip : len(old) - tail], new[skip : len(new) - tail]
     hunk: list[str] = []
     for line in itertools.islice(difflib.unified_diff(old, new, lineterm="", n=CONTEXT), 2, None):
         if line.startswith("@@"):
-            line = _RANGE.sub(lambda m: f"{m[1]}{int(m[2]) + skip}", line, count=2)
-        if line.startswith("@@") and hunk:
-            yield hunk
-            hunk = []
+            if skip:
+                line = _RANGE.sub(lambda m: f"{m[1]}{int(m[2]) + skip}", line, count=2)
+            if hunk:
+                yield hunk
+                hunk = []
         hunk.append(line)
     if hunk:
         yield hunk

@@ -366,8 +366,12 @@ class Agent:
         except Exception:  # whatever it is, the forked runner meets it again and reports it
             reply = None
         if reply is None:
-            stdin = os.memfd_create("sandbox-request")
-            fds.insert(2, stdin)  # after stdout and stderr, before a hold socket
+            try:
+                stdin = os.memfd_create("sandbox-request")
+            except OSError as exc:  # out of fds or memory: refuse the call, the agent lives on
+                self.emit(b"!", cid, f"cannot hand the request on: {exc.strerror or exc}".encode())
+                return True
+            fds.insert(2, stdin)  # after stdout and stderr, before a hold socket; our caller closes it
             os.write(stdin, text.encode())
             os.lseek(stdin, 0, os.SEEK_SET)
             msg["stdin"] = True

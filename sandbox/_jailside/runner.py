@@ -391,11 +391,14 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
-def handle(request: dict[str, Any]) -> dict[str, Any]:
-    """One request's reply: the path resolved again here, then the operation, its failure structured."""
+def handle(request: dict[str, Any], resolved: str | None = None) -> dict[str, Any]:
+    """One request's reply: the path resolved again here (``resolved``: already), then the operation.
+
+    Its failures are structured, as the reply's ``error_code``.
+    """
     approved = request.get("path")
     if approved is not None:
-        request["path"] = _real(approved)
+        request["path"] = resolved if resolved is not None else _real(approved)
     try:
         if approved is not None and request["path"] != approved:
             # A symlink appeared (or moved) between the approval and now: do nothing.
@@ -458,7 +461,7 @@ def serve_inline(request: dict[str, Any]) -> dict[str, Any] | None:
         return None
     _inline = True
     try:
-        return handle(request)
+        return handle(request, real)
     except TooBig:
         return None
     finally:

@@ -9,9 +9,10 @@
 * :class:`CallPipes`: one call's stdout/stderr (and stdin) pipes: the command's ends go to the
   agent, ours are read like a local child's (:class:`~sandbox.backends.child.FdReceiveStream`),
   so no byte of output crosses the agent.
-* :func:`as_runner`: the file tools' runner, started as :mod:`sandbox.tools.run` starts it, told
-  apart so that the request names the runner the agent carries (``"py": "runner"``) and, when
-  small, rides in the request for the agent to serve itself (``"inline"``).
+* :func:`run_request`: a call's ``run`` request, the same for every backend. The file tools'
+  runner, started as :mod:`sandbox.tools.run` starts it, is told apart so that the request names
+  the runner the agent carries (``"py": "runner"``) and, when small, carries the runner's request
+  for the agent to serve itself (``"inline"``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ from sandbox import _jailside
 from sandbox._jailside.agent import HEADER as AGENT_HEADER
 from sandbox._jailside.runner import INLINE_BYTES
 from sandbox.backends.child import FdReceiveStream, feed_fd
+from sandbox.backends.environment import base_env
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
 
     from sandbox.backends.base import Stdin
+    from sandbox.profile import Profile
 
 
 # The agent's program carries the file tools' runner (and its glob translator), defined once at
@@ -48,23 +52,45 @@ INLINE_REQUEST_BYTES = 64 * 1024  # a larger file tool request (a Write's conten
 INLINE_WRITE_BYTES = INLINE_BYTES + INLINE_REQUEST_BYTES
 
 
-def as_runner(request: dict[str, Any], argv: Sequence[str], stdin: Stdin, file_size: int | None) -> bool:
-    """Make ``request`` name the agent's runner if ``argv`` is the runner; ``True``: it rides inline.
+def run_request(
+    profile: Profile,
+    workspace: Path,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    stdin: Stdin,
+    *,
+    runner: bool,
+    inline: bool,
+) -> tuple[dict[str, Any], bool]:
+    """A call's ``run`` request (its ``id`` and ``fds`` are the caller's), and whether it rides inline.
 
-    Inline, the runner's request (``stdin``) is in the message and the call has no stdin pipe:
-    the agent serves it in its own process, or declines (:func:`sandbox._jailside.runner.serve_inline`)
-    and gives the forked runner a copy of it as stdin. ``file_size`` is the profile's limit: the
-    agent has none of a call's rlimits, so under a limit smaller than what it could write, never inline.
+    ``runner``: the agent runs its own runner (it takes the call's pipes: socket mode). ``inline``:
+    it may also serve a small request in its own process. Inline, the runner's request (``stdin``)
+    is in the message and the call has no stdin pipe: the agent serves it, or declines
+    (:func:`sandbox._jailside.runner.serve_inline`) and gives the forked runner a copy of it as
+    stdin. The agent has none of a call's rlimits, so under a ``file_size`` limit smaller than
+    what it could write, never inline.
     """
-    if not (len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS):
-        return False
+    request: dict[str, Any] = {
+        "op": "run",
+        "argv": list(argv),
+        "env": base_env(profile, env, workspace=workspace),
+        "cwd": cwd or str(workspace),
+        "stdin": stdin is not None,
+    }
+    if not (
+        runner and len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
+    ):
+        return request, False
     request["py"], request["argv"] = "runner", ["sandbox-runner"]
-    if file_size is not None and file_size < INLINE_WRITE_BYTES:
-        return False
+    file_size = profile.limits.file_size
+    if not inline or (file_size is not None and file_size < INLINE_WRITE_BYTES):
+        return request, False
     if not isinstance(stdin, bytes) or len(stdin) > INLINE_REQUEST_BYTES or not stdin.isascii():
-        return False  # json.dumps' output is ASCII: anything else is not a request of ours
+        return request, False  # json.dumps' output is ASCII: anything else is not a request of ours
     request["inline"], request["stdin"] = stdin.decode("ascii"), False
-    return True
+    return request, True
 
 
 class LinkedCall(Protocol):

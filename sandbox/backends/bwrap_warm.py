@@ -68,7 +68,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from sandbox.backends import bwrap, cgroups, confine, seccomp
-from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, as_runner
+from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
 from sandbox.backends.base import Process, off_loop
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
@@ -267,16 +267,11 @@ class WarmBwrapJail(bwrap.BwrapJail):
             group = spare.group if spare is not None else self._pool.take()
             if group is not None:
                 cleanup_on_fail.callback(self._pool.give_back, group)
-            request: dict[str, Any] = {
-                "op": "run",
-                "argv": list(argv),
-                "env": base_env(self.profile, env, workspace=self.workspace),
-                "cwd": cwd or str(self.workspace),
-                "stdin": stdin is not None,
-            }
             # A file tool: served by the agent itself when small, the spare kept for the next call;
             # else by a fork of the agent (the spare), as a command is. Inline needs the spare to decline to.
-            inline = as_runner(request, argv, stdin if spare is not None else None, self.profile.limits.file_size)
+            request, inline = run_request(
+                self.profile, self.workspace, argv, env, cwd, stdin, runner=True, inline=spare is not None
+            )
             call = WarmCall(self, agent, group, None if inline else stdin, spare)
             cleanup_on_fail.callback(call.abandon)
             request["id"] = call.id

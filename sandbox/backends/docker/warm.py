@@ -48,7 +48,7 @@ import anyio.to_thread
 import docker
 import docker.errors
 
-from sandbox.backends.agentlink import AgentReplies, CallPipes, as_runner
+from sandbox.backends.agentlink import AgentReplies, CallPipes, run_request
 from sandbox.backends.base import Process
 from sandbox.backends.docker.client import quietly, run_sync
 from sandbox.backends.docker.config import with_agent_socket
@@ -65,7 +65,6 @@ from sandbox.backends.docker.links import (
 )
 from sandbox.backends.docker.runtime import Runtime
 from sandbox.backends.docker.streams import BUFFERED_CHUNKS, ChunkStream
-from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable, SandboxError
 
 if TYPE_CHECKING:
@@ -392,17 +391,15 @@ class AgentJail(DockerJail):
         stdin: Stdin,
     ) -> AgentCall:
         """One ``run`` request to the agent on ``link``, with the call's pipe ends where it can take them."""
-        env = base_env(self.profile, env, workspace=self.workspace)
-        request: dict[str, Any] = {"op": "run", "argv": list(argv), "env": env, "cwd": cwd or str(self.workspace)}
-        inline = False
-        if isinstance(link, SocketLink):
-            kind: type[AgentCall] = PipeProcess
-            # A file tool: the agent's runner, served by the agent itself if small.
-            inline = as_runner(request, argv, stdin, self.profile.limits.file_size)
-        else:  # the attach stream carries no fds: the runner is started as a program
-            kind = FramedProcess
+        # Over the attach stream (no fds) the runner is started as a program; over the socket it is
+        # the agent's own, and a small request is served by the agent itself.
+        sockets = isinstance(link, SocketLink)
+        request, inline = run_request(
+            self.profile, self.workspace, argv, env, cwd, stdin, runner=sockets, inline=sockets
+        )
+        kind = PipeProcess if sockets else FramedProcess
         proc = kind(self, runtime, link, None if inline else stdin)
-        request.update(id=proc.id, stdin=stdin is not None and not inline)
+        request["id"] = proc.id
         fds = proc.remote_fds()
         if fds:
             request["fds"] = len(fds)
