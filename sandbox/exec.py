@@ -128,7 +128,8 @@ async def _supervise(proc: Process, limit: float, abort: anyio.Event | None, gra
         with anyio.move_on_after(limit) as deadline:
             await proc.wait()
         outcome.timed_out = deadline.cancelled_caught
-        tg.cancel_scope.cancel()
+        if abort is not None:  # (a cancel costs a task's repr in anyio: none when nothing is there to stop)
+            tg.cancel_scope.cancel()
     stop = time.monotonic()
     # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it.
     await proc.kill_tree(grace if outcome.timed_out or outcome.aborted else 0)
@@ -182,8 +183,8 @@ async def run(
             tg.start_soon(_pump, proc.stdout, out, on_stdout)
             tg.start_soon(_pump, proc.stderr, err, on_stderr)
             outcome = await _supervise(proc, limit, abort, grace)
-            # A streamed stdin may never end (`yes | sandbox run -- head -1`): the call is over.
-            feeding.cancel()
+            if stdin is not None:  # a streamed stdin may never end (`yes | sandbox run -- head -1`)
+                feeding.cancel()
         returncode = await proc.wait()
     except BaseException as exc:
         with anyio.CancelScope(shield=True):

@@ -62,11 +62,17 @@ the request came inline. No Python starts and nothing is compiled per call eithe
 **A spare** (bubblewrap): ``{"op": "spare", "id", "fds": 1}`` with a hold socket, sent while no
 call runs, forks the next call's process ahead of its call: it is held and placed exactly as a
 ``"hold"`` command is (the executor learns its pid from the kernel, moves it into the next
-call's cgroup, sets its rlimits, writes ``1``), then it waits on a socketpair of ours. A ``run``
-with ``"spare": true`` (and no hold fd) hands it the request and the call's pipe ends; it takes
-its session, its stdio, directory and environment and execs (or runs the runner). The fork and
-the hold happen while the jail is idle, not while a call waits. At most one spare exists, only
-while no call runs (it *is* the next call), so the sweep after a call never meets it.
+call's cgroup, sets its rlimits, writes ``1``), then it touches what becoming a call writes to
+(so that the fork's copies of those pages are made now) and waits on two sockets: its hold
+socket and a socketpair of ours. A command comes on the hold socket, from the executor itself:
+the request line with the call's pipe ends, and then ``{"op": "run", "id", "spare": "direct"}``
+(no fds) tells us which call the spare became, so that starting it costs no hop through here;
+if the command ended before that message came, :meth:`Agent.reap` kept its exit code for it. A
+``run`` with ``"spare": true`` (and no hold fd: a file tool's request we declined) reaches it on
+our socketpair. Either way it takes its session, its stdio, directory and environment and execs
+(or runs the runner). The fork and the hold happen while the jail is idle, not while a call
+waits. At most one spare exists, only while no call runs (it *is* the next call), so the sweep
+after a call never meets it.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ import importlib
 import json
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -153,7 +160,7 @@ class Forked:
 
 
 class Call:
-    def __init__(self, cid: int, proc: subprocess.Popen[bytes] | Forked) -> None:
+    def __init__(self, cid: int, proc: subprocess.Popen[bytes] | Forked, oom_before: int | None = None) -> None:
         self.id = cid
         self.proc = proc
         self.status: int | None = None
@@ -161,7 +168,7 @@ class Call:
         self.swept = False
         self.stdin = bytearray()
         self.stdin_eof = False
-        self.oom_before = oom_kills()
+        self.oom_before = oom_kills() if oom_before is None else oom_before
 
 
 class Agent:
@@ -177,6 +184,8 @@ class Agent:
         self.out = bytearray()
         self.call: Call | None = None
         self.spare: tuple[int, socket.socket] | None = None  # the next call's process, forked and held
+        self.spare_oom = 0  # the oom count when the spare was forked: its call's baseline
+        self.spare_ended: tuple[int, int] | None = None  # (pid, exit code) of a spare that ended, maybe as its call
         self.pipes: dict[int, bytes] = {}  # fd -> kind (o/e)
         self.writing = False
         self.retiring = False
@@ -281,7 +290,7 @@ class Agent:
                 gc.disable()  # a collection would write to every object: copies of the agent's pages
                 self.wait_for_call(theirs.fileno(), fds[0])  # never returns
             theirs.close()
-            self.spare = (pid, ours)
+            self.spare, self.spare_ended, self.spare_oom = (pid, ours), None, oom_kills()
         finally:
             for fd in fds:
                 os.close(fd)
@@ -289,6 +298,9 @@ class Agent:
     def spawn(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
         if self.call is not None or self.retiring:
             self.emit(b"!", cid, b"busy: a call is still running, or this container is retiring")
+            return
+        if msg.get("spare") == "direct" and not fds:
+            self.handed_directly(cid)
             return
         stdin = bool(msg.get("stdin"))
         hold = bool(msg.get("hold"))
@@ -384,6 +396,23 @@ class Agent:
         self.emit(b"x", cid, json.dumps({"code": 0, "oom": False, "inline": True}).encode())
         return True
 
+    def handed_directly(self, cid: int) -> None:
+        """The executor gave the spare its call itself, on the hold socket: the spare is call ``cid`` now.
+
+        The spare may have run its command and ended before this message came: :meth:`reap` kept
+        its exit code, which is then the call's (a spare killed before it read its call ends the
+        same way, which is what the call gets to see).
+        """
+        spare, ended, self.spare, self.spare_ended = self.spare, self.spare_ended, None, None
+        if spare is not None:
+            spare[1].close()
+            self.call = Call(cid, Forked(spare[0]), self.spare_oom)
+        elif ended is not None:
+            self.call = Call(cid, Forked(ended[0]), self.spare_oom)
+            self.call.status = ended[1]
+        else:
+            self.emit(b"!", cid, b"no spare is waiting for this call")
+
     def hand_to_spare(self, cid: int, msg: dict[str, Any], fds: list[int]) -> None:
         """The call's request and pipe ends to the waiting spare, which becomes the call."""
         spare, self.spare = self.spare, None
@@ -391,13 +420,12 @@ class Agent:
             self.emit(b"!", cid, b"no spare is waiting for this call")
             return
         pid, link = spare
-        with contextlib.suppress(OSError):
-            os.makedirs(str(msg["env"].get("HOME", "/tmp/home")), exist_ok=True)
-        data = json.dumps({k: msg.get(k) for k in ("argv", "env", "cwd", "stdin", "py")}).encode()
+        data = json.dumps({k: msg.get(k) for k in ("argv", "env", "cwd", "stdin", "py")}).encode() + b"\n"
         try:
             link.setblocking(True)
             sent = socket.send_fds(link, [data], fds)
-            link.sendall(data[sent:])
+            if sent < len(data):  # (sendall sends even nothing: to a spare that read its line and let go, EPIPE)
+                link.sendall(data[sent:])
         except OSError as exc:  # it died before its call: nothing ran
             self.emit(b"!", cid, f"the spare is gone: {exc.strerror or exc}".encode())
             return
@@ -406,7 +434,12 @@ class Agent:
         self.call = Call(cid, Forked(pid))
 
     def wait_for_call(self, link_fd: int, hold: int) -> NoReturn:
-        """In the forked spare: be held and placed, then wait for the call and become it."""
+        """In the forked spare: be held and placed, then wait for the call and become it.
+
+        The call comes from the executor itself on the hold socket (a command: the agent only
+        learns of it, see :meth:`handed_directly`, so that starting it costs no hop through the
+        agent), or from the agent on our link (a file tool's request the agent declined).
+        """
         code = 1
         try:
             signal.set_wakeup_fd(-1)
@@ -416,15 +449,23 @@ class Agent:
                     with contextlib.suppress(OSError):
                         os.close(fd)
             self.held(hold)
-            os.close(hold)
-            link = socket.socket(fileno=link_fd)
-            link.setblocking(True)
-            data, fds, _flags, _addr = socket.recv_fds(link, READ_SIZE, MAX_FDS)
-            while chunk := link.recv(READ_SIZE):
-                data += chunk
+            self.rehearse()
+            ends = [socket.socket(fileno=link_fd), socket.socket(fileno=hold)]
+            ready, _, _ = select.select(ends, [], [])
+            # The executor's call first: it is written whole before the agent hears of it and closes
+            # our link, so that a link that ended meanwhile is no reason to give up.
+            source = ends[1] if ends[1] in ready else ends[0]
+            source.setblocking(True)
+            data, fds, _flags, _addr = socket.recv_fds(source, READ_SIZE, MAX_FDS)
+            while data and not data.endswith(b"\n") and (chunk := source.recv(READ_SIZE)):
+                data += chunk  # one line, the end of which needs no wait for the sender to finish
             if not data:
-                os._exit(0)  # discarded: the agent or its jail is going away
+                os._exit(0)  # discarded: the executor gave us up, or the agent or its jail is going away
+            for end in ends:
+                end.close()
             msg = json.loads(data)
+            with contextlib.suppress(OSError):
+                os.makedirs(str(msg["env"].get("HOME", "/tmp/home")), exist_ok=True)
             stdin = bool(msg.get("stdin"))
             self.become(msg, fds, stdin)
             if msg.get("py") == "runner":
@@ -438,6 +479,20 @@ class Agent:
             with contextlib.suppress(BaseException):
                 traceback.print_exc()
         os._exit(code)
+
+    @staticmethod
+    def rehearse() -> None:
+        """In the spare, while idle: write once to what becoming the call writes to.
+
+        A fork shares the agent's pages until it writes to one, then copies it (a page fault
+        each): made now, those copies cost the call nothing (about half a millisecond of a
+        ``true`` here)."""
+        msg = json.loads(json.dumps({"argv": ["true"], "env": dict(os.environ), "cwd": "/", "stdin": False}))
+        env = {str(k): str(v) for k, v in msg["env"].items()}
+        os.environ.clear()
+        os.environ.update(env)
+        os.get_exec_path(env)
+        resource.getrlimit(resource.RLIMIT_NOFILE)
 
     def become(self, msg: dict[str, Any], fds: list[int], stdin: bool) -> None:
         """In a forked child: the call's session and stdio (its pipes), nothing else of ours."""
@@ -595,9 +650,9 @@ class Agent:
             if call is not None and pid == call.proc.pid:
                 call.status = os.waitstatus_to_exitcode(status)
                 call.proc.returncode = call.status
-            elif self.spare is not None and pid == self.spare[0]:  # it died before its call
+            elif self.spare is not None and pid == self.spare[0]:  # before its call, or given its call directly
                 self.spare[1].close()
-                self.spare = None
+                self.spare, self.spare_ended = None, (pid, os.waitstatus_to_exitcode(status))
 
     def sweep(self) -> None:
         """SIGKILL every process of our uid until /proc shows none (fork races the first kill).

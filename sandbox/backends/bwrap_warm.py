@@ -19,17 +19,20 @@ the call's cgroup and set its rlimits (:func:`~sandbox.backends.confine.confine`
 jail's held init) and only then write ``1``: nothing of the call runs outside its cgroup.
 
 **A spare, forked and placed while the jail is idle.** When the jail starts and whenever a call
-is over, we ask the agent for a *spare*: it forks the next call's process at once, which writes
-its byte on a hold socket as above and waits; a thread of ours reads the byte, moves the process
-into the next call's cgroup, sets its rlimits and writes ``1``, and the spare then waits for its
-request. The next call only sends that request: the fork and the cgroup attach are off its path.
+is over, our placer thread (one per jail, so that a call's end waits for none of this) asks the
+agent for a *spare*: it forks the next call's process at once, which writes its byte on a hold
+socket as above and waits; the thread reads the byte, moves the process into the next call's
+cgroup, sets its rlimits and writes ``1``, and the spare then waits for its request. The next
+call writes that request, with its pipe ends, straight to the spare on the same hold socket and
+then tells the agent which call the spare became: the fork, the cgroup attach and a hop through
+the agent are all off its path, and the agent still reaps the command, sweeps and reports.
 The attach matters most: on cgroup v1 moving a task takes the kernel's threadgroup lock, whose
 first writer after an idle spell waits for an RCU grace period (about 10 ms here), which is
 exactly what an agent's calls, spaced by the model's thinking, would otherwise pay each time.
 Nothing of the spare runs before it is placed, and it runs nothing but the next call's command.
 
 **File tools served by the agent.** A Read, Write, Edit or LS whose request is small rides in the
-run message (``"inline"``, :func:`~sandbox.backends.agentlink.as_runner`) and the agent serves it in
+run message (``"inline"``, :func:`~sandbox.backends.agentlink.run_request`) and the agent serves it in
 its own process, in the jail's view, the path resolved again there: no fork, no hold, no cgroup,
 and the spare stays the next call. The request still names the spare, so that what the agent
 declines (see :mod:`sandbox._jailside.agent`: Glob and Grep, files past 1 MiB, paths under
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import select
 import socket
 import struct
@@ -75,9 +79,10 @@ from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from sandbox.backends.base import Stdin
+    from sandbox.backends.local import CgroupPool
 
 KILL_WAIT_S = 5.0  # beyond the grace: an agent this late is wedged, and its jail is killed
 HOLD_WAIT_S = 30.0  # a fork in a busy jail
@@ -135,22 +140,19 @@ class WarmBwrapJail(bwrap.BwrapJail):
         self._slot = anyio.Semaphore(1)
         self._held: WarmCall | None = None
         self._spare: Spare | None = None
+        self._placer = Placer()
 
     async def start(self) -> None:
         self._agent = await self._new_agent()
         self._ask_spare()
 
     def _ask_spare(self) -> None:
-        """Have the agent fork the next call's process now, and place it (see the module doc); best effort."""
+        """Have the next call's process forked and placed now, by our placer thread (see the module doc)."""
         agent = self._agent
         if agent is None or self._spare is not None or not agent.usable:
             return
-        group = self._pool.take()
-        try:
-            self._spare = Spare(agent, group, self.profile)
-        except OSError:  # the next call finds the link dead and says so
-            if group is not None:
-                self._pool.give_back(group)
+        spare = self._spare = Spare(agent)
+        self._placer.submit(lambda: spare.make(self._pool, self.profile))
 
     async def _take_spare(self, agent: Agent) -> Spare | None:
         """The spare, placed, if it belongs to ``agent``; else ``None`` (and it is given up)."""
@@ -170,8 +172,10 @@ class WarmBwrapJail(bwrap.BwrapJail):
         return None
 
     async def _give_up(self, spare: Spare) -> None:
-        spare.hold.close()  # a spare still waiting reads the end and exits
-        await anyio.to_thread.run_sync(spare.placed.wait, HOLD_WAIT_S, abandon_on_cancel=True)
+        spare.abandon()  # a spare still waiting reads the end and exits
+        if not spare.placed.is_set():
+            await anyio.to_thread.run_sync(spare.placed.wait, HOLD_WAIT_S, abandon_on_cancel=True)
+        spare.close()
         if spare.group is not None:
             self._pool.give_back(spare.group)
 
@@ -275,14 +279,17 @@ class WarmBwrapJail(bwrap.BwrapJail):
             call = WarmCall(self, agent, group, None if inline else stdin, spare)
             cleanup_on_fail.callback(call.abandon)
             request["id"] = call.id
-            if call.pid is not None:
-                request["spare"] = True
-            else:
-                request["hold"] = True
             fds = call.remote_fds()
             request["fds"] = len(fds)
             try:
-                agent.link.send(request, fds)  # a small line on an idle socket: it does not block
+                if spare is not None and not inline:
+                    # The spare takes its call from us, on its hold socket; the agent only learns of it
+                    # (afterwards: a command that ends first is reported all the same).
+                    await call.hand_to_spare(request, fds)
+                    agent.link.send({"op": "run", "id": call.id, "spare": "direct"})
+                else:
+                    request["spare" if spare is not None else "hold"] = True
+                    agent.link.send(request, fds)  # a small line on an idle socket: it does not block
             except OSError as exc:
                 agent.doomed = True
                 raise BackendUnavailable(
@@ -311,8 +318,12 @@ class WarmBwrapJail(bwrap.BwrapJail):
         )
 
     def call_done(self, call: WarmCall) -> None:
-        if call.inline and call.spare is not None and self._spare is None and self._held is call:
-            self._spare, call.cgroup = call.spare, None  # untouched: it is still the next call
+        if call.inline and call.spare is not None:  # untouched: it is still the next call
+            if self._spare is None and self._held is call:
+                self._spare, call.cgroup = call.spare, None
+            else:  # not wanted: it reads the end of its hold socket and exits (or dies with its cgroup)
+                call.spare.abandon()
+                call.spare.close()
         if call.cgroup is not None:
             self._pool.give_back(call.cgroup)
             call.cgroup = None
@@ -327,35 +338,63 @@ class WarmBwrapJail(bwrap.BwrapJail):
         if held is not None:
             await held.kill_tree(0)
             held.release()
+        agent, self._agent = self._agent, None  # no spare is asked for from here on
+        self._placer.stop()  # (its thread ends once the spare in the making is made)
         spare, self._spare = self._spare, None
         if spare is not None:
             await self._give_up(spare)
-        agent, self._agent = self._agent, None
         if agent is not None:
             await agent.kill()
         await self._pool.aclose()
 
 
-class Spare:
-    """The next call's process: forked by the agent while the jail is idle, placed by a thread of ours."""
+class Placer:
+    """A jail's thread that makes its spares, so that a call's end does not wait for the next one's start."""
 
-    def __init__(self, agent: Agent, group: cgroups.CallCgroup | None, profile: Any) -> None:
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bwrap-placer", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+
+
+class Spare:
+    """The next call's process: forked by the agent while the jail is idle, placed by our placer thread."""
+
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self.group = group
+        self.group: cgroups.CallCgroup | None = None
+        self.hold: socket.socket | None = None
         self.pid: int | None = None  # once placed and released
         self.placed = threading.Event()  # set when the thread is done, placed or not
-        self.hold, theirs = _hold_pair()
-        try:
-            agent.link.send({"op": "spare", "id": agent.link.next_id(), "fds": 1}, [theirs.fileno()])
-        except OSError:
-            self.hold.close()
-            raise
-        finally:
-            theirs.close()
-        threading.Thread(target=self._place, args=(profile,), name="bwrap-spare", daemon=True).start()
+        self._lock = threading.Lock()
+        self._abandoned = False
 
-    def _place(self, profile: Any) -> None:
+    def make(self, pool: CgroupPool, profile: Any) -> None:
+        """In the placer thread: a cgroup, the agent's fork, its pid from the kernel, its placement."""
         try:
+            with self._lock:
+                if self._abandoned:
+                    return
+                self.group = pool.take()
+                self.hold, theirs = _hold_pair()
+            try:
+                self.agent.link.send({"op": "spare", "id": self.agent.link.next_id(), "fds": 1}, [theirs.fileno()])
+            finally:
+                theirs.close()
             pid = _held_pid_now(self.hold, HOLD_WAIT_S)
             if pid is not None:
                 confine.confine(pid, profile, self.group, "bwrap")
@@ -365,6 +404,18 @@ class Spare:
             pass  # not placed: never released, it dies with its hold socket; the call forks its own
         finally:
             self.placed.set()
+
+    def close(self) -> None:
+        if self.hold is not None:
+            self.hold.close()
+
+    def abandon(self) -> None:
+        """Not to be used: a spare still held or waiting reads the end of its hold socket and exits."""
+        with self._lock:
+            self._abandoned = True
+            if self.hold is not None:
+                with contextlib.suppress(OSError):
+                    self.hold.shutdown(socket.SHUT_RDWR)  # not close(): the placer may be reading it
 
 
 def _held_pid_now(hold: socket.socket, timeout: float) -> int | None:
@@ -416,6 +467,7 @@ class WarmCall(AgentReplies, Process):
         if spare is None:
             self._hold, self._hold_theirs = _hold_pair()
         else:
+            assert spare.hold is not None  # a placed spare has its hold socket
             self._hold, self.pid = spare.hold, spare.pid
         self._token = anyio.lowlevel.current_token()
         self._exited = anyio.Event()
@@ -442,6 +494,23 @@ class WarmCall(AgentReplies, Process):
 
     def remote_fds(self) -> list[int]:
         return [*self._pipes.theirs, *([self._hold_theirs.fileno()] if self._hold_theirs is not None else [])]
+
+    async def hand_to_spare(self, request: dict[str, Any], fds: list[int]) -> None:
+        """The request and the call's pipe ends to the waiting spare itself, which becomes the call."""
+        data = memoryview(FdLink.line(request))
+        try:
+            with anyio.fail_after(HOLD_WAIT_S):
+                data = data[socket.send_fds(self._hold, [data], fds) :]  # an idle, empty socket: it takes them
+                while data:  # a long argv: the spare reads as we write
+                    await anyio.wait_writable(self._hold)
+                    with contextlib.suppress(BlockingIOError):
+                        data = data[self._hold.send(data) :]
+        except TimeoutError as exc:
+            self.agent.doomed = True
+            raise BackendUnavailable(
+                f"the jail's spare did not take its call within {HOLD_WAIT_S:g} s", backend="bwrap"
+            ) from exc
+        self._hold.shutdown(socket.SHUT_WR)  # the spare reads until here
 
     def handed_over(self) -> None:
         self._pipes.handed_over()
@@ -571,7 +640,8 @@ class WarmCall(AgentReplies, Process):
 
     def _close(self) -> None:
         self._pipes.close()
-        self._hold.close()
+        if not (self.spare is not None and self.inline):  # a spare left untouched waits on its hold socket
+            self._hold.close()
         if self._hold_theirs is not None:
             self._hold_theirs.close()
 

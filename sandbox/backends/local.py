@@ -46,11 +46,13 @@ class CgroupPool:
         self.doomed: list[cgroups.CallCgroup] = []
 
     def take(self) -> cgroups.CallCgroup | None:
-        if self.idle:
+        """An idle cgroup rearmed, or a new one (safe from a thread: one ``pop`` is atomic)."""
+        try:
             group = self.idle.pop()
-            group.rearm()
-            return group
-        return call_cgroup(self.profile)
+        except IndexError:
+            return call_cgroup(self.profile)
+        group.rearm()
+        return group
 
     def give_back(self, group: cgroups.CallCgroup) -> None:
         if group.pids():  # a broken promise above: kill, and never share this cgroup again

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,6 +142,84 @@ async def test_a_spare_that_died_before_its_call_does_not_fail_the_call(jail: bw
     result = await _sh(jail, "echo fine")
     assert result.exit_code == 0 and result.stdout == "fine\n", result
     assert _agent_pid(jail) == first  # forked and held the usual way, in the same jail
+
+
+def _recorded(
+    jail: bwrap_warm.WarmBwrapJail, monkeypatch: pytest.MonkeyPatch, delay: float = 0
+) -> list[dict[str, object]]:
+    """The requests the host sends the agent from now on (each after ``delay`` seconds)."""
+    assert jail._agent is not None
+    link = jail._agent.link
+    sent: list[dict[str, object]] = []
+    send = link.send
+
+    def recording(message: dict[str, object], fds: Sequence[int] = ()) -> None:
+        sent.append(message)
+        if delay and message.get("op") == "run":
+            time.sleep(delay)  # the loop waits too: what the jail does meanwhile, it does on its own
+        send(message, fds)
+
+    monkeypatch.setattr(link, "send", recording)
+    return sent
+
+
+async def test_a_command_goes_to_the_spare_straight_from_the_host(
+    jail: bwrap_warm.WarmBwrapJail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _sh(jail, "true")
+    _spare, pid = await _placed_spare(jail)
+    sent = _recorded(jail, monkeypatch)
+    result = await _sh(jail, "echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n"), result
+    # The agent only learnt which spare became which call: no argv, no pipe ends passed through it.
+    assert [m for m in sent if m.get("op") == "run"] == [{"op": "run", "id": sent[0]["id"], "spare": "direct"}]
+    assert not confine.alive(pid)
+
+
+async def test_a_command_that_ends_before_the_agent_hears_of_it_is_reported_all_the_same(
+    jail: bwrap_warm.WarmBwrapJail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _sh(jail, "true")
+    await _placed_spare(jail)
+    _recorded(jail, monkeypatch, delay=0.5)  # the spare runs and exits long before the agent's word
+    result = await _sh(jail, "echo early; exit 7")
+    assert (result.exit_code, result.stdout) == (7, "early\n"), result
+    await _placed_spare(jail)
+    result = await _sh(jail, "kill -9 $$")
+    assert result.exit_code == 128 + signal.SIGKILL, result
+    assert (await _sh(jail, "echo next")).stdout == "next\n"
+
+
+async def test_a_spare_that_wakes_after_the_agent_let_go_of_it_still_takes_its_call(
+    jail: bwrap_warm.WarmBwrapJail,
+) -> None:
+    # The agent closes its end of the spare's link when it hears of the call: a spare slow to wake
+    # finds that end *and* its call ready, and must take the call, not give up.
+    await _sh(jail, "true")
+    _spare, pid = await _placed_spare(jail)
+    os.kill(pid, signal.SIGSTOP)
+    results: list[executor.ExecResult] = []
+
+    async def call() -> None:
+        results.append(await _sh(jail, "echo woke; exit 5"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.sleep(0.5)  # the host handed it the call, the agent took note and let go
+        assert not results
+        os.kill(pid, signal.SIGCONT)
+    assert (results[0].exit_code, results[0].stdout) == (5, "woke\n"), results
+
+
+async def test_the_spares_thread_ends_with_the_jail(workspace: Path) -> None:
+    backend = backend_or_skip("bwrap")
+    opened = await backend.open_jail(workspace, make_profile(**{"bwrap.lifecycle": "session"}))
+    await _sh(opened, "true")
+    assert any(t.name == "bwrap-placer" for t in threading.enumerate())
+    await opened.aclose()
+    with anyio.fail_after(5):
+        while any(t.name == "bwrap-placer" for t in threading.enumerate()):
+            await anyio.sleep(0.01)
 
 
 async def test_no_process_of_a_call_meets_the_spare(jail: bwrap_warm.WarmBwrapJail) -> None:
@@ -276,16 +356,7 @@ async def test_file_tools_are_served_by_the_agent_itself_and_resolve_again(
 ) -> None:
     from sandbox.tools.run import run_in_jail
 
-    assert jail._agent is not None
-    link = jail._agent.link
-    sent: list[dict[str, object]] = []
-    send = link.send
-
-    def recording(message: dict[str, object], fds: Sequence[int] = ()) -> None:
-        sent.append(message)
-        send(message, fds)
-
-    monkeypatch.setattr(link, "send", recording)
+    sent = _recorded(jail, monkeypatch)
     spare, _pid = await _placed_spare(jail)
     (workspace / "notes.txt").write_text("one\ntwo\n")
     read = await run_in_jail(jail, {"op": "read", "path": str(workspace / "notes.txt")})
