@@ -322,7 +322,6 @@ class WarmBwrapJail(bwrap.BwrapJail):
             if self._spare is None and self._held is call:
                 self._spare, call.cgroup = call.spare, None
             else:  # not wanted: it reads the end of its hold socket and exits (or dies with its cgroup)
-                call.spare.abandon()
                 call.spare.close()
         if call.cgroup is not None:
             self._pool.give_back(call.cgroup)
@@ -349,7 +348,11 @@ class WarmBwrapJail(bwrap.BwrapJail):
 
 
 class Placer:
-    """A jail's thread that makes its spares, so that a call's end does not wait for the next one's start."""
+    """A jail's thread that makes its spares, so that a call's end does not wait for the next one's start.
+
+    Not a ``ThreadPoolExecutor``: its workers are joined at interpreter exit, and a spare in the
+    making may wait up to ``HOLD_WAIT_S`` for its fork; a daemon thread never holds up an exit.
+    """
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -497,20 +500,19 @@ class WarmCall(AgentReplies, Process):
 
     async def hand_to_spare(self, request: dict[str, Any], fds: list[int]) -> None:
         """The request and the call's pipe ends to the waiting spare itself, which becomes the call."""
-        data = memoryview(FdLink.line(request))
+        data = memoryview(FdLink.line(request))  # one line: the spare reads up to its end
         try:
-            with anyio.fail_after(HOLD_WAIT_S):
-                data = data[socket.send_fds(self._hold, [data], fds) :]  # an idle, empty socket: it takes them
-                while data:  # a long argv: the spare reads as we write
-                    await anyio.wait_writable(self._hold)
-                    with contextlib.suppress(BlockingIOError):
-                        data = data[self._hold.send(data) :]
-        except TimeoutError as exc:
+            data = data[socket.send_fds(self._hold, [data], fds) :]  # an idle, empty socket: it takes them
+            if data:  # a long argv: the spare reads as we write
+                with anyio.fail_after(HOLD_WAIT_S):
+                    while data:
+                        await anyio.wait_writable(self._hold)
+                        with contextlib.suppress(BlockingIOError):
+                            data = data[self._hold.send(data) :]
+        except (OSError, TimeoutError) as exc:  # it died since we looked, or it does not read
             self.agent.doomed = True
-            raise BackendUnavailable(
-                f"the jail's spare did not take its call within {HOLD_WAIT_S:g} s", backend="bwrap"
-            ) from exc
-        self._hold.shutdown(socket.SHUT_WR)  # the spare reads until here
+            why = f"did not take its call within {HOLD_WAIT_S:g} s" if isinstance(exc, TimeoutError) else "is gone"
+            raise BackendUnavailable(f"the jail's spare {why}: nothing of the call ran", backend="bwrap") from exc
 
     def handed_over(self) -> None:
         self._pipes.handed_over()

@@ -176,6 +176,22 @@ async def test_a_command_goes_to_the_spare_straight_from_the_host(
     assert not confine.alive(pid)
 
 
+async def test_a_spare_that_dies_at_its_hand_over_fails_the_call_structured(
+    jail: bwrap_warm.WarmBwrapJail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _sh(jail, "true")
+    _spare, pid = await _placed_spare(jail)
+    os.kill(pid, signal.SIGKILL)
+    while confine.alive(pid):
+        await anyio.sleep(0.01)
+    monkeypatch.setattr(confine, "alive", lambda _pid: True)  # as if it died just after the host looked
+    with pytest.raises(BackendUnavailable, match="spare is gone"):
+        await _sh(jail, "echo never")
+    monkeypatch.undo()
+    result = await _sh(jail, "echo next")
+    assert (result.exit_code, result.stdout) == (0, "next\n"), result
+
+
 async def test_a_command_that_ends_before_the_agent_hears_of_it_is_reported_all_the_same(
     jail: bwrap_warm.WarmBwrapJail, monkeypatch: pytest.MonkeyPatch
 ) -> None:
