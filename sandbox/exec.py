@@ -19,9 +19,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 from pydantic import BaseModel
 
 from sandbox import calls
+from sandbox.backends.child import FdReceiveStream
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from sandbox.backends.base import Jail, Process, Stdin
 
 OutputCallback = Callable[[bytes], Awaitable[None] | None]
-READ_SIZE = 1 << 16
+YIELD_EVERY = 64  # chunks read without waiting between two checkpoints
 
 
 class Capture:
@@ -94,11 +96,25 @@ class ExecResult(BaseModel):
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
-    async for chunk in stream:
+    read_now = stream.receive_nowait if isinstance(stream, FdReceiveStream) else None  # no coroutine per chunk
+    ready = 0
+    while True:
+        chunk = read_now() if read_now is not None else None
+        if chunk is None:  # nothing there now: wait (the loop runs meanwhile)
+            try:
+                chunk = await stream.receive()
+            except anyio.EndOfStream:
+                return
+        elif not chunk:
+            return
+        else:
+            ready += 1
+            if ready % YIELD_EVERY == 0:  # a flood that never lets the pipe run dry still lets the deadline in
+                await anyio.lowlevel.checkpoint()
         capture.feed(chunk)
         if callback is not None:
             maybe = callback(chunk)
-            if inspect.isawaitable(maybe):
+            if maybe is not None and inspect.isawaitable(maybe):  # (a plain function's None: no check)
                 await maybe
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+
+import anyio
 import pytest
 
 from sandbox import calls
 from sandbox import exec as executor
 from sandbox import profile as profiles
+from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import InvalidArgument
 
 
@@ -54,3 +59,33 @@ def test_timeout_default_and_override() -> None:
     prof = profiles.load("default")
     assert calls.check_timeout(None, prof) == 60
     assert calls.check_timeout(1, prof) == 1 and calls.check_timeout(3600, prof) == 3600
+
+
+class _Endless(FdReceiveStream):
+    """/dev/zero: always readable, never at its end; gives up loudly rather than spin forever."""
+
+    def __init__(self) -> None:
+        super().__init__(os.open(os.devnull.replace("null", "zero"), os.O_RDONLY))
+        self.reads = 0
+        self.give_up = time.monotonic() + 10
+
+    def receive_nowait(self) -> bytes | None:
+        self.reads += 1
+        if time.monotonic() > self.give_up:
+            raise AssertionError(f"the pump never let the event loop run in {self.reads} reads")
+        return super().receive_nowait()
+
+
+def test_a_pipe_that_never_runs_dry_still_lets_a_deadline_in() -> None:
+    """The pump reads what is there without awaiting, so it must yield now and then on its own."""
+
+    async def main() -> int:
+        stream = _Endless()
+        try:
+            with anyio.move_on_after(0.05):
+                await executor._pump(stream, executor.Capture(1024), None)
+            return stream.reads
+        finally:
+            stream.close()
+
+    assert anyio.run(main) > 0
