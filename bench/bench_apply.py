@@ -157,7 +157,7 @@ def timed(base: Path, original: Path, tree: CopyTree, changes: Changeset, journa
     applying.host = dict(walk(workspace))
     os.sync()
     start = time.perf_counter()
-    report = applying._apply(changes, None) if journalled else old_apply(applying, changes)
+    report = applying._apply(changes, None, False) if journalled else old_apply(applying, changes)
     elapsed = time.perf_counter() - start
     if report.conflicts or report.skipped or len(report.applied) != len(changes.changes):
         raise SystemExit(f"the apply did not apply everything: {report.conflicts[:3]} {report.skipped[:3]}")
