@@ -23,7 +23,6 @@ import anyio.lowlevel
 from pydantic import BaseModel
 
 from sandbox import calls
-from sandbox.backends.child import FdReceiveStream
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
 
@@ -96,7 +95,8 @@ class ExecResult(BaseModel):
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
-    read_now = stream.receive_nowait if isinstance(stream, FdReceiveStream) else None  # no coroutine per chunk
+    # A pipe's (FdReceiveStream, not imported: it needs fcntl, which Windows lacks): no coroutine per chunk.
+    read_now = getattr(stream, "receive_ready", None)
     ready = 0
     while True:
         chunk = read_now() if read_now is not None else None

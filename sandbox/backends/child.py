@@ -35,7 +35,7 @@ class FdReceiveStream(ByteReceiveStream):
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self.fd = fd
 
-    def receive_nowait(self) -> bytes | None:
+    def receive_ready(self) -> bytes | None:
         """What the pipe holds now (``b""`` at its end), or ``None`` when it is empty.
 
         A flood's chunks read without a coroutine each (:func:`sandbox.exec._pump`): a fifth of

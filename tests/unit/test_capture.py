@@ -69,11 +69,11 @@ class _Endless(FdReceiveStream):
         self.reads = 0
         self.give_up = time.monotonic() + 10
 
-    def receive_nowait(self) -> bytes | None:
+    def receive_ready(self) -> bytes | None:
         self.reads += 1
         if time.monotonic() > self.give_up:
             raise AssertionError(f"the pump never let the event loop run in {self.reads} reads")
-        return super().receive_nowait()
+        return super().receive_ready()
 
 
 def test_a_pipe_that_never_runs_dry_still_lets_a_deadline_in() -> None:
