@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
 MAX_LINE = 1 << 26
+CLOSE_WAIT_S = 10.0
 
 
 class Client:
@@ -78,12 +79,21 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def serve() -> AsyncIterator[Client]:
-    """A ``sandbox serve`` child and its client; the child is killed if the test left it running."""
+    """A ``sandbox serve`` child and its client, ended as an agent ends it: its stdin closed.
+
+    The server then closes its sessions and exits. Killed only if it has not within
+    ``CLOSE_WAIT_S``: a SIGKILLed executor leaves its calls' cgroups to ``sandbox gc``.
+    """
     proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
     try:
         yield Client(proc)
     finally:
         with anyio.CancelScope(shield=True):
+            if proc.returncode is None and proc.stdin is not None:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await proc.stdin.aclose()
+                with anyio.move_on_after(CLOSE_WAIT_S):
+                    await proc.wait()
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()

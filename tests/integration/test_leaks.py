@@ -100,6 +100,40 @@ async def test_a_session_that_ends_leaves_no_scratch_dir(
     assert call_cgroups(leftovers.owner_tag()) == []
 
 
+async def test_a_server_whose_client_closes_stdin_mid_call_leaves_no_process_nor_cgroup(
+    workspace: Path, marker: str
+) -> None:
+    """An agent ends ``sandbox serve`` by closing its stdin, here with a call in flight: the server
+    kills what its sessions started and removes its calls' cgroups before it exits by itself."""
+    from tests.rpc_client import Client
+
+    proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
+    try:
+        client = Client(proc)
+        owner = f"{proc.pid}-{leftovers.start_time(proc.pid)}"
+        opened = await client.call("session.open", {"workspace": str(workspace), "mode": "auto", "backend": "bwrap"})
+        sid = opened["result"]["session_id"]
+        ran = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": "true"}})
+        assert ran["result"]["ok"], ran
+        if any(isinstance(h, cgroups.Hierarchy) for h in cgroups.hierarchies().values()):  # (none: a user on v1)
+            assert call_cgroups(owner), "the warm jail's call cgroups were expected while it runs"
+        command = f"(setsid sleep {marker} &); trap '' TERM; sleep {marker}"
+        args = {"session_id": sid, "tool": "Bash", "args": {"command": command}}
+        await client.send({"jsonrpc": "2.0", "id": "in-flight", "method": "tool.call", "params": args})
+        await anyio.to_thread.run_sync(_wait_for, lambda: len(survivors(marker)) == 2)
+        assert proc.stdin is not None
+        await proc.stdin.aclose()
+        with anyio.fail_after(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await proc.aclose()
+    assert survivors(marker) == []
+    assert call_cgroups(owner) == []
+
+
 def _wait_for(check: object, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
