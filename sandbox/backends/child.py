@@ -35,7 +35,7 @@ class FdReceiveStream(ByteReceiveStream):
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self.fd = fd
 
-    def receive_ready(self) -> bytes | None:
+    def receive_ready(self, max_bytes: int = READ_SIZE) -> bytes | None:
         """What the pipe holds now (``b""`` at its end), or ``None`` when it is empty.
 
         A flood's chunks read without a coroutine each (:func:`sandbox.exec._pump`): a fifth of
@@ -44,22 +44,16 @@ class FdReceiveStream(ByteReceiveStream):
         if self.fd < 0:
             raise anyio.ClosedResourceError
         try:
-            return os.read(self.fd, READ_SIZE)
+            return os.read(self.fd, max_bytes)
         except BlockingIOError:
             return None
 
     async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
-        while True:
-            if self.fd < 0:
-                raise anyio.ClosedResourceError
-            try:
-                data = os.read(self.fd, max_bytes)
-            except BlockingIOError:
-                await anyio.wait_readable(self.fd)
-                continue
-            if not data:
-                raise anyio.EndOfStream
-            return data
+        while (data := self.receive_ready(max_bytes)) is None:
+            await anyio.wait_readable(self.fd)
+        if not data:
+            raise anyio.EndOfStream
+        return data
 
     def close(self) -> None:
         if self.fd >= 0:
