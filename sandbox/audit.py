@@ -8,6 +8,7 @@ whole row or nothing, never half a record. Columns are NOT NULL where a value al
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import re
@@ -327,7 +328,7 @@ class AuditLog:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             db.close()
-            raise OSError(f"audit database unusable: {exc}") from exc
+            raise _os_error(exc, "audit database unusable: ") from exc
         return db
 
     def record(self, record: AuditRecord) -> None:
@@ -340,7 +341,7 @@ class AuditLog:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                raise OSError(str(exc)) from exc
+                raise _os_error(exc) from exc
 
     def record_denial(self, session_id: str, tool_call_id: str, denial: Mapping[str, Any]) -> None:
         """One refused connection: ``denial`` carries host, port, reason, rule and message."""
@@ -351,7 +352,7 @@ class AuditLog:
             try:
                 self._db.execute(sql, values)
             except sqlite3.Error as exc:
-                raise OSError(str(exc)) from exc
+                raise _os_error(exc) from exc
 
     def denials(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """The refused connections, oldest first (of one session when given)."""
@@ -435,6 +436,21 @@ class AuditLog:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+# SQLite's result codes for a resource running out, as the errno a caller tells them apart by
+# (map_errors puts it in the error's data): a full disk is ENOSPC whether SQLite or the OS saw it.
+_SQLITE_ERRNO = {7: errno.ENOMEM, 10: errno.EIO, 13: errno.ENOSPC}
+
+
+def _os_error(exc: sqlite3.Error, prefix: str = "") -> OSError:
+    """``exc`` as an ``OSError`` with an errno when SQLite's code maps to one (SQLITE_NOMEM,
+    SQLITE_IOERR, SQLITE_FULL), else without."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    found = _SQLITE_ERRNO.get(code & 0xFF) if isinstance(code, int) else None
+    if found is None:
+        return OSError(f"{prefix}{exc}")
+    return OSError(found, f"{prefix}{exc}")
 
 
 def _typed(row: dict[str, Any]) -> dict[str, Any]:

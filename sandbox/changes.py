@@ -42,7 +42,6 @@ after it was kept: the store sweeps itself on each use. A keep interrupted half-
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import json
 import os
@@ -57,9 +56,12 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sandbox import datadir, gitreview, leftovers
+import anyio
+import anyio.to_thread
+
+from sandbox import datadir, diffbound, gitreview, leftovers
 from sandbox.backends.base import off_loop
-from sandbox.errors import Conflict, InvalidArgument, map_errors
+from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 from sandbox.gitreview import GitSummary
 from sandbox.mounts import (
     WINDOWS,
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import ChangesetSource, ChangesetState
 
 RETENTION_S = 14 * 24 * 3600
+STORE_LIMIT = 2 * 2**30  # limits.kept_changes' default, for callers without a profile
 """How long a kept changeset stays, applied or not, unless discarded first."""
 ID = re.compile(r"^ch-[0-9a-f]{12}$")
 PARTIAL = re.compile(r"^\.partial-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+$")
@@ -91,6 +94,8 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 _CHUNK = 1 << 20
 _DIFF_MAX = 1 << 20  # larger files are summarised, not diffed
+DIFF_DEADLINE_S = 5.0  # the time one review's diffs may take together; later files are summed up
+DIFF_THREADS = anyio.CapacityLimiter(1)
 
 
 @dataclass
@@ -162,7 +167,16 @@ class Kept:
         A repository's ``.git`` entries are left out unless named: :meth:`git_lines` sums them up.
         """
         group = self._git_group() if only is None else set()
-        return "".join(_entry_diff(self, entry) for entry in self._select(only) if entry.change.path not in group)
+        # One deadline for the whole review: a file past it, or past the size bounds, is summed up.
+        deadline = time.monotonic() + DIFF_DEADLINE_S
+        chosen = (entry for entry in self._select(only) if entry.change.path not in group)
+        return "".join(_entry_diff(self, entry, deadline) for entry in chosen)
+
+    async def diff_off_loop(self, only: Iterable[str] | None = None) -> str:
+        """:meth:`diff` in a worker thread, one review at a time in this process: a flood of reviews
+        queues for :data:`DIFF_THREADS` instead of taking every worker thread (and core) the
+        server's other sessions need."""
+        return await anyio.to_thread.run_sync(self.diff, only, limiter=DIFF_THREADS)
 
     async def apply(self, only: Iterable[str] | None = None, *, include_flagged: bool = False) -> ApplyReport:
         """Apply the pending entries (or those named in ``only``) that are unflagged or consented.
@@ -319,9 +333,21 @@ def store() -> Path:
     return datadir.subdir("changes")
 
 
-async def keep(tree: CopyTree, changeset: Changeset, *, source: ChangesetSource, profile: str, backend: str) -> Kept:
-    """Keep ``changeset`` (read from ``tree``, still present) under a new id; returns it."""
-    return await off_loop(_keep, tree, changeset, source, profile, backend)
+async def keep(
+    tree: CopyTree,
+    changeset: Changeset,
+    *,
+    source: ChangesetSource,
+    profile: str,
+    backend: str,
+    limit: int = STORE_LIMIT,
+) -> Kept:
+    """Keep ``changeset`` (read from ``tree``, still present) under a new id; returns it.
+
+    ``limit`` bounds every kept changeset's content together (``limits.kept_changes``): a keep
+    that would pass it is refused whole with TOOL_FAILED (``errno`` ENOSPC), and nothing is kept.
+    """
+    return await off_loop(_keep, tree, changeset, source, profile, backend, limit)
 
 
 def load(changeset_id: str) -> Kept:
@@ -389,8 +415,11 @@ def _remove(path: Path) -> None:
 # -- keeping --------------------------------------------------------------------------------------
 
 
-def _keep(tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile: str, backend: str) -> Kept:
+def _keep(
+    tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile: str, backend: str, limit: int
+) -> Kept:
     sweep()
+    budget = _Budget.of_store(limit, changeset)
     changeset_id = f"ch-{uuid.uuid4().hex[:12]}"
     partial = store() / f".partial-{leftovers.owner_tag()}-{changeset_id[3:]}"
     created = datetime.now(UTC)
@@ -398,7 +427,7 @@ def _keep(tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile
         partial.mkdir(mode=0o700)
         try:
             (partial / "tree").mkdir(mode=0o700)
-            entries = [_keep_entry(tree, partial / "tree", change) for change in changeset.changes]
+            entries = [_keep_entry(tree, partial / "tree", change, budget) for change in changeset.changes]
             git = gitreview.summarise(tree.workspace, partial / "tree", [e.change for e in entries])
             kept = Kept(
                 changeset_id,
@@ -419,12 +448,53 @@ def _keep(tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile
     return kept
 
 
-def _keep_entry(tree: CopyTree, kept_root: Path, change: Change) -> Entry:
+@dataclass
+class _Budget:
+    """What the store may still take of one keep, so the data directory never fills past ``limit``."""
+
+    limit: int
+    used: int
+    left: int
+
+    @classmethod
+    def of_store(cls, limit: int, changeset: Changeset) -> _Budget:
+        used = _store_bytes()
+        budget = cls(limit, used, limit - used)
+        budget.take(sum(c.size or 0 for c in changeset.changes if _has_content(c) and c.applicable))
+        budget.left = limit - used  # the copy takes it again, byte by byte, as it writes
+        return budget
+
+    def take(self, size: int) -> None:
+        if size > self.left:
+            raise ToolFailed(
+                f"the changeset is not kept: with it, kept changesets would pass limits.kept_changes "
+                f"({self.limit} bytes; {self.used} already kept). Apply or discard kept changesets "
+                "(sandbox changes), or raise the limit",
+                errno="ENOSPC",
+                limit=self.limit,
+                used=self.used,
+                needed=size,
+                bound="limits.kept_changes",
+            )
+        self.left -= size
+
+
+def _store_bytes() -> int:
+    """The bytes of every file in the store: kept changesets and keeps under way."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(store()):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _keep_entry(tree: CopyTree, kept_root: Path, change: Change, budget: _Budget) -> Entry:
     entry = Entry(Change.from_dict(change.to_dict()), tree.host.get(change.path))
     if not (_has_content(change) and change.applicable):
         return entry
     try:
-        digest = _copy_out(tree.root, kept_root, change.path)
+        digest = _copy_out(tree.root, kept_root, change.path, budget)
     except (OSError, Conflict) as exc:
         reason = exc.message if isinstance(exc, Conflict) else exc.strerror or str(exc)
         entry.change.applicable, entry.change.reason = False, f"could not be kept: {reason}"
@@ -435,7 +505,7 @@ def _keep_entry(tree: CopyTree, kept_root: Path, change: Change) -> Entry:
     return entry
 
 
-def _copy_out(root: Path, kept_root: Path, rel: str) -> str:
+def _copy_out(root: Path, kept_root: Path, rel: str, budget: _Budget) -> str:
     """Copy the file ``root/rel`` (reached without following a symlink) to ``kept_root/rel``; its hash."""
     parts = PurePosixPath(rel).parts
     target = kept_root.joinpath(*parts)
@@ -448,6 +518,7 @@ def _copy_out(root: Path, kept_root: Path, rel: str) -> str:
         dst = os.open(target, _new_file_flags(), 0o600)
         try:
             while chunk := os.read(src, _CHUNK):
+                budget.take(len(chunk))  # the file may have grown since its changeset was read
                 digest.update(chunk)
                 os.write(dst, chunk)
         finally:
@@ -570,7 +641,7 @@ def _exclusive_windows(path: Path) -> Iterator[None]:
 # -- diffs ----------------------------------------------------------------------------------------
 
 
-def _entry_diff(kept: Kept, entry: Entry) -> str:
+def _entry_diff(kept: Kept, entry: Entry, deadline: float) -> str:
     change = entry.change
     notes = [f"[{', '.join(change.flags)}]"] if change.flags else []
     if entry.applied:
@@ -580,11 +651,11 @@ def _entry_diff(kept: Kept, entry: Entry) -> str:
     lines = [" ".join([change.status, change.path, *notes])]
     if change.mode_before is not None and change.mode_after is not None and change.mode_before != change.mode_after:
         lines.append(f"mode {oct(change.mode_before)} → {oct(change.mode_after)}")
-    lines += _body(kept, change)
+    lines += _body(kept, change, deadline)
     return "\n".join(lines) + "\n"
 
 
-def _body(kept: Kept, change: Change) -> list[str]:
+def _body(kept: Kept, change: Change, deadline: float) -> list[str]:
     if change.kind == "dir":
         return []
     if change.kind == "symlink":
@@ -593,23 +664,29 @@ def _body(kept: Kept, change: Change) -> list[str]:
         return ["special file"]
     before = _blob(kept.workspace / change.path)
     after = None if change.status == "deleted" else _blob(kept.path / "tree" / change.path)
-    return _file_diff(change.path, before, after)
+    return _file_diff(change.path, before, after, deadline)
 
 
 Blob = tuple[int, bytes]
 """A file's size and its first ``_DIFF_MAX + 1`` bytes."""
 
 
-def _file_diff(path: str, before: Blob | None, after: Blob | None) -> list[str]:
+def _file_diff(path: str, before: Blob | None, after: Blob | None, deadline: float | None = None) -> list[str]:
+    """The unified diff of one file, or a line that sums it up: binary, or too costly to compare
+    (:mod:`sandbox.diffbound`: a jail chooses both sides, and difflib is quadratic at worst)."""
     old, new = _text(before), _text(after)
     if old is None or new is None:
         return [f"binary file, {_size(before)} bytes → {_size(after)} bytes"]
-    diff = difflib.unified_diff(
-        old.splitlines(keepends=True),
-        new.splitlines(keepends=True),
-        f"a/{path}" if before is not None else "/dev/null",
-        f"b/{path}" if after is not None else "/dev/null",
-    )
+    try:
+        diff = diffbound.unified(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            f"a/{path}" if before is not None else "/dev/null",
+            f"b/{path}" if after is not None else "/dev/null",
+            deadline=deadline,
+        )
+    except diffbound.TooCostly as exc:
+        return [f"text file, {_size(before)} bytes → {_size(after)} bytes: {exc.summary()}"]
     return [line.rstrip("\n") for line in diff]
 
 

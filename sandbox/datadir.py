@@ -1,14 +1,24 @@
 """Where the sandbox keeps its state: audit log, trust store, scratch and copy trees.
 
 ``$SANDBOX_DATA_DIR`` wins, then ``$XDG_DATA_HOME/sandbox``, then ``~/.local/share/sandbox``.
+
+**Private to its user** (issue 31, category 7). The data directory and every directory made in
+it are ``0700`` and ours, whatever the umask: ``mkdir``'s mode only asks, so each is narrowed
+after it is made, and one found wider (made by an older version, or by hand) is narrowed too.
+A data directory that another user owns is refused: its owner could read or swap what we keep.
+Below a private directory, what a jail's copy holds keeps the workspace's own modes (it is what
+an apply writes back); the ``0700`` directory above it is what keeps it ours.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
-from sandbox.errors import map_errors
+from sandbox.errors import ToolFailed, map_errors
+
+PRIVATE = 0o700
 
 
 def data_dir() -> Path:
@@ -18,13 +28,32 @@ def data_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_DATA_HOME")
         base = Path(xdg) / "sandbox" if xdg else Path.home() / ".local" / "share" / "sandbox"
-    with map_errors(f"cannot create the sandbox data directory {base}"):
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return base
+    return private_dir(base, what="the sandbox data directory", parents=True)
 
 
 def subdir(name: str) -> Path:
-    path = data_dir() / name
-    with map_errors(f"cannot create {path} in the sandbox data directory"):
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return private_dir(data_dir() / name, what="a directory in the sandbox data directory")
+
+
+def private_dir(path: Path, *, what: str = "a private directory", parents: bool = False) -> Path:
+    """``path`` as a directory of ours that nobody else can enter (made when missing; ``parents``:
+    the ones above it too, as ``mkdir -p`` makes them). Refused when another user owns it."""
+    with map_errors(f"cannot create {what} {path}"):
+        missing = [path]
+        while parents and not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+            missing.append(missing[-1].parent)  # made 0700 too; an existing one is not ours to narrow
+        for folder in reversed(missing):
+            folder.mkdir(mode=PRIVATE, exist_ok=True)
+        if os.name != "nt":  # Windows: the ACL of the user's profile directory decides
+            _narrow(path, what)
     return path
+
+
+def _narrow(path: Path, what: str) -> None:
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise ToolFailed(f"{what} {path} is not a directory", path=str(path))
+    if st.st_uid != os.geteuid():
+        raise ToolFailed(f"{what} {path} belongs to uid {st.st_uid}, not to us: refused", path=str(path))
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & PRIVATE)  # keep the owner's bits (a read-only mask dir)

@@ -22,7 +22,7 @@ import anyio
 import anyio.lowlevel
 from pydantic import BaseModel
 
-from sandbox import calls
+from sandbox import calls, diskguard
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
 
@@ -126,12 +126,20 @@ async def _feed(proc: Process, scope: anyio.CancelScope) -> None:
 class _Outcome:
     timed_out = False
     aborted = False
+    disk: diskguard.Breach | None = None  # the call passed a disk bound and was killed for it
     kill_ms: float | None = None
 
 
-async def _supervise(proc: Process, limit: float, abort: anyio.Event | None, grace: float) -> _Outcome:
+async def _supervise(
+    proc: Process, limit: float, abort: anyio.Event | None, grace: float, guard: diskguard.Guard | None
+) -> _Outcome:
     outcome = _Outcome()
     async with anyio.create_task_group() as tg:
+
+        async def watch_disk() -> None:
+            assert guard is not None
+            outcome.disk = await diskguard.watch(guard)
+            tg.cancel_scope.cancel()
 
         async def watch_abort() -> None:
             assert abort is not None
@@ -141,14 +149,19 @@ async def _supervise(proc: Process, limit: float, abort: anyio.Event | None, gra
 
         if abort is not None:
             tg.start_soon(watch_abort)
+        if guard is not None:
+            tg.start_soon(watch_disk)
         with anyio.move_on_after(limit) as deadline:
             await proc.wait()
         outcome.timed_out = deadline.cancelled_caught
-        if abort is not None:  # (a cancel costs a task's repr in anyio: none when nothing is there to stop)
+        if abort is not None or guard is not None:  # (a cancel costs a task's repr in anyio: none when idle)
             tg.cancel_scope.cancel()
     stop = time.monotonic()
-    # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it.
+    # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it. Nor does a
+    # disk filler: a grace would be more time to write.
     await proc.kill_tree(grace if outcome.timed_out or outcome.aborted else 0)
+    if outcome.disk is not None:
+        outcome.kill_ms = (time.monotonic() - stop) * 1000
     if outcome.timed_out or outcome.aborted:
         outcome.kill_ms = (time.monotonic() - stop) * 1000
     return outcome
@@ -189,6 +202,7 @@ async def run(
     started = time.monotonic()
     egress = jail.egress if network else None
     mark = egress.mark() if egress is not None else 0
+    guard = diskguard.for_jail(jail.host_writable, profile.limits)
     proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network)
     spawned = time.monotonic()
     try:
@@ -198,7 +212,7 @@ async def run(
                 tg.start_soon(_feed, proc, feeding)
             tg.start_soon(_pump, proc.stdout, out, on_stdout)
             tg.start_soon(_pump, proc.stderr, err, on_stderr)
-            outcome = await _supervise(proc, limit, abort, grace)
+            outcome = await _supervise(proc, limit, abort, grace, guard)
             if stdin is not None:  # a streamed stdin may never end (`yes | sandbox run -- head -1`)
                 feeding.cancel()
         returncode = await proc.wait()
@@ -212,6 +226,8 @@ async def run(
     finally:
         oom, peak = proc.oom_killed(), proc.peak_memory()
         proc.release()
+    if outcome.disk is not None:  # TOOL_FAILED (ENOSPC); the jail and its session stay usable
+        raise outcome.disk.error()
     exit_code, sig = calls.exit_status(returncode)
     return ExecResult(
         exit_code=exit_code,

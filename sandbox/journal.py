@@ -213,7 +213,7 @@ class Plan:
             assert current is not None
             return Step("chmod", change.path, "dir", mode, expect, old_mode=stat.S_IMODE(current.st_mode))
         step = Step("put", change.path, change.kind, mode, expect, staged=_hidden(name, "new"))
-        step.link, step.source = change.target, str(self.tree.root / change.path)
+        step.link, step.source = change.target, _source(self.tree.root, change.path)
         if current is not None:
             step.backup = _hidden(name, "old")
             step.allowed = self._only_deleted(change.path, pfd, name) if is_dir else []
@@ -251,7 +251,8 @@ class Plan:
             self._make_parents(PurePosixPath(parent).parts)
         step, inside = self.new_dirs[parent]
         rel = f"{inside}/{PurePosixPath(change.path).name}" if inside else PurePosixPath(change.path).name
-        step.entries.append(Staged(rel, change.kind, _mode(change), str(self.tree.root / change.path), change.target))
+        source = _source(self.tree.root, change.path)
+        step.entries.append(Staged(rel, change.kind, _mode(change), source, change.target))
         step.paths.append(change.path)
         if change.kind == "dir":
             self.new_dirs[change.path] = (step, rel)
@@ -459,7 +460,7 @@ def _make(
     elif kind == "symlink":
         os.symlink(link or "", name, dir_fd=pfd)
     else:
-        _copy_file(pfd, name, Path(source or ""), mode)
+        _copy_file(pfd, name, source or "", mode)  # a str: a Path would drop _source's mark
     _hook.tick()
     if owner is not None:
         os.chown(name, *owner, dir_fd=pfd, follow_symlinks=False)
@@ -475,8 +476,24 @@ def _seal(top: int, entries: list[Staged]) -> None:
     os.fsync(top)
 
 
-def _copy_file(pfd: int, name: str, source: Path, mode: int) -> None:
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _source(root: Path, rel: str) -> str:
+    """``root/./rel``: where our tree ends and the jail's names begin (rsync ``-R``'s mark)."""
+    return f"{root}/./{rel}"
+
+
+def _open_source(source: str) -> int:
+    """The file a change copies, no link followed below the tree's root: a warm jail may swap a
+    directory of its tree for a link to a host file between the review and the apply."""
+    root, mark, rel = source.partition("/./")
+    if not mark:
+        return os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    parts = PurePosixPath(rel).parts
+    with _open_dir(Path(root), parts[:-1]) as pfd:
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+
+
+def _copy_file(pfd: int, name: str, source: str, mode: int) -> None:
+    src = _open_source(source)
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
             raise ToolFailed(f"the changed entry {source} is no longer a regular file")

@@ -212,6 +212,7 @@ RISKY_FLAGS = (
     "symlink-outside",
     "special-file",
     "hardlink",
+    "tool-config",
 )
 
 
@@ -295,7 +296,11 @@ def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, work
         flags.append("git-hook")
     if parts[:2] == (".git", "config"):
         flags.append("git-config")
-    if any(p.startswith(".") for p in parts) and "git-hook" not in flags and "git-config" not in flags:
+    if not flags and gitreview.is_repository(workspace) and gitreview.obeyed_in_worktree(workspace, rel):
+        flags.append("git-hook")  # core.hooksPath's directory, .husky, lefthook.yml, a file the config includes
+    if rel in gitreview.HOST_TOOL_FILES:
+        flags.append("tool-config")  # mise runs its hooks at the next prompt
+    if any(p.startswith(".") for p in parts) and not flags:
         flags.append("dotfile")
     return flags + _mode_flags(rel, kind, before, after, workspace)
 
@@ -314,7 +319,7 @@ def _mode_flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None,
     if kind == "file" and after.nlink > 1:
         flags.append("hardlink")
     if kind == "symlink" and after.target is not None and not _link_stays_inside(rel, after.target, workspace):
-        flags.append("symlink-outside")
+        flags.append("symlink-outside")  # the host's view; a tree's own view is judged in CopyTree._change
     return flags
 
 
@@ -334,12 +339,93 @@ def _windows_unsafe(rel: str, before: Stamp | None, after: Stamp | None) -> Chan
     return change
 
 
-def _link_stays_inside(rel: str, target: str, workspace: Path) -> bool:
+_LINK_HOPS = 40  # links followed in one resolution: the kernel's own bound (ELOOP past it)
+_LINK_STEPS = 4096  # components walked in one resolution: past it, undecided
+
+
+def _link_stays_inside(rel: str, target: str, workspace: Path, view: Path | None = None) -> bool:
+    """Whether the symlink ``rel`` (-> ``target``) leads inside ``workspace`` when followed.
+
+    Never lexical (issue 31, category 8): the target is walked one component at a time as the
+    kernel would, following every link on the way, the workspace's entries read from ``view``
+    (a private tree after the run; default: the host workspace itself) and anything outside it
+    from the host. ``a -> d/up/../x`` with ``d/up -> ..`` leaves, as does a link through a host
+    link to ``/etc``. A resolution that cannot be decided (a loop, too many links, too long) is
+    not inside. A component that does not exist ends the links: the rest is walked as names.
+    """
+    if WINDOWS:  # its links name drives and junctions; winjob_apply never writes a link there
+        return _lexically_inside(rel, target, workspace)
+    try:
+        return _resolves_inside(rel, target, workspace, view)
+    except _Undecided:
+        return False
+
+
+def _resolves_inside(rel: str, target: str, workspace: Path, view: Path | None) -> bool:
+    ws = PurePosixPath(os.path.realpath(workspace)).parts
+    reader = _ViewReader(ws, view or Path(*ws))
+    here = [*ws, *PurePosixPath(rel).parent.parts]
+    pending = _components(target)[::-1]  # a stack: the next component last
+    hops = steps = 0
+    if target.startswith("/"):
+        here = ["/"]
+    while pending:
+        steps += 1
+        part = pending.pop()
+        if steps > _LINK_STEPS:
+            raise _Undecided
+        if part == "..":
+            here = here[:-1] if len(here) > 1 else here
+            continue
+        link = reader.readlink([*here, part])
+        if link is None:
+            here.append(part)
+            continue
+        hops += 1
+        if hops > _LINK_HOPS:
+            raise _Undecided
+        if link.startswith("/"):
+            here = ["/"]
+        pending += _components(link)[::-1]
+    return tuple(here[: len(ws)]) == ws
+
+
+def _lexically_inside(rel: str, target: str, workspace: Path) -> bool:
     if os.path.isabs(target):
         resolved = os.path.normpath(target)
     else:
         resolved = os.path.normpath(os.path.join(str(workspace), os.path.dirname(rel), target))
     return Path(resolved).is_relative_to(workspace)
+
+
+class _Undecided(Exception):
+    """A link's resolution that cannot be decided: a loop, too many links, a directory we cannot read."""
+
+
+def _components(target: str) -> list[str]:
+    return [p for p in target.split("/") if p not in ("", ".")]
+
+
+class _ViewReader:
+    """Reads links as a resolution meets them: inside the workspace from a view of it, else the host's."""
+
+    def __init__(self, workspace: tuple[str, ...], view: Path) -> None:
+        self.workspace = workspace
+        self.view = view
+
+    def readlink(self, parts: list[str]) -> str | None:
+        """The target of the link at ``parts`` (an absolute path free of links up to its last
+        component); ``None`` when it is no link (or nothing, or unreadable as one)."""
+        if tuple(parts[: len(self.workspace)]) == self.workspace:
+            path = self.view.joinpath(*parts[len(self.workspace) :])
+        else:
+            path = Path(*parts)
+        try:
+            return os.readlink(path)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
+                return None  # not a link, or nothing there: a name like any other
+            raise _Undecided from exc  # EACCES, ELOOP, ENAMETOOLONG: we cannot tell where it leads
 
 
 def open_unfollowed(path: str | Path) -> int:
@@ -408,6 +494,7 @@ class CopyTree:
             result = self._copy_level("", set(self.untracked))
             if result:
                 raise ToolFailed(f"copying the workspace failed: {result}", workspace=str(self.workspace))
+            os.chmod(self.root, 0o700)  # cp -a gave it the workspace's mode: the private tree stays ours
             self.copy = dict(walk(self.root))
             self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
 
@@ -506,11 +593,20 @@ class CopyTree:
             if kind == "file":
                 with contextlib.suppress(OSError):
                     change.sha256 = _sha256(self.root / rel)
+        if "symlink-outside" not in flags and self._leaves(rel, after):
+            flags.append("symlink-outside")  # through the tree's own links, as the jail left them
         if "special-file" in flags:
             change.applicable, change.reason = False, "FIFOs, sockets and devices never leave the jail"
         elif "symlink-outside" in flags:
             change.applicable, change.reason = False, "the symlink points outside the workspace"
         return change
+
+    def _leaves(self, rel: str, after: Stamp | None) -> bool:
+        """Whether the link ``rel`` leads out of the workspace in the private tree's view (the host's
+        view is :func:`_mode_flags`'s): both must keep it inside, or it is never applied."""
+        if after is None or after.kind != "symlink" or after.target is None:
+            return False
+        return not _link_stays_inside(rel, after.target, self.workspace, self.root)
 
     async def apply(
         self, changeset: Changeset, paths: Iterable[str] | None = None, *, include_flagged: bool = False

@@ -241,6 +241,7 @@ class Plugin:
     path: Path  # the manifest file
     directory: Path  # its directory, resolved: bound read-only at jail_dir
     warnings: tuple[str, ...] = ()
+    declared: Path | None = None  # the manifest's path as it was given (absolute, not resolved)
     tools: dict[str, PluginTool] = field(default_factory=dict, compare=False)  # by exposed name
 
     @property
@@ -273,10 +274,11 @@ class Plugin:
                 f"invalid plugin manifest {file}: {text}", file=str(file), problems=problems
             ) from None
         directory = file.resolve().parent
-        problem = _dir_refusal(directory)
+        problem = _link_refusal(file) or _dir_refusal(directory)
         if problem is not None:
             raise InvalidArgument(f"plugin manifest {file}: {problem}", file=str(file), directory=str(directory))
-        plugin = cls(manifest, file.resolve(), directory, tuple(_risk_warnings(raw)))
+        named = Path(os.path.abspath(file))
+        plugin = cls(manifest, file.resolve(), directory, tuple(_risk_warnings(raw)), declared=named)
         for tool in manifest.tools:
             spec = ToolSpec(
                 exposed_name(manifest.id, tool.name),
@@ -301,6 +303,27 @@ class Plugin:
             "warnings": list(self.warnings),
             "tools": [tool.describe() for tool in self.tools.values()],
         }
+
+
+def _link_refusal(file: Path) -> str | None:
+    """Why a manifest reached through a symlink that leads out of where it was declared is refused, or None.
+
+    The directory bound into the jail is the one the manifest really lies in: the manifest must
+    lie in its directory as named (``folder/kit.json -> ~/x/plugin.json`` is refused), and that
+    directory in the folder that names it (``folder/kit -> /``, ``-> ~`` or ``-> ../..`` is
+    refused): a folder of plugins never shows the jail more than it holds. Links above the folder
+    (the user's own layout) are followed."""
+    named = Path(os.path.abspath(file))
+    real = named.resolve()
+    if real.parent != named.parent.resolve():
+        return f"it is a symlink to {real}, outside its directory {named.parent}; declare the manifest where it lies"
+    folder = named.parent.parent.resolve()
+    if not real.parent.is_relative_to(folder):
+        return (
+            f"its directory {named.parent} is a symlink to {real.parent}, outside {named.parent.parent}; "
+            "declare the manifest where it lies"
+        )
+    return None
 
 
 def _dir_refusal(directory: Path) -> str | None:
@@ -338,6 +361,46 @@ def load_all(paths: Sequence[str | Path]) -> list[Plugin]:
         else:
             plugins.append(plugin)
     return plugins
+
+
+def from_project(plugin: Plugin, workspace: Path) -> bool:
+    """Whether the project declared ``plugin``: its manifest, as named or as it resolves, or a
+    directory on the way to it, lies in the (real) ``workspace`` (pi declares the manifests of the
+    project's ``.pi/sandbox-plugins/``)."""
+    ws = workspace.resolve()
+    if plugin.path.is_relative_to(ws):
+        return True
+    named = plugin.declared or plugin.path
+    return any(step.resolve().is_relative_to(ws) for step in (named, *named.parents))
+
+
+def check_declared(plugins: Sequence[Plugin], workspace: Path, *, trusted: bool, granted: Sequence[str]) -> None:
+    """A declaration the project ships never widens what the jail sees on its own: a plugin it
+    declared whose directory lies outside the workspace is INVALID_ARGUMENT unless the project is
+    trusted (:mod:`sandbox.policy.trust`) **and** the user granted the plugin up front (a grant
+    asked later comes after the jail's mounts are fixed). One whose directory lies in the workspace
+    shows nothing the jail does not see already, sealed as the workspace is."""
+    ws = workspace.resolve()
+    for plugin in plugins:
+        if plugin.directory.is_relative_to(ws) or not from_project(plugin, workspace):
+            continue
+        if trusted and plugin.id in granted:
+            continue
+        missing = " and ".join(
+            what
+            for what, given in (
+                ("the project's trust", trusted),
+                (f"a grant of plugin {plugin.id}", plugin.id in granted),
+            )
+            if not given
+        )
+        raise InvalidArgument(
+            f"plugin {plugin.id}: the project declares it ({plugin.declared or plugin.path}) with its directory "
+            f"{plugin.directory} outside the workspace; binding it needs {missing} (sandbox trust, --grant-plugin)",
+            plugin=plugin.id,
+            directory=str(plugin.directory),
+            rule_id="plugin.project-outside",
+        )
 
 
 def jail_binds(plugins: Sequence[Plugin]) -> tuple[tuple[str, str], ...]:

@@ -170,10 +170,21 @@ class Limits(_Model):
     # What a server streams to its client while a call runs (sandbox.live): per stream, and both.
     live_stream_bytes: Size = Field(parse_size("1MiB"), ge=1024)
     live_total_bytes: Size = Field(parse_size("1MiB"), ge=1024)
+    # What the data directory keeps of copy/overlay sessions' changes, all kept changesets together
+    # (sandbox.changes): a keep that would pass it is refused (TOOL_FAILED, reason ENOSPC).
+    kept_changes: PositiveSize = parse_size("2GiB")
+    # While a call runs, the free space the host filesystems it writes (copy tree, overlay upper dir,
+    # scratch, a rw workspace) keep; below it the call is killed with TOOL_FAILED (ENOSPC), see
+    # sandbox.diskguard. Unset: 1 GiB or 5% of the filesystem, whichever is smaller.
+    disk_reserve: PositiveSize | None = None
+    # What one call may take of those filesystems (the drop of their free space while it runs; other
+    # writers to the same disk count too, hence off unless set).
+    disk_write: PositiveSize | None = None
 
     def in_force(self) -> dict[str, int | float | None]:
         """The limits a call runs under (``None``: not limited), as ``--json`` reports them."""
-        return self.model_dump(exclude={"capture_bytes", "live_stream_bytes", "live_total_bytes"})
+        host_side = {"kept_changes", "disk_reserve", "disk_write"}  # bounds the host keeps, not the jail's
+        return self.model_dump(exclude={"capture_bytes", "live_stream_bytes", "live_total_bytes", *host_side})
 
 
 class Timeouts(_Model):

@@ -35,7 +35,7 @@ def early_reply(line: bytes) -> bytes | None:
     """
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line nested too deep is the full server's to refuse
         return None
     if not isinstance(message, dict) or message.get("method") != "initialize" or message.get("jsonrpc") != "2.0":
         return None

@@ -20,7 +20,6 @@ Restoring one needs the runner's ``restore`` to expect an absent file, which it 
 from __future__ import annotations
 
 import base64
-import difflib
 import itertools
 import json
 import os
@@ -30,7 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox import datadir
+from sandbox import datadir, diffbound
 from sandbox.errors import InvalidArgument, map_errors
 
 if TYPE_CHECKING:
@@ -76,7 +75,8 @@ class SnapshotStore:
     def save(self, snap: Snapshot, before: bytes | None) -> None:
         with map_errors("cannot store the review snapshot"):
             where = self._dir(snap.snapshot_id)
-            where.mkdir(parents=True, mode=0o700)
+            datadir.private_dir(where.parent, parents=True)  # the session's directory: 0700 too
+            where.mkdir(mode=0o700)
             if before is not None:
                 (where / "before").write_bytes(before)
             (where / "meta.json").write_text(json.dumps(asdict(snap)))
@@ -161,7 +161,14 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
     hunks: list[str] = []
     additions = deletions = size = 0
     truncated = False
-    for lines in _hunks(old, after.splitlines()):
+    try:
+        found = list(_hunks(old, after.splitlines()))
+    except diffbound.TooCostly as exc:
+        # Past the bound the counts are those of a diff that replaces every differing line (an
+        # upper bound) and the hunks are left out: ``omitted`` says why.
+        omitted = {"additions": exc.added, "deletions": exc.removed, "omitted": exc.summary()}
+        return {**omitted, "hunks": [], "binary": False, "truncated": True}
+    for lines in found:
         additions += sum(1 for line in lines if line.startswith("+"))
         deletions += sum(1 for line in lines if line.startswith("-"))
         text = "\n".join(lines)
@@ -174,7 +181,8 @@ def _diff(before: bytes | None, after: str | None, existed: bool) -> dict[str, A
 
 
 def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
-    """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers.
+    """``difflib.unified_diff``'s hunks, each its ``@@`` line and body, without the file headers
+    (:func:`sandbox.diffbound.unified`: :class:`~sandbox.diffbound.TooCostly` past its bounds).
 
     The lines both sides share at their start and end, beyond a hunk's context, are left out of
     the comparison (an edit touches a few lines of a long file; difflib's matcher is quadratic in
@@ -184,7 +192,8 @@ def _hunks(old: list[str], new: list[str]) -> Iterator[list[str]]:
     tail = max(0, len(os.path.commonprefix([old[skip:][::-1], new[skip:][::-1]])) - CONTEXT)
     old, new = old[skip : len(old) - tail], new[skip : len(new) - tail]
     hunk: list[str] = []
-    for line in itertools.islice(difflib.unified_diff(old, new, lineterm="", n=CONTEXT), 2, None):
+    # Bounded in size and time (a hostile file can make difflib quadratic): TooCostly past it.
+    for line in itertools.islice(diffbound.unified(old, new, lineterm="", n=CONTEXT), 2, None):
         if line.startswith("@@"):
             if skip:
                 line = _RANGE.sub(lambda m: f"{m[1]}{int(m[2]) + skip}", line, count=2)

@@ -15,23 +15,26 @@ handler: :data:`METHODS` is what the server dispatches and what ``sandbox serve 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import sys
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 import anyio
-from anyio.streams.buffered import BufferedByteReceiveStream
+import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox import changes
+from sandbox import changes, jsonbound
 from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
 from sandbox.backends.base import off_loop
-from sandbox.backends.child import FdReceiveStream
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.backends.child import PIPE_SIZE, FdReceiveStream
+from sandbox.errors import InvalidArgument, SandboxError, ToolFailed
 from sandbox.live import LiveOutput
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
 from sandbox.policy.classifier import Classifier, ClassifierAnswer, ClassifierFailed, ClassifyRequest
@@ -55,6 +58,9 @@ if TYPE_CHECKING:
 
 MAX_LINE = 64 * 1024 * 1024
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
+INTERNAL_ERROR = -32603
+# What one request can run out of without the process being at fault: it ends that request only.
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN})
 
 
 class _Params(BaseModel):
@@ -243,7 +249,14 @@ class Writer:
         self.closed = False
 
     async def send(self, message: dict[str, Any]) -> None:
-        data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        try:
+            text = json.dumps(message, separators=(",", ":"))
+        except (ValueError, TypeError, RecursionError) as exc:
+            if "id" not in message:
+                return  # a notification that cannot be written is dropped, not the server
+            error = {"code": INTERNAL_ERROR, "message": f"the reply cannot be written as JSON: {exc}"}
+            text = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
+        data = memoryview((text + "\n").encode())
         async with self._lock:
             while data and not self.closed:
                 try:
@@ -335,11 +348,22 @@ class Server:
         self.pending.clear()
         self.stop.set()
 
-    async def dispatch(self, line: bytes) -> None:
+    async def dispatch(self, line: bytes | None) -> None:
+        """One line from the client (``None``: one longer than :data:`MAX_LINE`, skipped); whatever
+        goes wrong with it is answered, and ends neither the other requests nor the server."""
         try:
-            message = json.loads(line)
-        except ValueError as exc:
-            await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: {exc}"))
+            await self._dispatch(line)
+        except Exception as exc:  # the last net: a bug or a resource ends this line only
+            await self._reply(None, error=_unexpected(exc))
+
+    async def _dispatch(self, line: bytes | None) -> None:
+        if line is None:
+            await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: a line longer than {MAX_LINE} bytes"))
+            return
+        try:
+            message = _parse(line)
+        except (ValueError, MemoryError) as exc:
+            await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: {exc or 'out of memory'}"))
             return
         if not isinstance(message, dict):
             await self._reply(None, error=RpcError(INVALID_REQUEST, "a message must be a JSON object"))
@@ -377,6 +401,8 @@ class Server:
             await self._reply(rid, error=exc)
         except SandboxError as exc:
             await self._reply(rid, error=RpcError(SANDBOX_ERROR, exc.message, exc.to_dict()))
+        except Exception as exc:  # EMFILE, ENOSPC, MemoryError or a bug: this request fails, not the server
+            await self._reply(rid, error=_unexpected(exc, str(method)))
         else:
             await self._reply(rid, result=result)
             if method == "shutdown":
@@ -603,7 +629,7 @@ class Server:
     @method("changes.show", ChangesShowParams)
     async def changes_show(self, p: ChangesShowParams) -> dict[str, Any]:
         kept = await off_loop(changes.load, p.changeset_id)
-        return {**kept.to_dict(), "git_lines": kept.git_lines(), "diff": await off_loop(kept.diff, p.paths)}
+        return {**kept.to_dict(), "git_lines": kept.git_lines(), "diff": await kept.diff_off_loop(p.paths)}
 
     @method("changes.apply", ChangesApplyParams)
     async def changes_apply(self, p: ChangesApplyParams) -> dict[str, Any]:
@@ -630,6 +656,56 @@ class Server:
             self.sessions.clear()
 
 
+def _parse(line: bytes) -> Any:
+    """The line's JSON value, bounded in size and depth (:mod:`sandbox.jsonbound`). Parsed here:
+    ``json.loads`` holds the GIL throughout, so a worker thread would not free the loop meanwhile."""
+    return jsonbound.loads(line, max_bytes=MAX_LINE)
+
+
+def _unexpected(exc: BaseException, method: str = "the request") -> RpcError:
+    """An exception no handler expected, as the answer to the request it ended.
+
+    Running out of descriptors, memory or disk is that request's failure (``TOOL_FAILED`` with the
+    errno): the server keeps serving, and a later request may find the resource back. Anything else
+    is a bug: the client gets an internal error, the traceback goes to stderr.
+    """
+    ours = _first(exc, SandboxError)
+    if isinstance(ours, SandboxError):  # one of ours, inside a task group's exception group
+        return RpcError(SANDBOX_ERROR, ours.message, ours.to_dict())
+    found = _resource_error(exc)
+    if found is not None:
+        error = ToolFailed(f"{method}: out of resources: {found}", errno=_errno_name(found))
+        return RpcError(SANDBOX_ERROR, error.message, error.to_dict())
+    sys.stderr.write("".join(traceback.format_exception(exc)))
+    error = ToolFailed(f"{method}: internal error: {type(exc).__name__}: {exc}")
+    return RpcError(INTERNAL_ERROR, error.message, error.to_dict())
+
+
+def _resource_error(exc: BaseException) -> BaseException | None:
+    """``exc``, or the first exception in its group or chain, that is a resource running out."""
+    if isinstance(exc, MemoryError) or isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+        return exc
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return exc  # no thread (a process limit): as EAGAIN
+    inner = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
+    inner += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+    return next((found for e in inner if (found := _resource_error(e)) is not None), None)
+
+
+def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first exception of ``kind`` in its group, depth first."""
+    if isinstance(exc, kind):
+        return exc
+    inner = exc.exceptions if isinstance(exc, BaseExceptionGroup) else ()
+    return next((found for e in inner if (found := _first(e, kind)) is not None), None)
+
+
+def _errno_name(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, "EUNKNOWN")
+    return "ENOMEM" if isinstance(exc, MemoryError) else "EAGAIN"
+
+
 def _validate(method: str, model: type[BaseModel], params: Any) -> BaseModel:
     try:
         return model.model_validate(params)
@@ -650,20 +726,18 @@ async def serve(
     """Serve until ``shutdown`` or the end of stdin; ``pending`` is input already read from it."""
     writer = Writer(stdout_fd)
     server = Server(writer, plugins, granted)
-    lines = BufferedByteReceiveStream(FdReceiveStream(stdin_fd))
-    lines.feed_data(pending)
+    lines = Lines(FdReceiveStream(stdin_fd), MAX_LINE, pending)
     try:
         async with anyio.create_task_group() as tg:
             server.tasks = tg
 
             async def read_lines() -> None:
-                try:
+                with contextlib.suppress(anyio.EndOfStream):
                     while True:
-                        line = await lines.receive_until(b"\n", MAX_LINE)
-                        if line.strip():
+                        line = await lines.receive()
+                        if line is None or line and not line.isspace():
                             tg.start_soon(server.dispatch, line)
-                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound):
-                    pass
+                        await anyio.lowlevel.checkpoint()  # a burst of lines: let each start before the next
                 server.client_gone()
 
             tg.start_soon(read_lines)
@@ -672,6 +746,33 @@ async def serve(
     finally:
         await server.close_all()
     return 0
+
+
+class Lines:
+    """The client's lines, each at most ``limit`` bytes: a longer one is read to its end, dropped
+    as it streams by (memory stays bounded whatever its length) and reported as ``None``."""
+
+    def __init__(self, stream: FdReceiveStream, limit: int, pending: bytes = b"") -> None:
+        self._stream, self._limit = stream, limit
+        self._buffer = bytearray(pending)
+        self._scanned = 0  # no newline before this offset of the buffer
+
+    async def receive(self) -> bytes | None:
+        """The next line without its newline; ``anyio.EndOfStream`` at the end (an unfinished last
+        line is dropped: the client is gone). Each read is a checkpoint: a flood of lines shares
+        the loop with the requests it started."""
+        skipping = False
+        while (end := self._buffer.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > self._limit:
+                skipping, self._scanned = True, 0
+                self._buffer.clear()
+            await anyio.lowlevel.checkpoint()
+            self._buffer += await self._stream.receive(PIPE_SIZE)
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        self._scanned = 0
+        return None if skipping or len(line) > self._limit else line
 
 
 def main(

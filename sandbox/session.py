@@ -53,7 +53,7 @@ from sandbox.policy.classifier import Callback as ClassifierCallback
 from sandbox.policy.classifier import CallbackClassifier, ChatClassifier, Classifier
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
-from sandbox.policy.trust import ask_trust, ignored_notice
+from sandbox.policy.trust import TrustStore, ask_trust, ignored_notice
 from sandbox.tools import params as tool_params
 from sandbox.tools.replies import grep_text
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
@@ -77,6 +77,7 @@ if TYPE_CHECKING:
         NetworkMode,
         OperatingMode,
         PermissionMode,
+        ProjectTrust,
         ReviewOperation,
         Root,
     )
@@ -258,7 +259,9 @@ class Sandbox:
                 ws, scratch, prof.policy, rules, global_mode=global_mode, live=live, programs=prof.env.workspace_path
             )
             notice = ignored_notice(ws, override=trusted, default=prof.policy.default_project_trust)
-            declared = _plugins(options)  # a bad manifest is refused before a jail exists
+            # A bad manifest is refused before a jail exists, and so is one the project declares
+            # outside the workspace without the project's trust and the user's grant.
+            declared = _plugins(options, ws, _trusted(ws, trusted, prof.policy.default_project_trust))
             # Their directories, read-only in the jail: a jail option, never part of the profile.
             shared = plugin_tools.jail_binds(declared)
             jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch, shared=shared)
@@ -457,6 +460,8 @@ class Sandbox:
                 f"such a write cannot persist. Write inside {self.workspace} or {self.scratch}.",
             )
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
+        if call.name in _REVIEWED:  # the review's diff costs more than linear time: off the event loop
+            return await base.off_loop(self._file_result, call, auth, reply, target)
         return self._file_result(call, auth, reply, target)
 
     def _scratch_env(self) -> dict[str, str]:
@@ -780,7 +785,12 @@ class Sandbox:
         if changeset is None or not changeset.changes:
             return None
         self.kept = await kept_changes.keep(
-            self.jail.tree, changeset, source="session", profile=self.profile.name, backend=self.jail.backend
+            self.jail.tree,
+            changeset,
+            source="session",
+            profile=self.profile.name,
+            backend=self.jail.backend,
+            limit=self.profile.limits.kept_changes,
         )
         return self.kept
 
@@ -842,13 +852,21 @@ def _delegate(given: Delegate | dict[str, Any] | None) -> ResolvedDelegate | Non
         raise InvalidArgument(f"invalid delegate: {problems}") from exc
 
 
-def _plugins(options: SessionOptions) -> list[plugin_tools.Plugin]:
-    """The options' plugin manifests, loaded; a granted id must name one of them."""
+def _trusted(workspace: Path, override: bool | None, default: ProjectTrust) -> bool:
+    """Whether the project is trusted for this session (an override, a stored decision, the default)."""
+    return TrustStore().decision(workspace, override, default == "always").trusted
+
+
+def _plugins(options: SessionOptions, workspace: Path, trusted: bool) -> list[plugin_tools.Plugin]:
+    """The options' plugin manifests, loaded; a granted id must name one of them; what the project
+    declares is checked (:func:`plugin_tools.check_declared`)."""
     declared = plugin_tools.load_all(options.get("plugins") or [])
     ids = {p.id for p in declared}
-    for plugin_id in options.get("granted_plugins") or []:
+    granted = options.get("granted_plugins") or []
+    for plugin_id in granted:
         if plugin_id not in ids:
             raise InvalidArgument(f"granted plugin {plugin_id!r} was not declared", plugin=plugin_id)
+    plugin_tools.check_declared(declared, workspace, trusted=trusted, granted=granted)
     return declared
 
 

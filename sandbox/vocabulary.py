@@ -54,6 +54,7 @@ DenialReason = Literal[
     "ask-denied",
     "ask-timeout",
     "ask-unavailable",
+    "over-limit",
 ]
 """Why a connection was refused; stable codes, shown to users and recorded in the audit.
 
@@ -64,7 +65,8 @@ not allowed explicitly; ``sni-mismatch``: the TLS ClientHello names another host
 request the proxy understands; ``resolve-failed``, ``connect-failed``, ``upstream-failed``: the
 name did not resolve, no checked address accepted the connection, the upstream proxy refused;
 ``ask-denied``, ``ask-timeout``, ``ask-unavailable``: the approver said no, did not answer in
-time, or there was none (or it failed)."""
+time, or there was none (or it failed); ``over-limit``: the session's proxy already held as many
+connections (or unfinished requests) as it takes at once."""
 VerdictReason = Literal["allowed", DenialReason]
 EgressRuleKind = Literal["name", "subdomains", "address"]
 ProxyProtocol = Literal["connect", "http", "socks5", "transparent-http", "transparent-tls"]

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 BACKENDS = ("bwrap", "docker")
 # bubblewrap's default is the warm jail ([bwrap] lifecycle = "session"), so every bwrap test runs
-# against it; the contract and attack suites also run with a fresh jail per call ("call").
+# against it; the contract and attack suites (every module of tests/attack/ too) also run with a
+# fresh jail per call ("call").
 PER_CALL = "bwrap-call"
 PER_CALL_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits"})
 # Docker's default is the warm container too; "docker-call" runs the same suites with a fresh
@@ -44,7 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         callspec = getattr(item, "callspec", None)
         per_call = callspec is not None and callspec.params.get("backend") in _PER_CALL_OF
-        (dropped if per_call and item.path.stem not in PER_CALL_MODULES else kept).append(item)
+        wanted = item.path.stem in PER_CALL_MODULES or item.path.parent.name == "attack"
+        (dropped if per_call and not wanted else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

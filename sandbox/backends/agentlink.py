@@ -29,7 +29,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from sandbox import _jailside
+from sandbox import _jailside, jsonbound
 from sandbox._jailside.agent import HEADER as AGENT_HEADER
 from sandbox._jailside.runner import INLINE_BYTES
 from sandbox.backends.child import FdReceiveStream, feed_fd
@@ -80,7 +80,8 @@ def run_request(
         "stdin": stdin is not None,
     }
     if not (
-        runner and len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
+        # argv[0] is the jail's interpreter (an absolute path); what marks the runner is its program.
+        runner and len(argv) == 5 and list(argv[1:4]) == ["-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
     ):
         return request, False
     request["py"], request["argv"] = "runner", ["sandbox-runner"]
@@ -91,6 +92,23 @@ def run_request(
         return request, False  # json.dumps' output is ASCII: anything else is not a request of ours
     request["inline"], request["stdin"] = stdin.decode("ascii"), False
     return request, True
+
+
+MAX_FRAME = 1 << 22  # the agent's frames are a read's worth of output (64 KiB) or a short report
+REPORT_BYTES = 1 << 16
+
+
+class FrameError(OSError):
+    """The agent sent what it never sends: the link is ended (its readers end on an ``OSError``)."""
+
+
+def _report(payload: bytes) -> dict[str, Any]:
+    """An exit report; one that is not a small, shallow JSON object reads as empty (no exit status)."""
+    try:
+        report = jsonbound.loads(payload, max_bytes=REPORT_BYTES, max_depth=4)
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
 
 
 class LinkedCall(Protocol):
@@ -132,9 +150,13 @@ class Link(ABC):
         """Drop the link (the reader thread ends, the agent sees the end and stops)."""
 
     def _parse(self, buffer: bytearray) -> None:
+        """Route the whole frames in ``buffer``; :class:`FrameError` for one longer than any the
+        agent sends (a tampered agent's length would hold the reader's memory without bound)."""
         size = AGENT_HEADER.size
         while len(buffer) >= size:
             kind, cid, length = AGENT_HEADER.unpack_from(buffer)
+            if length > MAX_FRAME:
+                raise FrameError(f"a frame of {length} bytes from the agent, more than {MAX_FRAME}")
             if len(buffer) < size + length:
                 return
             payload = bytes(buffer[size : size + length])
@@ -225,7 +247,7 @@ class AgentReplies:
     def frame(self, kind: bytes, payload: bytes) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone
             if kind == b"x":
-                anyio.from_thread.run_sync(self._exit, json.loads(payload), token=self._token)
+                anyio.from_thread.run_sync(self._exit, _report(payload), token=self._token)
             elif kind == b"!":
                 self._refused = payload.decode(errors="replace")
                 anyio.from_thread.run_sync(self._end, token=self._token)

@@ -103,10 +103,27 @@ class Jail(ABC):
     workspace: Path  # host path of the workspace; the jail shows it at the same absolute path
     tree: CopyTree | None = None  # the private copy or overlay (copy/overlay mounts)
     egress: Egress | None = None  # the filtering proxy (network.mode = "allowlist")
+    scratch: Path | None = None  # the session's scratch directory, shown read-write (set by open_jail)
+    # The interpreter of our programs in the jail (runner, forwarder), by an absolute path no mount
+    # the jail writes can shadow, never by PATH: a backend that isolates sets its verified one
+    # (sandbox.backends.jailpython); this default serves those that do not (host, fake).
+    python: str = "/usr/bin/python3"
 
     @property
     def mount(self) -> str:
         return self.profile.mount.strategy
+
+    @property
+    def host_writable(self) -> tuple[Path, ...]:
+        """Host directories whose disk this jail's calls fill (:mod:`sandbox.diskguard` watches them):
+        the private copy's (an overlay's upper dir sits beside its merged view), the workspace in
+        ``rw``, the scratch directory. The jail's ``/tmp`` and home are tmpfs: memory, capped."""
+        areas = [self.scratch] if self.scratch is not None else []
+        if self.tree is not None:
+            areas.append(self.tree.root.parent)  # the tree's own directory: a copy's, an overlay's base
+        elif self.mount == "rw":
+            areas.append(self.workspace)
+        return tuple(areas)
 
     @property
     def host_paths_shown(self) -> tuple[str, ...]:
@@ -139,7 +156,7 @@ class Jail(ABC):
 
             if not self.egress.alive:
                 raise BackendUnavailable("the jail's egress proxy has stopped; open a new jail (session)")
-            argv, env = self.egress.wrap(argv), {**proxy_env(), **(env or {})}
+            argv, env = self.egress.wrap(argv, self.python), {**proxy_env(), **(env or {})}
         return await self._start(argv, env=env, cwd=cwd, stdin=stdin)
 
     @abstractmethod
@@ -234,7 +251,9 @@ class Backend(ABC):
         ws = check_workspace(workspace)
         await self._recover(ws)
         if profile.network.mode != "allowlist":
-            return await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs)
+            jail = await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs)
+            jail.scratch = scratch
+            return jail
         from sandbox.network.egress import Egress
         from sandbox.network.policy import for_profile
 
@@ -247,6 +266,7 @@ class Backend(ABC):
             egress.close()
             raise
         jail.egress = egress  # the jail closes it
+        jail.scratch = scratch
         return jail
 
     async def _recover(self, workspace: Path) -> None:

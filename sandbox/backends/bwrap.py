@@ -11,6 +11,7 @@ children; a process-group kill would not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -18,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from sandbox.backends import bwrap_argv, cgroups, confine, local, seccomp
+from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, local, seal, seccomp
 from sandbox.backends.base import Backend, off_loop
-from sandbox.backends.bwrap_argv import bwrap_path, jail_args, require_bwrap
+from sandbox.backends.bwrap_argv import bwrap_path, jail_args
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
 from sandbox.errors import BackendUnavailable
@@ -57,9 +58,27 @@ class BwrapJail(local.LocalJail):
     ) -> None:
         super().__init__(workspace, profile, tree)
         untracked = tree.untracked if tree is not None else ()
-        args = jail_args(profile, workspace, source, scratch, untracked, egress_dir, sealed, shared)
-        self._prefix = [require_bwrap(), *args]
+        sealed = sealed if sealed is not None else bwrap_argv.find_sealed(profile, workspace)
+        # The seal is searched again before each call (seal.Watch): the arguments are rebuilt when it moved.
+        self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
+        self._jail_args = functools.partial(jail_args, profile, workspace, source, scratch, untracked, egress_dir)
+        self._shared = tuple(shared)
+        self._sealing = anyio.Lock()  # per-call jails run calls side by side: one search and rebuild at a time
+        self._prefix = [*bwrap_argv.command_prefix(profile), *self._jail_args(sealed, self._shared)]
+        # Our programs' interpreter: the host's, verified, with no mount of this jail at or above it.
+        writable = [str(workspace), "/tmp", *([str(scratch)] if scratch is not None else [])]
+        self.python = jailpython.bwrap_python([*writable, *(target for _, target in shared)])
         self._seccomp = seccomp.availability() is None  # absent: `check` says so, a requiring profile is refused
+
+    async def _resealed(self) -> bool:
+        """Search the seal again before a call (cached: a ``stat`` per directory when nothing moved);
+        when a mask moved, rebuild the jail's arguments and say so (a warm jail is then replaced)."""
+        async with self._sealing:  # a call that waited here then reads the arguments rebuilt
+            sealed = await off_loop(self._watch.changed)
+            if sealed is None:
+                return False
+            self._prefix = [*bwrap_argv.command_prefix(self.profile), *self._jail_args(sealed, self._shared)]
+            return True
 
     async def _launch(
         self,
@@ -70,6 +89,7 @@ class BwrapJail(local.LocalJail):
         *,
         stdin: bool,
     ) -> local.LocalProcess:
+        await self._resealed()  # a secret that appeared since the last call is masked for this one
         with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
             with confine.starting("cannot start bwrap"):
                 info_r, info_w = _pipe(ours, theirs)
@@ -248,7 +268,7 @@ def _smoke() -> str | None:
 
     empty = Path(bwrap_argv.empty_dir())
     cmd = [
-        require_bwrap(),
+        *bwrap_argv.command_prefix(Profile()),
         *jail_args(Profile(), empty, empty),
         "--clearenv",
         "--",

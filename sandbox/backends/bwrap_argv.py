@@ -42,7 +42,7 @@ def bwrap_path() -> str | None:
 @cache
 def empty_dir() -> str:
     path = datadir.subdir("empty")
-    path.chmod(0o555)
+    path.chmod(0o500)  # the jail's uid is ours (user namespace); nobody else needs to enter it
     return str(path)
 
 
@@ -105,6 +105,84 @@ def host_paths_shown(workspace: Path) -> tuple[str, ...]:
 
 find_sealed = seal.for_profile
 
+# The jail's /tmp (and HOME within it) gets one inode per page of its size: an empty file costs no
+# page, only kernel memory (about 1 KiB an inode), which a size cap alone leaves to the kernel's
+# default of half the RAM's pages. A page per inode bounds that memory to a quarter of the size.
+BYTES_PER_TMP_INODE = 4096
+_MIN_TMP_INODES = 64
+_TMP_SCRIPT = '"$1" -t tmpfs -o "$2" sandbox-tmp "$3" || exit 125; shift 3; exec "$@"'
+
+
+def tmp_inodes(size: int) -> int:
+    """The inode cap of a jail's tmpfs of ``size`` bytes."""
+    return max(size // BYTES_PER_TMP_INODE, _MIN_TMP_INODES)
+
+
+@cache
+def _host_tool(name: str) -> str | None:
+    """``name`` from the system's own directories (not the caller's PATH): it runs as the caller, outside a jail."""
+    for folder in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _tmp_launcher_tools() -> tuple[str, str, str] | None:
+    unshare, mount, sh = _host_tool("unshare"), _host_tool("mount"), _host_tool("sh")
+    return (unshare, mount, sh) if unshare and mount and sh else None
+
+
+def inode_cap_available() -> bool:
+    """Whether a jail's /tmp can have an inode cap here (the launcher's tools are installed)."""
+    return _tmp_launcher_tools() is not None
+
+
+def capped_tmp(profile: Profile) -> bool:
+    """Whether the jail's /tmp is an inode-capped tmpfs made by :func:`command_prefix`'s launcher.
+
+    bwrap 0.8's ``--tmpfs`` takes a size but no ``nr_inodes``: the launcher mounts the tmpfs
+    itself, in a mount namespace of its own (and, for an ordinary user, the user namespace
+    that lets it mount), and bwrap binds that at /tmp. Without unshare(1) or mount(1) the
+    size stays capped by bwrap and the inodes by the kernel's default (``check`` says so).
+    """
+    return bool(profile.limits.tmp_size) and _tmp_launcher_tools() is not None
+
+
+@cache
+def tmp_mount_point() -> str:
+    """Where the launcher mounts the jail's tmpfs, in its own mount namespace only (never on the host)."""
+    path = datadir.subdir("tmp-mount")
+    path.chmod(0o500)
+    return str(path)
+
+
+def tmp_args(profile: Profile) -> list[str]:
+    """bwrap's arguments for the jail's /tmp: the launcher's capped tmpfs, else a sized ``--tmpfs``."""
+    if capped_tmp(profile):
+        return ["--bind", tmp_mount_point(), "/tmp"]
+    return [*(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []), "--tmpfs", "/tmp"]
+
+
+def command_prefix(profile: Profile) -> list[str]:
+    """What runs bwrap for ``profile``: the tmpfs launcher (when :func:`capped_tmp`) and bwrap itself.
+
+    Use it with :func:`jail_args` of the same profile: the two agree on how /tmp is made. The
+    launcher execs bwrap, so bwrap keeps its pid, its fds and its parent.
+    """
+    bwrap = require_bwrap()
+    tools = _tmp_launcher_tools()
+    size = profile.limits.tmp_size
+    if not size or tools is None:
+        return [bwrap]
+    unshare, mount, sh = tools
+    # root may mount in a mount namespace of its own; an ordinary user needs a user namespace for
+    # it (where it is root), inside which bwrap makes the jail's as it always does.
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    options = f"rw,nosuid,nodev,mode=1777,size={size},nr_inodes={tmp_inodes(size)}"
+    launcher = [unshare, *user, "--mount", "--propagation", "private", "--", sh, "-c", _TMP_SCRIPT, "sandbox-tmp"]
+    return [*launcher, mount, options, tmp_mount_point(), bwrap]
+
 
 def untracked_binds(workspace: Path, untracked: Sequence[str]) -> list[str]:
     """Paths kept out of a private copy (``mount.exclude``), bound read-only from the host at their place.
@@ -161,12 +239,12 @@ def jail_args(
         "/proc",
         "--dev",
         "/dev",
-        *(["--size", str(profile.limits.tmp_size)] if profile.limits.tmp_size else []),
-        "--tmpfs",
-        "/tmp",
+        *tmp_args(profile),
         "--dir",
         SANDBOX_HOME,
-        *bwrap_args(profile, shared),  # env.files in the jail's home, shared directories: read-only
+        *bwrap_args(profile),  # env.files in the jail's home, read-only
+        # Shared directories (plugins) read-only, their secrets masked as the workspace's are.
+        *seal.shared_bwrap_args(shared, profile.policy.deny_read, empty_dir(), empty_file()),
         "--ro-bind" if profile.mount.strategy == "ro" else "--bind",
         str(source),
         ws,

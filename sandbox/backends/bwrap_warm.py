@@ -2,7 +2,8 @@
 
 The jail is built once, with the same arguments as a per-call jail (mounts, masks, seccomp
 filter, namespaces, ``--die-with-parent``), and ``--as-pid-1`` so that its command, the agent of
-:mod:`sandbox._jailside.agent` (``python3 -I -S -c <source> "" fd:N``), is the pid namespace's
+:mod:`sandbox._jailside.agent` (``<python> -I -S -c <source> "" fd:N``, ``<python>`` the host's
+verified interpreter by its absolute path, :mod:`sandbox.backends.jailpython`), is the pid namespace's
 init: the kernel gives it no signal from inside the namespace it has no handler for, and it is
 non-dumpable, so a command (same uid) can neither kill, stop nor ptrace it, nor open its
 ``/proc/1/fd``. The host talks to it over a socketpair whose other end it inherited: no path in
@@ -46,6 +47,11 @@ we kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (k
 kills its pid namespace); the next call gets a new jail. Without a cgroup (an ordinary user
 without delegation) the kernel-side fallback is the pid namespace: the call's processes die with
 the jail, which is replaced whenever the agent fails to sweep.
+
+**A seal that moves.** Before each call the jail's seal is searched again (cached: a ``stat`` per
+directory when nothing moved, :class:`~sandbox.backends.seal.Watch`); when a secret appeared since
+the jail was built (created on the host, or written by an earlier call), the jail is replaced by
+one sealed anew before the call runs.
 
 **What a warm jail gives up.** One jail for the session: ``/tmp``, the jail's home and (for
 ``copy``/``overlay``) the private tree keep what earlier calls wrote; the environment of each
@@ -227,9 +233,9 @@ class WarmBwrapJail(bwrap.BwrapJail):
         return agent
 
     def _agent_command(self, info_w: int, seccomp_fd: int | None, sock_fd: int) -> list[str]:
-        env_args = [
-            a for k, v in base_env(self.profile, None, workspace=self.workspace).items() for a in ("--setenv", k, v)
-        ]
+        # The agent's own PATH is the system's: each call brings its own environment (the
+        # workspace's tool directories first, for the user's commands), never the agent.
+        env_args = [a for k, v in base_env(self.profile, None, workspace=None).items() for a in ("--setenv", k, v)]
         return [
             *self._prefix,
             "--as-pid-1",
@@ -241,7 +247,7 @@ class WarmBwrapJail(bwrap.BwrapJail):
             str(info_w),
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--",
-            "python3",
+            self.python,  # by its verified absolute path: the PATH above starts with the workspace's
             "-I",
             "-S",
             "-c",
@@ -252,7 +258,10 @@ class WarmBwrapJail(bwrap.BwrapJail):
 
     async def _ready_agent(self) -> Agent:
         agent = self._agent
-        if agent is not None and not agent.usable:
+        # A secret appeared (or went) since the jail was sealed: its arguments are rebuilt and the
+        # jail replaced by one sealed anew (its spare goes with it: it belongs to the old agent).
+        resealed = await self._resealed()
+        if agent is not None and (resealed or not agent.usable):
             self._agent = None
             await agent.kill()
             agent = None

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Literal
 
 from sandbox import leftovers
-from sandbox.backends import cgroups
+from sandbox.backends import bwrap_argv, cgroups
 from sandbox.errors import BackendUnavailable, map_errors
 from sandbox.guarantees import LIMITS, Enforcement
 
@@ -83,11 +83,17 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
             f"on the host, not the call's; needs a pids cgroup: {pids}",
         )
     found["tmp_size"] = (
-        Enforcement("tmpfs size", "call")
+        Enforcement(_tmpfs_mechanism(), "call")
         if kind == "bwrap"
         else Enforcement(None, why_not="the host backend has no private /tmp")
     )
     return {name: found[name] for name in LIMITS}
+
+
+def _tmpfs_mechanism() -> str:
+    if bwrap_argv.inode_cap_available():
+        return f"tmpfs size, and an inode per {bwrap_argv.BYTES_PER_TMP_INODE} bytes of it"
+    return "tmpfs size (inodes: the kernel's default; unshare(1) or mount(1) is missing)"
 
 
 def rlimits(profile: Profile, kind: Kind) -> list[tuple[int, int]]:

@@ -8,6 +8,7 @@ processes so the tree kill holds; the probe says plainly what it does not guaran
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import TYPE_CHECKING
 
 from sandbox.backends import cgroups, confine, local
@@ -33,6 +34,7 @@ _HOLD = 'read -r _; exec "$@"'
 class HostJail(local.LocalJail):
     backend = "host"
     host_paths_shown = ("/",)
+    python = sys.executable  # no jail: our programs run under the executor's own interpreter
 
     async def _launch(
         self,

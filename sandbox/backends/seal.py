@@ -4,17 +4,29 @@ The file tools refuse the profile's deny-read paths (``.env``, ``*.pem``, ``*.ke
 command could ``cat .env``. When a jail starts, every workspace entry matching those globs is
 **masked**: an empty file or directory is bound read-only over it, so a read gets nothing and a
 write, rename or unlink of it fails (``EROFS``/``EBUSY``); a hard link to it crosses a mount
-(``EXDEV``); a symlink to it or a ``..`` path reaches the mask. In ``rw`` mode the git internals
-that the host's git executes or obeys later (``.git/hooks``, ``.git/config``, whose
-``core.hooksPath`` and filters name programs) are bound **read-only**, and ``.git`` is bound
-onto itself so that it cannot be renamed away and replaced by a directory with a planted hook.
+(``EXDEV``); a symlink to it or a ``..`` path reaches the mask. In ``rw`` mode what the host's
+git executes or obeys later is bound **read-only** (:func:`git_binds`, the list in
+:func:`sandbox.gitreview.obeyed`): every git directory's ``config``, ``hooks``, ``info``,
+``objects/info`` (alternates), ``commondir``, ``worktrees``, the submodules' under
+``.git/modules``, ``core.hooksPath``'s directory in the worktree, hook managers' files (``.husky``,
+``lefthook.yml``, ``.pre-commit-config.yaml``), ``.gitmodules`` and the ``.git`` files of
+submodules and worktrees; each git directory and every directory above a sealed path is bound onto
+itself, so that it cannot be renamed away and replaced by a directory with a planted hook. What a
+writable ``.git`` still lets a jail create (a ``commondir`` where there was none, a rebase todo, a
+new nested repository) is listed in docs/threat-model.md.
 In ``copy`` mode masked entries are not copied at all (nor reported as changes).
 
-What this cannot cover: an entry created after the jail started (a secret the command writes
-itself), a second hard link to a secret under a name no glob matches, a symlink named like a
-secret (left alone: it is not the secret; its target is judged by its own name), and the user's
-own rules (``sandbox policy``), which the gate applies to the file tools only: the jail knows
-the profile's globs.
+**A seal that moves.** A jail searches again before each call (:class:`Watch`; cheap, cached) and
+masks what appeared since it was built: a secret created on the host, or written by an earlier
+call (a warm jail is then replaced by one sealed anew). A session's shared directories (plugin
+directories, :mod:`sandbox.plugins`) are bound read-only and sealed the same way
+(:func:`shared_binds`).
+
+What this cannot cover: an entry created while a call runs (a secret the command writes
+itself is readable by that same command), a second hard link to a secret under a name no glob
+matches, a symlink named like a secret (left alone: it is not the secret; its target is judged
+by its own name), and the user's own rules (``sandbox policy``), which the gate applies to the
+file tools only: the jail knows the profile's globs.
 
 **The search is cached**, as git caches ``stat`` data in its index and directory listings in its
 untracked cache: a walk of a 50,000-file workspace costs tens of milliseconds, at every jail and
@@ -82,13 +94,12 @@ if TYPE_CHECKING:
 
     from sandbox.profile import Profile
 
-GIT_READONLY = ("hooks", "config")
-"""Inside ``.git``: bound read-only in ``rw`` mode (seed 000's protected write paths)."""
 NOT_SEARCHED = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
-"""Directories never entered: git's objects carry no names (hooks and config are bound read-only
-instead), and dependency trees are thousands of files (the search of a large project's would cost
-more than its whole ``sandbox run``) holding packages, not the user's secrets. The file tools
-still refuse a deny-read path there."""
+"""Directories never entered: git's objects carry no names (what git obeys is bound read-only
+instead, :func:`git_binds`; a directory holding a ``.git`` is recorded as a repository), and
+dependency trees are thousands of files (the search of a large project's would cost more than its
+whole ``sandbox run``) holding packages, not the user's secrets. The file tools still refuse a
+deny-read path there."""
 MAX_MASKS = 4096
 """More secrets than this in one workspace is refused rather than half sealed."""
 RACY_NS = 2_000_000_000
@@ -101,7 +112,7 @@ LRU_SIZE = 4
 """Workspaces whose last search is kept in memory."""
 KEPT_FILES = 64
 """Searches kept on disk (a workspace and glob list each), the least recently written dropped."""
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _MAGIC = b"sandbox-seal\n"
 _MODULES = ("backends/seal.py", "patterns.py", "_jailside/glob.py")  # what decides a mask
 
@@ -109,6 +120,7 @@ _MODULES = ("backends/seal.py", "patterns.py", "_jailside/glob.py")  # what deci
 class Seal(NamedTuple):
     masked: tuple[tuple[str, bool], ...]  # workspace-relative path, is a directory
     git: bool  # the workspace has a .git directory
+    nested: tuple[str, ...] = ()  # directories below the root holding a .git: repositories git obeys there
 
     @property
     def masked_paths(self) -> tuple[str, ...]:
@@ -129,6 +141,7 @@ class _Dir(NamedTuple):
     trusted: bool  # neither racy nor on an untrusted file system
     masked: tuple[tuple[str, bool], ...]  # entries directly in it: name, is a directory
     entered: tuple[str, ...]  # sub-directories searched: names
+    repo: bool  # it holds a .git entry: a repository whose internals are sealed in rw (git_binds)
 
 
 Tree = dict[str, _Dir]  # workspace-relative directory ("" the root) -> what it held
@@ -167,7 +180,8 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     if search.changed or len(tree) != len(known):
         _CACHE.keep(key, tree, kept)
     git = os.path.isdir(os.path.join(root, ".git")) and not os.path.islink(os.path.join(root, ".git"))
-    return Seal(tuple(sorted(search.masked)), git)
+    nested = tuple(sorted(rel for rel, found in tree.items() if rel and found.repo))
+    return Seal(tuple(sorted(search.masked)), git, nested)
 
 
 class _Search:
@@ -223,18 +237,19 @@ class _Search:
             return None
         try:
             st = os.fstat(fd)
-            masked, entered = self.entries(fd, rel)
+            masked, entered, repo = self.entries(fd, rel)
         except OSError:
             return None
         finally:
             os.close(fd)
         racy = max(st.st_mtime_ns, st.st_ctime_ns) > self.started - RACY_NS
         trusted = not racy and st.st_dev in self.devices
-        return _Dir(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, trusted, masked, entered)
+        return _Dir(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, trusted, masked, entered, repo)
 
-    def entries(self, fd: int, rel: str) -> tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]:
+    def entries(self, fd: int, rel: str) -> tuple[tuple[tuple[str, bool], ...], tuple[str, ...], bool]:
         masked: list[tuple[str, bool]] = []
         entered: list[str] = []
+        repo = False
         prefix = f"{rel}/" if rel else ""
         by_name, by_path = self.globs.names.matches, self.globs.by_path  # the hot loop: every entry
         with os.scandir(fd) as listing:
@@ -251,7 +266,9 @@ class _Search:
                     masked.append((name, is_dir))
                 elif is_dir and name not in NOT_SEARCHED:
                     entered.append(name)
-        return tuple(masked), tuple(entered)
+                elif name == ".git":  # a directory or a gitdir file
+                    repo = True
+        return tuple(masked), tuple(entered), repo
 
 
 def _trusted_devices() -> frozenset[int]:
@@ -383,7 +400,7 @@ def _row(row: object) -> _Dir | None:
     if type(row) is not tuple or len(row) != len(_Dir._fields):
         return None
     masked, entered = row[5], row[6]
-    if type(masked) is not tuple or type(entered) is not tuple or type(row[4]) is not bool:
+    if type(masked) is not tuple or type(entered) is not tuple or type(row[4]) is not bool or type(row[7]) is not bool:
         return None
     if masked and not all(type(m) is tuple and len(m) == 2 and _name(m[0]) and type(m[1]) is bool for m in masked):
         return None
@@ -438,18 +455,49 @@ def _store(key: str, tree: Tree, path: Path) -> None:
 def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[tuple[str, str, bool]]:
     """``(source, target, read-only)`` binds after the workspace's own: (``rw``) git's protected
     paths, then the masks. bwrap takes them in this order; Docker mounts parents first anyway."""
-    found: list[tuple[str, str, bool]] = []
-    if rw and seal.git:
-        git = f"{workspace}/.git"
-        found.append((git, git, False))  # a mount point: it cannot be renamed away and replaced
-        for name in GIT_READONLY:
-            path = f"{git}/{name}"
-            if name == "hooks" and not os.path.lexists(path):
-                _make_hooks_dir(path)
-            if not os.path.islink(path) and (os.path.isdir(path) or os.path.isfile(path)):
-                found.append((path, path, True))
+    found = git_binds(workspace, seal.nested) if rw else []
     found += [(empty_dir if is_dir else empty_file, f"{workspace}/{rel}", True) for rel, is_dir in seal.masked]
     return found
+
+
+def git_binds(workspace: str, nested: Sequence[str] = ()) -> list[tuple[str, str, bool]]:
+    """(``rw``) What the host's git obeys, read-only (:func:`sandbox.gitreview.obeyed`): each git
+    directory's config, hooks, info, alternates, ``commondir`` and worktrees, ``core.hooksPath``'s
+    directory, hook managers' files, submodules' and worktrees' ``.git`` files; the same for each
+    ``nested`` repository (a directory holding a ``.git``, found by the search). The git directories
+    and every directory above a sealed path are bound onto themselves first: a mount point cannot
+    be renamed away and replaced by a directory holding a planted copy."""
+    from pathlib import Path
+
+    from sandbox import gitreview  # stdlib only; imported here: most jails are not rw repositories
+
+    found = gitreview.obeyed(Path(workspace), nested)
+    for rel in found.missing:
+        _make_dir(f"{workspace}/{rel}")
+    for rel in found.missing_files:
+        _make_dir(os.path.dirname(f"{workspace}/{rel}"))
+        _make_empty_file(f"{workspace}/{rel}")
+    every = (*found.protected, *found.missing, *found.missing_files)
+    sealed = [rel for rel in every if _sealable(f"{workspace}/{rel}")]
+    anchors = {*found.gitdirs, *(parent for rel in sealed for parent in _parents(rel))}
+    return [
+        *((f"{workspace}/{rel}", f"{workspace}/{rel}", False) for rel in sorted(anchors, key=_depth)),
+        *((f"{workspace}/{rel}", f"{workspace}/{rel}", True) for rel in sealed),
+    ]
+
+
+def _parents(rel: str) -> list[str]:
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _depth(rel: str) -> tuple[int, str]:
+    return rel.count("/"), rel
+
+
+def _sealable(path: str) -> bool:
+    """A file or directory, not a link (a link is data: its target is sealed by its own name or not at all)."""
+    return not os.path.islink(path) and (os.path.isdir(path) or os.path.isfile(path))
 
 
 def bwrap_args(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[str]:
@@ -469,14 +517,125 @@ def for_profile(profile: Profile, workspace: Path) -> Seal:
         raise InvalidArgument(f"{exc}; narrow policy.deny_read or move them out", workspace=str(workspace)) from exc
 
 
-def _make_hooks_dir(path: str) -> None:
-    """git's own layout: a hooks directory must exist to be bound read-only (else one could be made).
+def _make_dir(path: str) -> None:
+    """git's own layout (``hooks``, ``info``), or ``core.hooksPath``'s directory: it must exist to
+    be bound read-only (else the jail could make it).
 
-    Owned as ``.git`` is (root making it in a user's repository gives it to that user); where we
+    Owned as its parent is (root making it in a user's repository gives it to that user); where we
     may not create it, neither may the jail's user.
     """
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        _make_dir(parent)
     try:
         os.mkdir(path, 0o755)
+        owner = os.stat(parent)
+        if os.geteuid() == 0:
+            os.chown(path, owner.st_uid, owner.st_gid)
+    except OSError:
+        pass
+
+
+def _searched(root: str | Path, deny_read: Iterable[str]) -> Seal:
+    """:func:`find`, with too many secrets as a structured refusal."""
+    try:
+        return find(root, deny_read)
+    except TooManySecrets as exc:
+        raise InvalidArgument(f"{exc}; narrow policy.deny_read or move them out", directory=str(root)) from exc
+
+
+def shared_binds(
+    shared: Sequence[tuple[str, str]], deny_read: Iterable[str], empty_dir: str, empty_file: str
+) -> list[tuple[str, str, bool]]:
+    """``(source, target, read-only)``: each shared directory (a session's plugin directories,
+    already resolved) read-only at its jail path, then its secrets masked there as the
+    workspace's are (the same globs, the same cached search)."""
+    globs = tuple(deny_read)
+    found: list[tuple[str, str, bool]] = []
+    for source, target in shared:
+        found.append((source, target, True))
+        masked = _searched(source, globs).masked
+        found += [(empty_dir if is_dir else empty_file, f"{target}/{rel}", True) for rel, is_dir in masked]
+    return found
+
+
+def shared_bwrap_args(
+    shared: Sequence[tuple[str, str]], deny_read: Iterable[str], empty_dir: str, empty_file: str
+) -> list[str]:
+    """bwrap arguments of :func:`shared_binds`."""
+    return [
+        arg
+        for source, target, _ in shared_binds(shared, deny_read, empty_dir, empty_file)
+        for arg in ("--ro-bind", source, target)
+    ]
+
+
+class Watch:
+    """A jail's seal, searched again before each of its calls: a secret that appeared since the
+    jail was built (created on the host, or written by an earlier call) is masked for the next call.
+
+    :meth:`changed` gives the workspace's seal as it is now when it, or a shared directory's masks,
+    moved since the last time; the jail then rebuilds its mounts (a warm jail is replaced). The
+    search is the cached one (:func:`find`): a ``stat`` per directory when nothing moved. What the
+    jail sees decides what is searched: the workspace in ``ro``/``rw``; in ``copy`` the private
+    copy (host changes never reach it), whose masks add to those the copy left out; in ``overlay``
+    the workspace (the live lower layer) and the upper layer (what the calls wrote).
+    """
+
+    def __init__(
+        self,
+        deny_read: Iterable[str],
+        strategy: str,
+        workspace: Path,
+        source: Path,
+        sealed: Seal,
+        shared: Sequence[tuple[str, str]] = (),
+        upper: Path | None = None,
+    ) -> None:
+        self.deny_read = tuple(deny_read)
+        self.strategy, self.workspace, self.source, self.upper = strategy, workspace, source, upper
+        self.left_out = sealed.masked if strategy == "copy" else ()  # their mount points stay masked
+        self.sealed = sealed
+        self.dirs = tuple(source for source, _ in shared)
+        self.shared = self._shared()
+
+    def _shared(self) -> tuple[tuple[tuple[str, bool], ...], ...]:
+        return tuple(_searched(folder, self.deny_read).masked for folder in self.dirs)
+
+    def _workspace(self) -> Seal:
+        if self.strategy == "copy":
+            copy = _searched(self.source, self.deny_read)
+            return self.sealed._replace(masked=tuple(sorted({*copy.masked, *self.left_out})))
+        found = _searched(self.workspace, self.deny_read)
+        if self.strategy == "overlay" and self.upper is not None:
+            written = _searched(self.upper, self.deny_read)
+            found = found._replace(masked=tuple(sorted({*found.masked, *written.masked})))
+        return found
+
+    def changed(self) -> Seal | None:
+        """The workspace's seal now, when it or a shared directory's masks moved; else ``None``."""
+        sealed, shared = self._workspace(), self._shared()
+        if sealed == self.sealed and shared == self.shared:
+            return None
+        self.sealed, self.shared = sealed, shared
+        return sealed
+
+
+def watch(
+    profile: Profile, workspace: Path, source: Path, tree: object, sealed: Seal, shared: Sequence[tuple[str, str]]
+) -> Watch:
+    """The :class:`Watch` of a jail built with ``sealed`` over ``source`` (the workspace or its
+    private ``tree``: an overlay's ``upper`` layer is searched too)."""
+    upper = getattr(tree, "upper", None)
+    strategy = profile.mount.strategy
+    return Watch(profile.policy.deny_read, strategy, workspace, source, sealed, shared, upper)
+
+
+def _make_empty_file(path: str) -> None:
+    """An empty config file (git reads it as no keys: ``config.worktree``, an included file), owned
+    as its directory: see :func:`_make_dir`."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
         owner = os.stat(os.path.dirname(path))
         if os.geteuid() == 0:
             os.chown(path, owner.st_uid, owner.st_gid)

@@ -219,7 +219,7 @@ def filter_path() -> str:
         return kept
     program = build()
     path = cached_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    datadir.subdir(path.parent.name)  # the cache directory: 0700 whatever the umask
     temp = path.with_name(f".{path.name}.{os.getpid()}")
     temp.write_bytes(program)
     temp.replace(path)

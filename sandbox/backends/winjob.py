@@ -649,7 +649,7 @@ def resolve(argv0: str, path: str, cwd: str) -> str | None:
 
 def is_runner(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is the file tools' runner as :mod:`sandbox.tools.run` starts it."""
-    return len(argv) == 5 and list(argv[:4]) == ["python3", "-I", "-S", "-c"]
+    return len(argv) == 5 and list(argv[1:4]) == ["-I", "-S", "-c"]  # argv[0]: the jail's python
 
 
 class View:

@@ -122,7 +122,8 @@ def remember(args: argparse.Namespace, profile: Profile) -> None:
         return
     with contextlib.suppress(OSError):
         path = _cache_file(key)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        datadir.subdir("cache")  # 0700, like every directory of ours (mkdir -p would make it 0755)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         temp = path.with_name(f".{path.name}.{os.getpid()}")
         temp.write_text(json.dumps({"key": key, "profile": profile.model_dump(mode="json")}))
         temp.replace(path)
@@ -242,7 +243,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     host_files(prof)  # a file that became a secret is refused here too
     shown = _Shown(ws, prof, bwrap_argv.host_paths_shown(ws))
     env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]
-    prefix = [bwrap, *bwrap_argv.jail_args(prof, ws, ws), "--chdir", str(ws), "--clearenv", *env]
+    jail = [*bwrap_argv.command_prefix(prof), *bwrap_argv.jail_args(prof, ws, ws)]
+    prefix = [*jail, "--chdir", str(ws), "--clearenv", *env]
     return _Call(prof, args.timeout_s, seccomp_filter).run(prefix, calls.checked_argv(shown, argv), handed)
 
 

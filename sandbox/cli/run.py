@@ -190,7 +190,10 @@ async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_c
         return None
     from sandbox import changes as kept_changes
 
-    return await kept_changes.keep(jail.tree, changes, source="run", profile=prof.name, backend=jail.backend)
+    limit = prof.limits.kept_changes
+    return await kept_changes.keep(
+        jail.tree, changes, source="run", profile=prof.name, backend=jail.backend, limit=limit
+    )
 
 
 async def _watch_signals(abort: anyio.Event, received: list[int]) -> None:

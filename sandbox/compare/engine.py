@@ -314,7 +314,7 @@ class _Engine:
         try:
             before = await anyio.to_thread.run_sync(_manifest, ws)
             try:
-                out = await _jailed(backend, ws, prof, ["sh", "-c", PROBE_SCRIPT], self.plan.timeout)
+                out = await _jailed(backend, ws, prof, ["/bin/sh", "-c", PROBE_SCRIPT], self.plan.timeout)
             except SandboxError as exc:
                 return Safety(None, None, False, {}, None, error=str(exc))
             after = await anyio.to_thread.run_sync(_manifest, ws)

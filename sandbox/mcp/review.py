@@ -146,7 +146,7 @@ def _own(changeset_id: str, workspace: Path) -> kept_changes.Kept:
 async def _show(call: ReviewCall) -> ToolResult:
     args = call.parsed(ChangesetShowArgs)
     kept = await _kept(call, args.changeset_id)
-    diff = await off_loop(kept.diff, args.paths)
+    diff = await kept.diff_off_loop(args.paths)
     shown = diff if len(diff) <= DIFF_CHARS else diff[:DIFF_CHARS] + "\n[diff truncated; name paths to see the rest]"
     text = "\n".join([*kept.git_lines(), shown]) or "no changes"
     return ToolResult(ok=True, content=text, details={**kept.to_dict(), "diff_chars": len(diff)})

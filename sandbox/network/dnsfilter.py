@@ -4,7 +4,11 @@ In transparent mode the jail's DNS is redirected here (UDP and TCP, one address)
 a name the egress policy allows on port 80 or 443 (or does not know, when it asks: the user is
 asked when the connection comes) is answered with the addresses the proxy's own resolver gives,
 less any the policy refuses (a public name resolving to loopback, a private network or the
-metadata service: no DNS rebinding). A name the policy refuses gets ``REFUSED`` and a
+metadata service: no DNS rebinding). A name the policy does not know, when it asks, is *not*
+resolved: nothing about it may reach a resolver before the user allows it (and, unattended,
+ever), so its ``A`` answer is :data:`UNRESOLVED`, an address of ours, and its ``AAAA`` answer
+empty; the jail's rules send every TCP 80 and 443 to the proxy whatever the address, and there
+the user is asked before the proxy resolves the name. A name the policy refuses gets ``REFUSED`` and a
 :class:`~sandbox.network.proxy.Denial` on port 53. Other record types for an admitted name get an
 empty answer: the jail learns no mail servers, TXT records or anything else DNS could carry out.
 Nothing is forwarded anywhere but to the resolver; a packet that is not a query is dropped.
@@ -32,6 +36,7 @@ import dns.rdatatype
 import dns.rrset
 
 from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
+from sandbox.network import netns
 from sandbox.network.proxy import Denial, Service, bind_socket, denial_reason
 
 if TYPE_CHECKING:
@@ -54,6 +59,9 @@ MAX_PENDING = 256
 TCP_IDLE = 10.0
 PORTS = (443, 80)
 """What a name is judged for: the ports transparent mode redirects."""
+UNRESOLVED = netns.HOST_IP
+"""The ``A`` answer for a name not yet allowed: the host's end of the jail's veth (any address
+would do, DNAT redirects by port); it tells no resolver, and the jail, nothing."""
 _ADDRESS_TYPES = {dns.rdatatype.A: 4, dns.rdatatype.AAAA: 6}
 _REVERSE = ("in-addr.arpa", "ip6.arpa")
 
@@ -64,6 +72,8 @@ class _Admitted:
 
     ports: tuple[int, ...]
     rule: str | None
+    asked: bool = False
+    """No rule admits it: the user is asked when the connection comes; until then it is not resolved."""
 
 
 class FilteringDns(Service):
@@ -221,6 +231,10 @@ class FilteringDns(Service):
         version = _ADDRESS_TYPES.get(question.rdtype)
         if version is None:
             return  # MX, TXT, SRV...: an empty answer; only addresses are given out
+        if admitted.asked:  # not resolved before the user allows it: our address, which leads to the proxy
+            if version == 4:
+                response.answer.append(dns.rrset.from_text_list(question.name, 1, "IN", question.rdtype, [UNRESOLVED]))
+            return
         addresses = await self._resolve(name)
         if addresses is None:
             response.set_rcode(dns.rcode.SERVFAIL)
@@ -240,7 +254,7 @@ class FilteringDns(Service):
             return _Admitted(tuple(port for port, _ in allowed), allowed[0][1].rule)
         unknown = tuple(port for port, verdict in verdicts if verdict.allowed is None)
         if unknown and self.policy.ask:
-            return _Admitted(unknown, None)  # the connection that follows is where the user is asked
+            return _Admitted(unknown, None, asked=True)  # the connection that follows is where the user is asked
         refusal = next((v for _, v in verdicts if v.reason == "denied"), verdicts[0][1])
         message = f"the lookup of {name} was refused: {refusal.message}"
         await self._deny(Denial(name, PORT, denial_reason(refusal), refusal.rule, message))

@@ -2,7 +2,9 @@
 
 The jail keeps its empty network namespace. :class:`Egress` runs the filtering proxy
 (:class:`~sandbox.network.proxy.EgressProxy`) on a thread of its own, listening on a unix
-socket in a directory of its own that the backend binds into the jail at :data:`JAIL_DIR`. Each
+socket in a directory of its own (``0700``, the user's: no other local user reaches the proxy;
+:meth:`Egress.admit` opens it to a container's command user and no one else) that the backend
+binds into the jail at :data:`JAIL_DIR`. Each
 command of the jail is started beside the jail-side forwarder (:mod:`sandbox._jailside.netfwd`),
 which listens on the jail's loopback at :data:`PORT` and relays to that socket; the proxy
 variables point there. A tool that ignores them finds no route: nothing gets out another way.
@@ -85,9 +87,10 @@ class Egress:
         with map_errors("cannot start the egress proxy", BackendUnavailable):
             # A short path of its own: a unix socket's path must fit in 108 bytes, and a container
             # binds the directory, so nothing else may be in it.
+            # mkdtemp makes it 0700 and ours, and the socket is bound inside it: no moment when another
+            # user could connect (a bind then a chmod of the socket itself would leave one).
             egress.socket_dir = Path(tempfile.mkdtemp(prefix="sbx-net-"))
             try:
-                egress.socket_dir.chmod(0o755)  # the jail's uid (a container's too) connects to it
                 policy = EgressPolicy.from_patterns(network.allow, network.deny, ask=network.ask)
                 resolver = CachedResolver(resolver_from_env())
                 where = (netns.HOST_IP, 0) if network.transparent else None
@@ -102,7 +105,6 @@ class Egress:
                     transparent_tls=where,
                 )
                 egress._thread = proxy.serve_in_thread()
-                os.chmod(egress.socket_dir / SOCKET, 0o666)
                 if network.transparent:
                     egress._start_transparent(egress._thread, proxy)
             except BaseException:
@@ -122,6 +124,28 @@ class Egress:
         http, tls, resolver = proxy.transparent_http_address, proxy.transparent_tls_address, dns.address
         assert http is not None and tls is not None and resolver is not None  # all asked for and running
         self._ports = netns.Ports(http=http[1], tls=tls[1], dns=resolver[1])
+
+    def admit(self, uid: int, gid: int) -> None:
+        """Let a jail whose commands run as ``uid:gid`` (a container's user) reach the proxy's socket.
+
+        Our own uid needs nothing. As root, the directory and the socket stay root's and get the
+        jail's group, ``0710`` and ``0660``: that group's members, and no one else, can connect
+        (the jail's uid cannot replace the socket). An ordinary user cannot give a file to another
+        group: the directory is then opened to everyone (``0711``, the socket ``0666``), logged.
+        """
+        folder = self.socket_dir
+        if folder is None or uid == os.geteuid():
+            return
+        sock = folder / SOCKET
+        if os.geteuid() == 0:
+            os.chown(folder, -1, gid)
+            os.chown(sock, -1, gid)
+            folder.chmod(0o710)
+            sock.chmod(0o660)
+            return
+        log.warning("the egress proxy's socket is open to every local user: the jail runs as %d, not as us", uid)
+        folder.chmod(0o711)
+        sock.chmod(0o666)
 
     @property
     def transparent(self) -> bool:
@@ -144,11 +168,15 @@ class Egress:
     def denials_since(self, mark: int) -> list[Denial]:
         return list(self.denials[mark:])
 
-    def wrap(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` started beside the forwarder, which is listening before the command runs."""
+    def wrap(self, argv: Sequence[str], python: str) -> list[str]:
+        """``argv`` started beside the forwarder, which is listening before the command runs.
+
+        ``python`` is the jail's interpreter by its absolute path (:attr:`Jail.python
+        <sandbox.backends.base.Jail.python>`): by name, the jail's PATH would find the workspace's
+        ``.venv/bin/python3`` first."""
         listen = [f"127.0.0.1:{PORT}", f"[::1]:{PORT}"]
         return [
-            "python3",
+            python,
             "-I",
             "-S",
             "-c",

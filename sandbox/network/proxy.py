@@ -3,8 +3,19 @@
 The jail reaches it only through a unix socket (a forwarder inside listens on the jail's loopback);
 tests and a later transparent mode may also use a loopback TCP address. The protocol is told by the
 first byte: ``0x05`` is SOCKS5 (no authentication, CONNECT only, names resolved here), anything
-else is read as HTTP: ``CONNECT host:port`` opens a tunnel, any other method is forwarded once
-(``Connection: close``; one request per connection, a pipelined second request is not read).
+else is read as HTTP: ``CONNECT host:port`` opens a tunnel, any other method is forwarded
+(``Connection: close`` asked of the server, in origin form).
+
+Every request is judged, not the first (issue 31): on a plain HTTP connection each request a
+client pipelines or keeps alive is parsed and must name the connection's destination; in a tunnel
+whose client speaks first and not TLS, bytes that begin an HTTP request are parsed the same way,
+each request's Host (or absolute URI) naming the tunnel's host, and a tunnel to port 80 must carry
+HTTP. Bodies are framed by ``Content-Length`` or chunked encoding, so no request hides in one; a
+head a lenient server could read differently (a bare CR or LF, a NUL, two lengths, both framings)
+is refused. A request for another host ends the connection at once and is recorded as a denial
+(the policy's reason, or ``host-mismatch`` for an allowed host: one destination per connection).
+Plain-text protocol upgrades (WebSocket over ``ws://``) are refused in tunnels: after one, bytes
+could no longer be judged.
 
 Every connection goes the same way: the policy judges the name and port; a name the policy does
 not know is put to the approver when the policy asks (no approver, an error or the timeout deny);
@@ -24,7 +35,14 @@ so their address (the host's end of a veth pair) need not exist yet.
 
 Once a connection is set up the two sockets leave the event loop for two relay threads, which
 move bytes with ``splice(2)`` through a pipe (no copy to user space); a close shuts both sockets
-down, so a client never keeps an open path to a proxy that has stopped.
+down, so a client never keeps an open path to a proxy that has stopped. Plain HTTP (judged request
+by request) stays on the event loop instead.
+
+One proxy serves one session, in a process every session shares (``sandbox serve``): it holds at
+most :data:`MAX_CONNECTIONS` connections and :data:`MAX_HANDSHAKES` whose request has not arrived
+(slowloris); past either a connection gets a refusal in its protocol (503, a SOCKS failure, a TLS
+alert) and an ``over-limit`` denial, so one session's flood runs into its own cap, not the
+process's descriptors. ``accept`` failing (EMFILE) pauses that listener briefly, never the loop.
 """
 
 from __future__ import annotations
@@ -36,6 +54,7 @@ import fcntl
 import inspect
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -79,6 +98,25 @@ HELLO_LIMIT = 64 * 1024
 READ_SIZE = 64 * 1024
 RELAY_CHUNK = 1024 * 1024
 HANDSHAKE_TIMEOUT = 30.0
+MAX_CONNECTIONS = 128
+"""Connections one proxy (one session's) holds at once, being set up or relayed: each costs descriptors
+(two sockets, a pipe per relayed direction) of a process every session of ``sandbox serve`` shares."""
+MAX_HANDSHAKES = 32
+"""Connections at once whose request has not arrived yet: a slowloris flood stops here, not at EMFILE."""
+REFUSAL_WAIT = 1.0
+"""How long a connection over a cap may take to show its protocol (its refusal is written in it)."""
+MAX_REFUSING = 16
+"""Refusals being written at once; past it a connection over a cap is closed without a word."""
+_OVER_LIMIT = "(connection limit)"
+"""The host of an over-limit denial: the refused connection's request was never read."""
+HTTP_PORT = 80
+"""A tunnel to this port must carry HTTP (judged request by request); elsewhere other protocols pass."""
+HTTP_START_LIMIT = 64
+"""Bytes enough to tell whether a tunnel's client begins an HTTP request line (empty lines, a method)."""
+CHUNK_LINE_LIMIT = 4096
+_REQUEST_START = re.compile(rb"[\r\n]*([A-Z]{0,24})")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,16}\Z")
 RELAY_JOIN_TIMEOUT = 5.0
 _STATUS = {
     "bad-request": "400 Bad Request",
@@ -92,7 +130,7 @@ _NO_SNI = "(no server name)"
 """The host of a transparent TLS connection's denial when its ClientHello names none (DNAT hid the address)."""
 _IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Linux's value; the constant is in Python 3.12+
 _Role = Literal["unix", "tcp", "transparent-http", "transparent-tls"]
-_Handler = Callable[[socket.socket], Coroutine[Any, Any, None]]
+_Handler = Callable[[socket.socket, "_Slot"], Coroutine[Any, Any, None]]
 _HOP_BY_HOP = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"})
 
 
@@ -173,6 +211,9 @@ class EgressProxy(Service):
     (port 0 picks one; see the bound ones in :attr:`transparent_http_address` and
     :attr:`transparent_tls_address`); ``transparent_tls_port`` is the port the redirected TLS
     connections were made to, which DNAT hides (443, the only one redirected; tests name their server's).
+    ``max_connections`` and ``max_handshakes`` cap what one proxy (a session's) holds at once; a
+    connection past either is refused in its own protocol (HTTP 503, a SOCKS failure, a TLS alert)
+    and recorded as an ``over-limit`` denial.
     """
 
     def __init__(
@@ -192,6 +233,8 @@ class EgressProxy(Service):
         on_connect: OnConnect | None = None,
         connect_timeout: float = 10.0,
         resolve_timeout: float = 10.0,
+        max_connections: int = MAX_CONNECTIONS,
+        max_handshakes: int = MAX_HANDSHAKES,
     ) -> None:
         if unix_path is None and tcp is None and transparent_http is None and transparent_tls is None:
             raise InvalidArgument("the egress proxy needs a unix socket path or a TCP address to listen on")
@@ -208,6 +251,9 @@ class EgressProxy(Service):
         self.upstream = None if upstream is None else _Upstream.parse(upstream)
         self.on_denial, self.on_connect = on_denial, on_connect
         self.connect_timeout, self.resolve_timeout = connect_timeout, resolve_timeout
+        self.max_connections, self.max_handshakes = max_connections, max_handshakes
+        self.handshakes = self.connections = self._refusing = 0  # on the proxy's event loop only
+        self._over_limit_at = float("-inf")
         self.denials: list[Denial] = []
         self._grants: set[tuple[str, int]] = set()
         self._ask_locks: defaultdict[tuple[str, int], anyio.Lock] = defaultdict(anyio.Lock)
@@ -305,13 +351,54 @@ class EgressProxy(Service):
                 continue
             sock.setblocking(False)
             _nodelay(sock)
-            tg.start_soon(handle, sock)
+            tg.start_soon(self._admit, handle, sock)
+
+    async def _admit(self, handle: _Handler, sock: socket.socket) -> None:
+        why = self._over_limit()
+        if why is not None:
+            await self._refuse_over_limit(sock, handle, why)
+            return
+        slot = _Slot(self)
+        try:
+            await handle(sock, slot)
+        finally:
+            slot.release()
+
+    def _over_limit(self) -> str | None:
+        if self.handshakes >= self.max_handshakes:
+            return f"{self.handshakes} connections have not sent their request yet (at most {self.max_handshakes})"
+        held = self.connections + len(self._relays)
+        if held >= self.max_connections:
+            return f"{held} connections are open (at most {self.max_connections} per session)"
+        return None
+
+    async def _refuse_over_limit(self, sock: socket.socket, handle: _Handler, why: str) -> None:
+        """Refuse a connection past a cap in its own protocol, briefly (it holds descriptors too), then close it.
+
+        A flood is recorded once a second, not once a connection: the record must not become the flood."""
+        now = time.monotonic()
+        if now - self._over_limit_at >= 1.0:
+            self._over_limit_at = now
+            await self._deny(Denial(_OVER_LIMIT, 0, "over-limit", None, f"the proxy refused a connection: {why}"))
+        if self._refusing >= MAX_REFUSING:
+            sock.close()
+            return
+        self._refusing += 1
+        try:
+            with anyio.move_on_after(REFUSAL_WAIT):
+                sock = await _refusal_peer(sock) if handle == self._handle_unix else sock
+                await _refuse_in_kind(sock, transparent_tls=handle == self._handle_transparent_tls)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+            self._refusing -= 1
 
     # -- one connection ------------------------------------------------------------------------
-    async def _handle_tcp(self, sock: socket.socket) -> None:
-        await self._handle(_Conn(sock))
+    async def _handle_tcp(self, sock: socket.socket, slot: _Slot) -> None:
+        await self._handle(_Conn(sock, slot))
 
-    async def _handle_unix(self, sock: socket.socket) -> None:
+    async def _handle_unix(self, sock: socket.socket, slot: _Slot) -> None:
         """A connection on the unix socket: a byte stream, or a jail's forwarder handing over the
         jail's TCP connection itself (one zero byte with the descriptor), relayed with no extra hop."""
         try:
@@ -321,8 +408,11 @@ class EgressProxy(Service):
         except (OSError, TimeoutError):
             sock.close()
             return
+        except BaseException:  # cancelled (the proxy closing): the socket is ours to close still
+            sock.close()
+            raise
         if not fds:
-            conn = _Conn(sock)
+            conn = _Conn(sock, slot)
             conn.buffer += data
             await self._handle(conn) if data else conn.close()
             return
@@ -333,16 +423,16 @@ class EgressProxy(Service):
                 with contextlib.suppress(OSError):
                     os.close(fd)
             return
-        await self._handle(_Conn(client))
+        await self._handle(_Conn(client, slot))
 
     async def _handle(self, client: _Conn) -> None:
         await self._guarded(client, self._sniff)
 
-    async def _handle_transparent_http(self, sock: socket.socket) -> None:
-        await self._guarded(_Conn(sock), self._transparent_http)
+    async def _handle_transparent_http(self, sock: socket.socket, slot: _Slot) -> None:
+        await self._guarded(_Conn(sock, slot), self._transparent_http)
 
-    async def _handle_transparent_tls(self, sock: socket.socket) -> None:
-        await self._guarded(_Conn(sock), self._transparent_tls)
+    async def _handle_transparent_tls(self, sock: socket.socket, slot: _Slot) -> None:
+        await self._guarded(_Conn(sock, slot), self._transparent_tls)
 
     async def _guarded(self, client: _Conn, serve: Callable[[_Conn], Awaitable[None]]) -> None:
         try:
@@ -371,6 +461,7 @@ class EgressProxy(Service):
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 head = await client.read_until(b"\r\n\r\n", HEAD_LIMIT)
+            client.settle()
             request = _HttpRequest.parse(head)
             if request.method == "CONNECT" and transparent:
                 raise ValueError("CONNECT on the transparent HTTP port: the jail has no proxy to talk to here")
@@ -394,19 +485,75 @@ class EgressProxy(Service):
             upstream.conn.close()
 
     async def _http_forward(self, client: _Conn, request: _HttpRequest, protocol: ProxyProtocol) -> None:
-        host, port, path = request.destination()
+        host, port, _path = request.destination()
         upstream = await self._open(host, port, protocol)
         try:
-            await upstream.conn.send_all(request.forwarded(path))
-            await self._relay(client, upstream)
+            await self._http_stream(client, upstream.conn, _Exchange(host, port, rewrite=True), request)
         finally:
             upstream.conn.close()
+
+    async def _http_stream(self, client: _Conn, server: _Conn, exchange: _Exchange, first: _HttpRequest | None) -> None:
+        """Relay an HTTP/1 conversation judging *every* request the client sends, not only the first.
+
+        The server's bytes flow back as they come; the client's are read request by request (head,
+        then a body framed by ``Content-Length`` or chunked encoding), so nothing the client sends
+        reaches the server unjudged. A request for another destination ends the connection at once
+        and is recorded as a denial.
+        """
+        refused: _Refused | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_responses, server, client, tg.cancel_scope)
+            try:
+                await self._requests(client, server, exchange, first)
+                with contextlib.suppress(OSError):
+                    server.raw.shutdown(socket.SHUT_WR)  # the client is done; the responses go on
+            except _Refused as exc:
+                refused = exc
+                tg.cancel_scope.cancel()
+            except (OSError, EOFError, ValueError):
+                tg.cancel_scope.cancel()
+        if refused is not None:
+            await self._deny(refused.denial)
+
+    async def _requests(self, client: _Conn, server: _Conn, exchange: _Exchange, request: _HttpRequest | None) -> None:
+        while True:
+            if request is None:
+                try:
+                    head = await _read_head(client)
+                except EOFError:
+                    return
+                request = self._judged(head, exchange)
+            await server.send_all(exchange.head(request))
+            try:
+                await _copy_body(client, server, request)
+            except ValueError as exc:  # a body whose framing breaks midway: what follows cannot be judged
+                why = f"bad request body on the connection: {exc}"
+                raise _Refused(exchange.host, exchange.port, "bad-request", None, why) from None
+            request = None
+
+    def _judged(self, head: bytes, exchange: _Exchange) -> _HttpRequest:
+        """A further request on the connection, parsed; :class:`_Refused` unless it goes where the first went."""
+        try:
+            request = _HttpRequest.parse(head)
+            host, port = exchange.destination(request)
+        except ValueError as exc:
+            why = f"bad request on the connection: {exc}"
+            raise _Refused(exchange.host, exchange.port, "bad-request", None, why) from None
+        if (host, port) == (exchange.host, exchange.port):
+            return request
+        verdict = self.policy.decide(host, port)
+        if not verdict.allowed:
+            raise _Refused.of(host, port, verdict)
+        where = _where(exchange.host, exchange.port)
+        message = f"a connection to {where} carried a request for {_where(host, port)}: one destination per connection"
+        raise _Refused(host, port, "host-mismatch", None, message)
 
     async def _socks(self, client: _Conn) -> None:
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             if not await _socks_greeting(client):
                 return
             command, host, port = await _socks_request(client)
+        client.settle()
         try:
             if command != 0x01:
                 raise _Refused(host, port, "bad-request", None, f"SOCKS5 command {command} is not supported")
@@ -427,6 +574,7 @@ class EgressProxy(Service):
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 host = await _read_sni(client, port)
+            client.settle()
             upstream = await self._open(host, port, "transparent-tls")
         except _Refused as refused:
             await self._deny(refused.denial)
@@ -438,14 +586,19 @@ class EgressProxy(Service):
             upstream.conn.close()
 
     async def _tunnel(self, client: _Conn, upstream: _Opened, host: str, port: int) -> None:
-        """Check the client's first bytes (SNI) before any reach the server, then relay."""
+        """Check the client's first bytes before any reach the server, then relay: a TLS ClientHello's
+        SNI must name the tunnel's host; plain HTTP is judged request by request (:meth:`_http_stream`)."""
         if await _first_speaker(client, upstream.conn) is client:
             try:
-                await _check_sni(client, host, port)
+                plain = not await _check_sni(client, host, port) and await _speaks_http(client, host, port)
             except _Refused as refused:
                 await self._deny(refused.denial)
                 return
             except EOFError:
+                return
+            if plain:
+                exchange = _Exchange(_comparable(host), port, rewrite=False)
+                await self._http_stream(client, upstream.conn, exchange, None)
                 return
         await self._relay(client, upstream)
 
@@ -651,9 +804,15 @@ class _Opened:
 class _Conn:
     """A non-blocking socket and what was read from it but not yet used (the handshake's side)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, slot: _Slot | None = None) -> None:
         self.sock: socket.socket | None = sock
         self.buffer = bytearray()
+        self.slot = slot
+
+    def settle(self) -> None:
+        """The client's request has arrived: it no longer counts as a pending handshake."""
+        if self.slot is not None:
+            self.slot.settle()
 
     @property
     def raw(self) -> socket.socket:
@@ -682,18 +841,28 @@ class _Conn:
         return data
 
     async def read_until(self, marker: bytes, limit: int) -> bytes:
-        while (end := self.buffer.find(marker)) < 0:
+        while (end := self.buffer.find(marker, 0, limit + len(marker))) < 0:
             if len(self.buffer) > limit:
                 raise ValueError(f"no {marker!r} in the first {limit} bytes")
             await self.fill()
         return await self.read_exact(end + len(marker))
+
+    async def copy_exact(self, sink: _Conn, size: int) -> None:
+        """Pass the next ``size`` bytes on to ``sink`` (what is buffered first), never more."""
+        while size:
+            if not self.buffer:
+                await self.fill()
+            chunk = bytes(self.buffer[:size])
+            del self.buffer[: len(chunk)]
+            size -= len(chunk)
+            await sink.send_all(chunk)
 
     def take(self) -> bytes:
         data = bytes(self.buffer)
         self.buffer.clear()
         return data
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             try:
@@ -710,6 +879,65 @@ class _Conn:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+class _Slot:
+    """One accepted connection's place under the proxy's caps: a handshake until :meth:`settle`,
+    a connection until :meth:`release` (a relay it hands over to counts on in the proxy's relays)."""
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self._proxy = proxy
+        self._settled = self._released = False
+        proxy.handshakes += 1
+        proxy.connections += 1
+
+    def settle(self) -> None:
+        if not self._settled:
+            self._settled = True
+            self._proxy.handshakes -= 1
+
+    def release(self) -> None:
+        self.settle()
+        if not self._released:
+            self._released = True
+            self._proxy.connections -= 1
+
+
+async def _refusal_peer(sock: socket.socket) -> socket.socket:
+    """The client behind a unix connection: the TCP connection a forwarder hands over, else itself."""
+    await anyio.wait_readable(sock)
+    data, fds, _flags, _address = socket.recv_fds(sock, 1, 1, socket.MSG_PEEK)
+    if not fds:
+        return sock
+    for extra in fds[1:]:
+        os.close(extra)
+    if data != b"\0":
+        os.close(fds[0])
+        raise OSError(errno.EPROTO, "not a connection handed over")
+    client = _adopt(fds[0])  # closes the descriptor itself when it is not a connection
+    if client is None:
+        raise OSError(errno.EPROTO, "not a connection handed over")
+    sock.close()
+    return client
+
+
+async def _refuse_in_kind(sock: socket.socket, *, transparent_tls: bool) -> None:
+    """A 503 (HTTP), a general SOCKS failure or a TLS alert, as the client's first byte shows."""
+    first = b""
+    if not transparent_tls:
+        with anyio.move_on_after(REFUSAL_WAIT / 2):
+            await anyio.wait_readable(sock)
+            first = sock.recv(1, socket.MSG_PEEK)
+    if transparent_tls:
+        reply = _TLS_ACCESS_DENIED
+    elif first == b"\x05":
+        reply = b"\x05\xff"  # "no acceptable method": the SOCKS client gives up before its request
+    else:
+        body = "sandbox: the proxy refused the connection (over-limit): too many connections at once\n"
+        reply = _http_response("503 Service Unavailable", {"X-Sandbox-Denial": "over-limit"}, body)
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        sock.send(reply)
 
 
 def _adopt(fd: int) -> socket.socket | None:
@@ -813,17 +1041,42 @@ def _no_sni(port: int, why: str) -> _Refused:
     return _Refused(_NO_SNI, port, "bad-request", None, message)
 
 
-async def _check_sni(client: _Conn, host: str, port: int) -> None:
-    """Read the client's ClientHello (if it sends TLS) and refuse an SNI that names another host."""
+async def _check_sni(client: _Conn, host: str, port: int) -> bool:
+    """Read the client's ClientHello (if it sends TLS: ``True``) and refuse an SNI that names another host."""
     try:
         with anyio.fail_after(HANDSHAKE_TIMEOUT):
             sni = await _hello_sni(client)
     except NotClientHello:
-        return
+        return False
     except ValueError as exc:
         raise _Refused(host, port, "bad-request", None, f"malformed TLS ClientHello: {exc}") from None
     if sni is not None and sni.rstrip(".").lower() != host.rstrip(".").lower():
         raise _Refused(host, port, "sni-mismatch", None, f"the tunnel to {_where(host, port)} carries TLS for {sni!r}")
+    return True
+
+
+async def _speaks_http(client: _Conn, host: str, port: int) -> bool:
+    """Whether a tunnel's client (not TLS) begins an HTTP/1 request: empty lines, then a method and a space.
+
+    On port 80 it must: a tunnel to the plain HTTP port carries nothing else (``bad-request``).
+    Elsewhere another protocol (a database's, git's) is relayed as it comes.
+    """
+    with anyio.fail_after(HANDSHAKE_TIMEOUT):
+        while (verdict := _http_start(bytes(client.buffer))) is None:
+            await client.fill()
+    if not verdict and port == HTTP_PORT:
+        raise _Refused(host, port, "bad-request", None, f"a tunnel to {_where(host, port)} must carry HTTP")
+    return verdict
+
+
+def _http_start(data: bytes) -> bool | None:
+    """``True`` if ``data`` begins an HTTP request line, ``False`` if it cannot, ``None`` if too short to say."""
+    match = _REQUEST_START.match(data)
+    if match is None:  # never: every part of the pattern is optional
+        return False
+    if match.end() == len(data):
+        return None if len(data) < HTTP_START_LIMIT else False
+    return data[match.end() : match.end() + 1] == b" " and match.group(1) != b""
 
 
 class _Relay:
@@ -975,11 +1228,50 @@ class _HttpRequest:
 
     @classmethod
     def parse(cls, head: bytes) -> _HttpRequest:
+        """One request head (ending in an empty line). Strict where servers differ: a bare CR or LF,
+        a NUL, a version other than 1.0/1.1, or ambiguous body framing is refused, because a
+        lenient server could read a request (and a Host) out of what this parser did not see."""
         lines = head.decode("latin-1").split("\r\n")
+        if any(c in line for line in lines for c in "\r\n\0"):
+            raise ValueError("a bare CR, LF or NUL in the request head")
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1") or not _TOKEN.match(parts[0]):
             raise ValueError(f"not an HTTP/1 request line: {lines[0][:80]!r}")
-        return cls(parts[0], parts[1], parts[2], tuple(_header(line) for line in lines[1:] if line))
+        request = cls(parts[0], parts[1], parts[2], tuple(_header(line) for line in lines[1:] if line))
+        request.body_length()
+        return request
+
+    def body_length(self) -> int | None:
+        """The body's length, ``None`` for chunked; ``ValueError`` when the framing is ambiguous (smuggling)."""
+        codings = [c.strip().lower() for value in self.values("transfer-encoding") for c in value.split(",")]
+        lengths = self.values("content-length")
+        if codings:
+            if codings != ["chunked"] or lengths:
+                raise ValueError("only a chunked Transfer-Encoding, without Content-Length, is relayed")
+            return None
+        if not lengths:
+            return 0
+        if len(set(lengths)) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+            raise ValueError(f"unusable Content-Length {lengths[:2]!r}")
+        return int(lengths[0])
+
+    def tunnelled(self, host: str) -> str:
+        """The host a request inside a tunnel to ``host`` names (its URI's, its Host header's, else ``host``)."""
+        if self.values("upgrade"):
+            raise ValueError("a protocol upgrade is not relayed in a plain-text tunnel (use TLS)")
+        hosts = self.values("host")
+        if len(hosts) > 1:
+            raise ValueError("more than one Host header")
+        named = [_split_authority(hosts[0], 0)[0]] if hosts else []
+        if not self.target.startswith("/") and self.target != "*":
+            named.append(_absolute_uri(self.target)[0])
+        if len(set(named)) > 1:
+            raise ValueError("the Host header disagrees with the URI")
+        return named[0] if named else host
+
+    def serialized(self) -> bytes:
+        lines = [f"{self.method} {self.target} {self.version}", *(f"{k}: {v}" for k, v in self.headers)]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def values(self, name: str) -> list[str]:
         return [value for key, value in self.headers if key.lower() == name]
@@ -1011,7 +1303,7 @@ class _HttpRequest:
 
 def _header(line: str) -> tuple[str, str]:
     name, colon, value = line.partition(":")
-    if not colon or not name or name != name.strip() or line[0] in " \t":
+    if not colon or not _TOKEN.match(name):
         raise ValueError(f"malformed header line {line[:80]!r}")
     return name, value.strip()
 
@@ -1041,6 +1333,14 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
     return _normal_host(host), int(port)
 
 
+def _comparable(host: str) -> str:
+    """``host`` as a request's Host header is compared with it (a SOCKS client's name comes as sent)."""
+    try:
+        return _normal_host(host)
+    except ValueError:
+        return host
+
+
 def _normal_host(host: str) -> str:
     ip = literal_address(host)
     if ip is not None:
@@ -1049,6 +1349,94 @@ def _normal_host(host: str) -> str:
         return normalize_host(host)
     except InvalidArgument:
         raise ValueError(f"{host[:80]!r} is not a host name") from None
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """Where an HTTP conversation goes and how its requests are passed on: ``rewrite`` for a proxy
+    request (origin form, ``Connection: close``), else as parsed (inside a tunnel)."""
+
+    host: str
+    port: int
+    rewrite: bool
+
+    def destination(self, request: _HttpRequest) -> tuple[str, int]:
+        if self.rewrite:
+            host, port, _path = request.destination()
+            return host, port
+        return request.tunnelled(self.host), self.port
+
+    def head(self, request: _HttpRequest) -> bytes:
+        return request.forwarded(request.destination()[2]) if self.rewrite else request.serialized()
+
+
+async def _read_head(client: _Conn) -> bytes:
+    """The next request head; empty lines before it are skipped, as servers do (RFC 9112, 2.2)."""
+    while True:
+        if not client.buffer:
+            await client.fill()
+        rest = client.buffer.lstrip(b"\r\n")
+        del client.buffer[: len(client.buffer) - len(rest)]
+        if client.buffer:
+            return await client.read_until(b"\r\n\r\n", HEAD_LIMIT)
+
+
+async def _copy_body(client: _Conn, server: _Conn, request: _HttpRequest) -> None:
+    length = request.body_length()
+    if length is None:
+        await _copy_chunked(client, server)
+    else:
+        await client.copy_exact(server, length)
+
+
+async def _copy_chunked(client: _Conn, server: _Conn) -> None:
+    """A chunked body, checked chunk by chunk: what follows its end is the next request head."""
+    while True:
+        line = await _body_line(client)
+        size = line[:-2].split(b";", 1)[0].strip()
+        if not _HEX.match(size):
+            raise ValueError(f"bad chunk size line {line[:40]!r}")
+        await server.send_all(line)
+        if not int(size, 16):
+            break
+        await client.copy_exact(server, int(size, 16))
+        if await client.read_exact(2) != b"\r\n":
+            raise ValueError("a chunk does not end with CRLF")
+        await server.send_all(b"\r\n")
+    total = 0
+    while (line := await _body_line(client)) != b"\r\n":  # the trailer section, then its empty line
+        total += len(line)
+        if total > HEAD_LIMIT:
+            raise ValueError("the chunked trailer is too large")
+        await server.send_all(line)
+    await server.send_all(line)
+
+
+async def _body_line(client: _Conn) -> bytes:
+    line = await client.read_until(b"\r\n", CHUNK_LINE_LIMIT)
+    if b"\n" in line[:-2] or b"\r" in line[:-2] or b"\0" in line:
+        raise ValueError("a bare CR, LF or NUL in a chunked body's line")
+    return line
+
+
+async def _responses(server: _Conn, client: _Conn, scope: anyio.CancelScope) -> None:
+    """The server's bytes to the client as they come; the server's end (or an error) ends the conversation."""
+    with contextlib.suppress(OSError):
+        await client.send_all(server.take())
+        buffer = bytearray(RELAY_CHUNK)  # one buffer, read into: a download costs no copy per chunk
+        view, sock = memoryview(buffer), server.raw
+        while True:
+            try:
+                size = sock.recv_into(buffer)
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_readable(sock)
+                continue
+            if not size:
+                break
+            await client.send_all(view[:size])
+    with contextlib.suppress(OSError):
+        client.raw.shutdown(socket.SHUT_WR)
+    scope.cancel()
 
 
 def _http_refusal(denial: Denial) -> bytes:

@@ -7,6 +7,10 @@ directory such as /usr or /etc: confirmed in every mode, never granted for the s
 **exempt** (read-only commands whose paths stay inside the roots: run silently); everything
 else follows the permission mode.
 
+The paths a command names are judged as what it does with them (:mod:`sandbox.policy.targets`):
+a write outside the writable roots (workspace, scratch, the jail's /tmp) is asked in every mode and
+never covered by a session grant, like the Write tool's outside path, and never called a read.
+
 Wrappers (sudo, env, nice, timeout, xargs, bash -c, sh -c, eval, find -exec, …) are unwrapped and
 the inner command judged. What cannot be known statically (a command name from ``$(…)``, code
 from a variable, syntax the parser rejects) is never exempt and is confirmed in every mode: the
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from sandbox.policy import targets
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
@@ -379,29 +384,35 @@ class _Judge:
         self.resolved.append(resolved)
         return resolved
 
-    def _write_target(self, path: ResolvedPath) -> None:
+    def _write_target(self, path: ResolvedPath, operand: bool = False) -> None:
+        """A path the command writes: a redirect's target, or an operand ``targets`` calls written.
+
+        Outside the writable roots (workspace, scratch, the jail's /tmp) it is asked in every mode,
+        never granted for the session: the Write tool refuses such a path outright, and a command
+        must not be the way round that. An operand inside follows the mode with its command."""
         if BLOCK_DEVICE.match(path.canonical) or BLOCK_DEVICE.match(path.lexical):
             self.add("deny", "deny.raw-device", f"writes to the raw block device {path.lexical}")
             return
         finding = self.paths.protection(path, "write")
         if finding is not None:
             self.add(finding.layer, finding.rule_id, finding.reason)
-        exempt = self.writes(path) if self.writes is not None and finding is None else None
+        exempt = self.writes(path) if self.writes is not None and finding is None and not operand else None
         if exempt is not None:
             self.findings.append(exempt)
-        elif path.root == "external":
-            self.add("mode", "path.external", f"writes {path.canonical}, outside the workspace")
-        elif path.root == "workspace":
+        elif path.root == "external" and not self.paths.in_tmp(path):
+            where = f"outside the workspace, the scratch directory and /tmp ({path.escape} path)"
+            self.add("ask", "path.external-write", f"writes {path.canonical}, {where}")
+        elif not operand and path.root != "scratch":
             self.add("mode", "shell.writes", f"writes {path.canonical}")
 
-    def _read_target(self, path: ResolvedPath) -> bool:
+    def _read_target(self, path: ResolvedPath, verb: str = "reads") -> bool:
         """Checks a path the command reads; False when it keeps the command from being exempt."""
         finding = self.paths.protection(path, "read")
         if finding is not None:
             self.add(finding.layer, finding.rule_id, finding.reason)
             return False
         if path.root == "external":
-            self.add("mode", "path.external", f"reads {path.canonical}, outside the workspace")
+            self.add("mode", "path.external", f"{verb} {path.canonical}, outside the workspace")
             return False
         return True
 
@@ -506,7 +517,7 @@ class _Judge:
             self._find_exec(args)
         if name in INTERPRETERS:
             self.add("mode", "shell.interpreter", f"{name} runs a program")
-        paths_ok = self._path_args(name, args, cmd, read_only=name in READ_ONLY)
+        paths_ok = self._operands(name, args, cmd, texts)
         if name in ("cd", "pushd"):
             self._cd(args)
         if "/" not in head.text and self._shadowed(name):
@@ -629,14 +640,55 @@ class _Judge:
         resolved = self._resolve(text)
         if resolved is None:
             return False
-        if not self._read_target(resolved):
-            return False
         if read_only:
-            return True
+            return self._read_target(resolved)
+        # A program ``targets`` does not describe may write what it names, outside or not.
+        ok = self._read_target(resolved, "names (may read or write)")
         finding = self.paths.protection(resolved, "write")
         if finding is not None:
             self.add(finding.layer, finding.rule_id, finding.reason)
-        return True
+        return ok
+
+    def _operands(self, name: str, args: list[Word], cmd: Shape, texts: Sequence[str]) -> bool:
+        """Judge the paths a command names as what it does with them; False keeps it from being exempt."""
+        read_only = name in READ_ONLY
+        if name == "git":
+            described: targets.Operands | None = targets.git_operands(args, query=READ_ONLY["git"](cmd, texts))
+        else:
+            described = targets.operands(name, args)
+        if described is None:
+            return self._path_args(name, args, cmd, read_only)
+        ok = True
+        for word in described.reads:
+            ok = self._path_word(word, read_only) and ok
+        for word in described.writes:
+            self._write_word(word)
+        return ok and not described.writes
+
+    def _path_word(self, word: Word, read_only: bool) -> bool:
+        if word.procsub or word.text == "-":
+            return True
+        if word.dynamic:
+            return False
+        ok = True
+        for text in self._expand_glob(word.text) if read_only else (word.text,):
+            ok = self._path_arg(text, read_only=True) and ok
+        return ok
+
+    def _write_word(self, word: Word) -> None:
+        if word.procsub or word.text == "-" or HARMLESS_DEVICES.match(word.text):
+            return
+        if word.dynamic:
+            self.add("mode", "shell.dynamic-path", f"writes {word.text}, only known at run time")
+            return
+        resolved = self._resolve(word.text)
+        if resolved is None:
+            self.add("mode", "shell.unknown-cwd", "writes relative to a directory only known at run time")
+            return
+        finding = self.paths.protection(resolved, "read")  # what it overwrites it may read back
+        if finding is not None:
+            self.add(finding.layer, finding.rule_id, finding.reason)
+        self._write_target(resolved, operand=True)
 
     # -- the deny layer ---------------------------------------------------------------------------
 

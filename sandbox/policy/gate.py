@@ -54,6 +54,7 @@ HINT_RULES: frozenset[str] = frozenset(
         "ask.git-force-push",
         "ask.publish",
         "ask.pipe-to-shell",
+        "path.external-write",  # seed 004: a write outside the project is the classifier's to judge
         "shell.dynamic-command",
         "shell.dynamic-code",
         "shell.dynamic-delete",

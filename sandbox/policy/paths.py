@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import Escape, Operation, Root
 
 DEFAULT_DENY_WRITE: tuple[str, ...] = HOME_SECRETS
+# A jail's /tmp is a tmpfs of its own (its HOME lives there too): Bash may write it like the scratch
+# directory. Not a root for the file tools, and never a home below it (the host's view decides).
+TMP_ROOTS: tuple[str, ...] = ("/tmp",)
 SHELL_RC_FILES: tuple[str, ...] = (
     ".bashrc",
     ".bash_profile",
@@ -107,6 +110,7 @@ class PathPolicy:
         self.state_dir = os.path.realpath(os.fspath(state_dir)) if state_dir is not None else None
         self.homes = _homes()
         self.home = self.homes[0]
+        self.tmp = tuple(dict.fromkeys(p for root in TMP_ROOTS for p in (root, os.path.realpath(root))))
         self.deny_read = PatternSet((*DEFAULT_DENY_READ, *deny_read), self.homes)
         self.deny_write = PatternSet((*DEFAULT_DENY_WRITE, *deny_write), self.homes)
         self.confirm_write = PatternSet((*DEFAULT_CONFIRM_WRITE, *confirm_write), self.homes)
@@ -147,6 +151,13 @@ class PathPolicy:
         if raw.startswith("~"):
             return "home"
         return "absolute" if os.path.isabs(raw) else "parent"
+
+    def in_tmp(self, path: ResolvedPath) -> bool:
+        """Whether a command writing ``path`` writes the jail's private /tmp (as written and as resolved)."""
+        return all(
+            any(within(tmp, candidate) for tmp in self.tmp) and not any(within(h, candidate) for h in self.homes)
+            for candidate in (path.lexical, path.canonical)
+        )
 
     def protection(self, path: ResolvedPath, operation: Operation) -> Finding | None:
         """A deny or confirm finding when ``path`` (as written or as resolved) is protected."""

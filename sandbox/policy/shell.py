@@ -93,6 +93,7 @@ _RESERVED = frozenset(
 )
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 _HOME_PARAM = re.compile(r"^\$(?:HOME\b|\{HOME\})")
+_HOME_VALUE = re.compile(r"^([\w-]+=)\$(?:HOME\b|\{HOME\})")  # an option's value: of=$HOME/x
 _NESTED = re.compile(r"\$\(|`|[<>]\(")
 _SEQUENCE = re.compile(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$")
 MAX_BRACE_WORDS = 256
@@ -257,6 +258,8 @@ class _Walker:
         params = [p for p in _walk(node) if p.kind == "parameter"]
         if params and len(params) == 1 and params[0].value == "HOME" and _HOME_PARAM.match(text):
             text = "~" + _HOME_PARAM.sub("", text)
+        elif params and len(params) == 1 and params[0].value == "HOME" and _HOME_VALUE.search(text):
+            text = _HOME_VALUE.sub(r"\1~", text, count=1)  # of=$HOME/x, --target-directory=${HOME}/x
         elif params:
             dynamic = True
         return Word(text, dynamic, procsub)

@@ -4,7 +4,9 @@ The runner (:mod:`sandbox._jailside.runner`) is standard library only and answer
 object; this is that object's shape on the host side, and :func:`runner_reply` reads a decoded
 reply into it. A reply is data from inside the jail: a missing field reads as its empty value and
 an error code outside the vocabulary as ``TOOL_FAILED``, so nothing the jail prints can put an
-unknown code into a result.
+unknown code into a result. :func:`decode_reply` reads the runner's output with a bound on its
+depth (:mod:`sandbox.jsonbound`): a jail that prints an array nested 100,000 deep gets a failed
+call, not a ``RecursionError`` in the server.
 
 :func:`grep_text` turns a Grep reply, in any of ADR 0057's output modes, into the model's text,
 leaving out every path the policy does not let the caller read.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from sandbox import jsonbound
 from sandbox.vocabulary import ERROR_CODES
 
 if TYPE_CHECKING:
@@ -28,6 +31,19 @@ class RunnerReply(TypedDict):
     error_code: ErrorCode | None
     details: dict[str, Any]  # per operation: paths, hits, existed/before/after for a write ...
     resolved: NotRequired[str | None]  # the path the runner acted on
+
+
+REPLY_DEPTH = 16  # a reply nests four deep (details, hits, a hit): room to grow, none to recurse
+REPLY_BYTES = 64 * 1024 * 1024  # above the runner's capture: the capture is what bounds it
+
+
+def decode_reply(stdout: str) -> dict[str, Any] | None:
+    """The runner's output as a JSON object, or ``None`` when it is none (not JSON, too deep, a list)."""
+    try:
+        raw = jsonbound.loads(stdout, max_bytes=REPLY_BYTES, max_depth=REPLY_DEPTH)
+    except ValueError:
+        return None
+    return raw if isinstance(raw, dict) else None
 
 
 def runner_reply(raw: Mapping[str, Any]) -> RunnerReply:

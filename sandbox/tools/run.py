@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from sandbox import _jailside
 from sandbox import exec as executor
+from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.errors import BackendUnavailable, ShellNotFound
 from sandbox.tools.params import (
     BashParams,
@@ -24,7 +25,7 @@ from sandbox.tools.params import (
     ReadParams,
     WriteParams,
 )
-from sandbox.tools.replies import RunnerReply, runner_reply
+from sandbox.tools.replies import RunnerReply, decode_reply, runner_reply
 from sandbox.vocabulary import ErrorCode, Root
 
 if TYPE_CHECKING:
@@ -46,7 +47,12 @@ NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
 # but the jail's PATH is the sandbox's own and its HOME holds no profile. Debian's and Alpine's
 # /etc/profile reset PATH, dropping the workspace's .venv/bin and node_modules/.bin, and the host
 # backend's HOME is the workspace, so -l would run the project's own .profile before every command.
-_BASH = f'command -v bash >/dev/null 2>&1 || {{ echo "{NO_BASH}" >&2; exit 127; }}; exec bash -c "$1"'
+# bash is looked up in the system directories only: the jail's PATH starts with the workspace's
+# .venv/bin and node_modules/.bin (for the command's own use), where a repository could plant one.
+_BASH = (
+    f'b=$(PATH={SYSTEM_BIN} command -v bash) || {{ echo "{NO_BASH}" >&2; exit 127; }}; '
+    'case $b in /*) ;; *) echo "' + NO_BASH + '" >&2; exit 127;; esac; exec "$b" -c "$1"'
+)
 
 
 class ToolResult(BaseModel):
@@ -165,7 +171,8 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
     """One runner round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
     result = await executor.run(
         jail,
-        ["python3", "-I", "-S", "-c", RUNNER_PROGRAM if request.get("op") in _GLOB_OPS else _PLAIN_RUNNER_PROGRAM],
+        # The jail's own interpreter by its absolute path: by name, PATH would find the workspace's first.
+        [jail.python, "-I", "-S", "-c", RUNNER_PROGRAM if request.get("op") in _GLOB_OPS else _PLAIN_RUNNER_PROGRAM],
         stdin=json.dumps(request).encode(),
         timeout=RUNNER_TIMEOUT_S,
         capture_bytes=RUNNER_CAPTURE,
@@ -176,11 +183,8 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
         return RunnerReply(ok=False, error_code="ABORTED", content="aborted", details={})
     if result.timed_out:
         return RunnerReply(ok=False, error_code="TIMEOUT", content="the file tool timed out", details={})
-    try:
-        raw = json.loads(result.stdout)
-    except ValueError:
-        raw = None
-    if isinstance(raw, dict):
+    raw = decode_reply(result.stdout)  # bounded in depth: the jail writes it
+    if raw is not None:
         return runner_reply(raw)
     if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
         raise BackendUnavailable("python3 is missing in the jail; the file tools need it", backend=jail.backend)

@@ -96,10 +96,10 @@ async def test_call_lifecycle_uses_a_fresh_container_per_call(
     assert isinstance(jail, dockerb.PerCallJail)
     ahead = set(jail_containers(client, jail))  # the pool's, started before any call
     assert 0 < len(ahead) <= POOL_SIZE
-    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; head -c 7 /proc/1/cmdline"])
+    first = await executor.run(jail, ["sh", "-c", "echo x > /tmp/kept; head -c 16 /proc/1/cmdline"])
     second = await executor.run(jail, ["sh", "-c", "cat /tmp/kept || echo fresh"])
     # The agent is PID 1, as in a warm jail; the second call's container never saw the first.
-    assert first.stdout == "python3" and "fresh" in second.stdout
+    assert first.stdout == "/usr/bin/python3" and "fresh" in second.stdout  # by its absolute path
     with anyio.fail_after(10):  # the calls' containers go once the calls are over
         while ahead & set(jail_containers(client, jail)):
             await anyio.sleep(0.05)

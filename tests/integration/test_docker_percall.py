@@ -81,14 +81,14 @@ async def eventually(check: object, timeout: float = 15) -> None:
 async def test_each_call_has_a_container_of_its_own_with_the_agent_as_pid_1(
     jail: PerCallJail, client: docker.DockerClient
 ) -> None:
-    pid1 = "head -c 16 /proc/1/cmdline | tr '\\0' ' '; echo"
+    pid1 = "head -c 25 /proc/1/cmdline | tr '\\0' ' '; echo"
     script = f"{WHERE}; cat /tmp/kept 2>/dev/null || echo fresh; echo x > /tmp/kept; {pid1}"
     seen = []
     for _ in range(4):
         result = await executor.run(jail, ["sh", "-c", script])
         assert result.exit_code == 0, result
         cid, fresh, pid1 = result.stdout.splitlines()
-        assert fresh == "fresh" and pid1.startswith("python3 -I -S -c"), result.stdout
+        assert fresh == "fresh" and pid1.startswith("/usr/bin/python3 -I -S -c"), result.stdout
         seen.append(cid)
     async with anyio.create_task_group() as tg:  # concurrent calls: never one container for two
         for _ in range(3):

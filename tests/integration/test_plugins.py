@@ -115,9 +115,11 @@ async def test_the_plugin_directory_is_read_only_in_the_jail(session: Sandbox, t
     assert (result.ok, result.error_code) == (False, "TOOL_FAILED") and "Read-only file system" in result.content
     assert not (tmp_path / "plugins" / "kit" / "planted").exists()
     session.state.mode = "auto"
+    # The write is hidden from the policy (which would ask about a `touch` outside the workspace):
+    # what is tested here is the jail's read-only bind, not the gate.
+    write = "open('/run/sandbox/plugins/kit/tool.py', 'w')"
     bash = await session.call(
-        "Bash",
-        {"command": "cat /run/sandbox/plugins/kit/plugin.json >/dev/null && touch /run/sandbox/plugins/kit/tool.py"},
+        "Bash", {"command": f'cat /run/sandbox/plugins/kit/plugin.json >/dev/null && python3 -c "{write}"'}
     )
     assert not bash.ok and "Read-only file system" in bash.content
 

@@ -14,7 +14,7 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
-from sandbox.network.dnsfilter import TTL, FilteringDns
+from sandbox.network.dnsfilter import TTL, UNRESOLVED, FilteringDns
 from sandbox.network.policy import EgressPolicy
 from sandbox.network.proxy import Denial, EgressProxy
 from sandbox.network.resolve import StaticResolver
@@ -123,11 +123,12 @@ async def test_other_record_types_of_an_allowed_name_are_empty() -> None:
     assert (await ask(dns_server, "other.test", "TXT")).rcode() == dns.rcode.REFUSED
 
 
-async def test_unknown_name_is_answered_when_the_policy_asks_and_no_one_is_asked_yet() -> None:
-    dns_server = server([], ask=True)
-    assert addresses(await ask(dns_server, "good.test")) == ["93.184.216.34"]
-    assert addresses(await ask(dns_server, "rebind.test")) == []  # the address check still applies
-    assert [d.reason for d in dns_server.denials] == ["private-address"]
+async def test_unknown_name_is_answered_unresolved_when_the_policy_asks_and_no_one_is_asked_yet() -> None:
+    dns_server = server([], ask=True)  # not resolved before the user allows it (issue 31, category 6)
+    assert addresses(await ask(dns_server, "good.test")) == [UNRESOLVED]
+    assert addresses(await ask(dns_server, "good.test", "AAAA")) == []
+    assert addresses(await ask(dns_server, "rebind.test")) == [UNRESOLVED]  # the proxy checks it once allowed
+    assert dns_server.denials == []
 
 
 async def test_deny_rule_refuses_even_when_the_policy_asks() -> None:

@@ -307,3 +307,79 @@ async def test_unparseable_new_config_is_risky(tree: CopyTree) -> None:
     kept = await keep(tree)
     assert kept.git is not None
     assert any(r.startswith(".git/config:") for r in kept.git.risky)
+
+
+# -- what the host's git obeys (issue 31: the host's tools never run what the jail wrote) ----------
+
+
+async def test_a_rebase_todo_in_progress_is_risky(tree: CopyTree) -> None:
+    """A todo's ``exec`` lines run on ``git rebase --continue``: not git's data."""
+    (tree.root / ".git" / "rebase-merge").mkdir()
+    (tree.root / ".git" / "rebase-merge" / "git-rebase-todo").write_text("exec touch /tmp/x\n")
+    kept = await keep(tree)
+    assert kept.git is not None
+    assert any("rebase-merge/git-rebase-todo" in reason for reason in kept.git.risky)
+
+
+async def test_the_hooks_path_directory_and_hook_managers_are_flagged(tmp_path: Path) -> None:
+    """An existing executable hook rewritten in ``core.hooksPath``'s directory keeps its mode: it
+    is flagged for where it is, as lefthook's configuration (no dotfile) is."""
+    from sandbox.mounts import CopyTree
+
+    ws = tmp_path / "ws"
+    git(tmp_path, "init", "-q", "ws")
+    hook = ws / "tools" / "githooks" / "pre-commit"
+    hook.parent.mkdir(parents=True)
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    (ws / "lefthook.yml").write_text("pre-commit: {}\n")
+    (ws / "app.py").write_text("print('hello')\n")
+    git(ws, "config", "core.hooksPath", "tools/githooks")
+    (tmp_path / "copies").mkdir()
+    tree = await CopyTree.prepare(ws, tmp_path / "copies")
+    (tree.root / "tools" / "githooks" / "pre-commit").write_text("#!/bin/sh\ntouch /tmp/x\n")
+    (tree.root / "lefthook.yml").write_text("pre-commit:\n  commands:\n    x:\n      run: touch /tmp/x\n")
+    (tree.root / "app.py").write_text("print('changed')\n")
+    found = {c.path: c.flags for c in (await tree.changes()).changes}
+    tree.remove()
+    assert found == {"tools/githooks/pre-commit": ["git-hook"], "lefthook.yml": ["git-hook"], "app.py": []}
+
+
+def test_obeyed_lists_every_git_directory_and_what_points_at_one(tmp_path: Path) -> None:
+    ws, lib = tmp_path / "ws", tmp_path / "lib"
+    git(tmp_path, "init", "-q", "-b", "main", str(lib))
+    git(lib, "commit", "-q", "--allow-empty", "-m", "lib")
+    git(tmp_path, "init", "-q", "-b", "main", str(ws))
+    git(ws, "config", "core.hooksPath", ".githooks")
+    (ws / ".husky").mkdir()
+    git(ws, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "deps/lib")
+    git(ws, "commit", "-q", "-m", "first")
+    git(ws, "worktree", "add", "-q", str(ws / "inner-wt"))
+    git(ws, "init", "-q", "vendor/x")
+    found = gitreview.obeyed(ws, ["vendor/x", "deps/lib", "inner-wt"])
+    assert found is not None
+    assert found.gitdirs == (".git", ".git/modules/deps/lib", "vendor/x/.git")
+    for path in (".git/config", ".git/hooks", ".git/worktrees", ".git/modules/deps/lib/config", "vendor/x/.git/hooks"):
+        assert path in found.protected
+    for path in (".husky", ".gitmodules", "deps/lib/.git", "inner-wt/.git"):
+        assert path in found.protected
+    assert ".githooks" in found.missing  # made, then sealed (sandbox/backends/seal.py)
+    assert gitreview.obeyed(tmp_path / "lib" / ".git") == gitreview.Obeyed((), (), ())
+
+
+def test_a_hooks_path_outside_the_workspace_is_not_ours_to_seal(tmp_path: Path) -> None:
+    git(tmp_path, "init", "-q", "ws")
+    for value, expected in (("../elsewhere", None), ("/etc/hooks", None), ("hooks", "hooks"), (".", None)):
+        git(tmp_path / "ws", "config", "core.hooksPath", value)
+        assert gitreview.hooks_dir(tmp_path / "ws") == expected
+
+
+def test_includes_are_followed_inside_the_workspace_only(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    git(tmp_path, "init", "-q", "ws")
+    git(ws, "config", "include.path", "../team.gitconfig")
+    git(ws, "config", "--add", "include.path", "/etc/gitconfig")
+    git(ws, "config", "includeIf.gitdir:~/work/.path", "../conf/mine")
+    (ws / "team.gitconfig").write_text("[include]\n\tpath = nested/more\n")
+    assert gitreview.includes(ws) == ["team.gitconfig", "conf/mine", "nested/more"]
+    assert gitreview.obeyed(ws).missing_files == ("conf/mine", "nested/more")

@@ -18,9 +18,9 @@ import psutil
 from docker.types import Mount, Ulimit
 
 from sandbox import __version__
-from sandbox.backends import seal, seccomp
+from sandbox.backends import jailpython, seal, seccomp
 from sandbox.backends.agentlink import AGENT_PROGRAM
-from sandbox.backends.bwrap_argv import empty_dir, empty_file
+from sandbox.backends.bwrap_argv import empty_dir, empty_file, tmp_inodes
 from sandbox.backends.docker.client import image_ref
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
 from sandbox.errors import InvalidArgument
@@ -73,7 +73,9 @@ def _resources(profile: Profile, agent: bool = False) -> dict[str, Any]:
 
 
 def _tmpfs(profile: Profile, home_owner: str | None = None) -> dict[str, str]:
-    size = f",size={profile.limits.tmp_size}" if profile.limits.tmp_size else ""
+    # An inode cap with the size (one inode per page, as bwrap's): empty files cost no bytes.
+    tmp_size = profile.limits.tmp_size
+    size = f",size={tmp_size},nr_inodes={tmp_inodes(tmp_size)}" if tmp_size else ""
     tmpfs = {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
     if home_owner is not None:
         # Docker makes the mount points of host files as root: the home must stay the command user's.
@@ -118,8 +120,10 @@ def container_config(
 
         mounts.append(Mount(target=JAIL_DIR, source=str(egress_dir), type="bind", read_only=True))
     files = host_files(profile)
-    binds = [*files, *shared]  # shared: a session's plugin directories, checked by open_jail
-    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in binds]
+    mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
+    # shared: a session's plugin directories (checked by open_jail), read-only, their secrets masked.
+    sharing = seal.shared_binds(shared, profile.policy.deny_read, empty_dir(), empty_file())
+    mounts += [Mount(target=target, source=src, type="bind", read_only=ro) for src, target, ro in sharing]
     config: dict[str, Any] = {
         "image": image_ref(profile),
         "command": ["sleep", "infinity"],
@@ -140,16 +144,17 @@ def container_config(
         **_resources(profile, agent_user is not None),
     }
     if agent_user is not None:
-        config.update(_agent_config(profile, agent_user))
+        config.update(_agent_config(profile, agent_user, [*(m["Target"] for m in mounts), *config["tmpfs"]]))
     return config
 
 
-def _agent_config(profile: Profile, user: str) -> dict[str, Any]:
+def _agent_config(profile: Profile, user: str, targets: Sequence[str]) -> dict[str, Any]:
     cpu = profile.limits.cpu_time_s
     # detach=False with stdin_open: stdin is attachable and closed when we detach (StdinOnce),
-    # so the agent ends the container if the executor dies.
+    # so the agent ends the container if the executor dies. The image's interpreter by its
+    # absolute path, once no mount (``targets``) can shadow it: never found through a PATH.
     return {
-        "entrypoint": ["python3"],
+        "entrypoint": [jailpython.image_python(targets)],
         "user": user,
         "stdin_open": True,
         "detach": False,
@@ -215,5 +220,7 @@ def for_remote_engine(
     tmpfs = dict(config["tmpfs"])
     if scratch is not None:
         uid, gid = uid_gid(user)
-        tmpfs[str(scratch)] = f"rw,nosuid,nodev,mode=0700,uid={uid},gid={gid}"
+        # The engine's memory: the caps ``_tmpfs`` gave /tmp (limits.tmp_size, its inode cap) bound it too.
+        caps = "".join(f",{opt}" for opt in tmpfs.get("/tmp", "").split(",") if opt.startswith(("size=", "nr_inodes=")))
+        tmpfs[str(scratch)] = f"rw,nosuid,nodev,mode=0700,uid={uid},gid={gid}{caps}"
     return {**config, "mounts": [workspace_mount, *mounts], "tmpfs": tmpfs}

@@ -8,6 +8,7 @@ one by the profile's ``docker.lifecycle``.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from abc import abstractmethod
 from typing import TYPE_CHECKING
@@ -15,10 +16,12 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
+from sandbox.backends import seal
 from sandbox.backends.base import Jail, off_loop
 from sandbox.backends.docker.client import run_sync
-from sandbox.backends.docker.config import container_config
+from sandbox.backends.docker.config import container_config, uid_gid
 from sandbox.backends.docker.gc import remove_jail_containers
+from sandbox.backends.jailpython import IMAGE_PYTHON
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 class DockerJail(Jail):
     backend = "docker"
     agent = False  # whether the container's only process is the agent (warm) or tini (per call)
+    python = IMAGE_PYTHON  # the image's, by its absolute path (config.container_config checks the mounts)
 
     def __init__(
         self,
@@ -57,7 +61,9 @@ class DockerJail(Jail):
         self.user = user
         self.egress = egress
         self.id = uuid.uuid4().hex[:12]
-        self._config = container_config(
+        sealed = sealed if sealed is not None else seal.for_profile(profile, workspace)
+        self._configure = functools.partial(
+            container_config,
             profile,
             self.id,
             workspace,
@@ -66,9 +72,34 @@ class DockerJail(Jail):
             agent_user=user if self.agent else None,
             untracked=tree.untracked if tree is not None else (),
             egress_dir=egress.socket_dir if egress is not None else None,
-            sealed=sealed,
             shared=shared,
         )
+        self._config = self._configure(sealed=sealed)
+        # The seal is searched again before each call (seal.Watch): the config is rebuilt when it moved.
+        self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
+        if egress is not None:  # the proxy's socket is private to us until the command user is let in
+            egress.admit(*uid_gid(user))
+
+    @property
+    def host_writable(self) -> tuple[Path, ...]:
+        # A remote engine's jail writes that engine's disk (its volume, a tmpfs scratch), none of ours.
+        from sandbox.backends.docker.archive import RemoteTree
+
+        return () if isinstance(self.tree, RemoteTree) else super().host_writable
+
+    async def _resealed(self) -> bool:
+        """Search the seal again before a call (cached, cheap); when a mask moved, rebuild the
+        containers' config and say so: the caller replaces what was started with the old one.
+        (A remote engine's copy lives on its volume, sealed when it was filled: not searched here.)"""
+        from sandbox.backends.docker.archive import RemoteTree
+
+        if isinstance(self.tree, RemoteTree):
+            return False
+        sealed = await off_loop(self._watch.changed)
+        if sealed is None:
+            return False
+        self._config = self._configure(sealed=sealed)
+        return True
 
     @property
     def container_id(self) -> str | None:

@@ -3,11 +3,12 @@
 **The socket** (a local engine, the default). Before creating the container the host listens on
 a unix socket in a directory of its own, ``<data dir>/run/agent-XXXX/agent.sock`` (or a
 ``/tmp/sbx-agent-XXXX`` directory when that path is too long for a socket address): the data
-directory is ``0700`` and ours, the directory ``0711``, the socket ``0666``, so the command uid of
-the container (whatever it maps to on the host, user namespaces included) can reach it and no
-other host user can. The directory is bound **read-only** at :data:`AGENT_DIR` in the container
-(connecting to a socket needs no write access to its file system); the agent connects to it
-first thing, before anything else runs in the container, and tells us on its attach stream.
+directory is ``0700`` and ours, the directory ``0700`` and the socket ``0600``, both handed to the
+container's command uid when we are root (as an ordinary user, that uid is ours): the agent can
+reach it and no other host user can, not even to connect first (issue 31, category 7). The
+directory is bound **read-only** at :data:`AGENT_DIR` in the container (connecting to a socket
+needs no write access to its file system); the agent connects to it first thing, before anything
+else runs in the container, and tells us on its attach stream.
 
 *Who may connect.* A jailed command runs as the agent's uid and could try to connect to the
 socket too, so the host accepts **exactly one** connection and checks it: ``SO_PEERCRED`` gives
@@ -55,7 +56,16 @@ from docker.utils.socket import frames_iter
 
 from sandbox.backends.agentlink import FdLink, Link
 
-__all__ = ["AttachLink", "Link", "Listener", "PeerRefused", "SocketLink", "socket_wanted", "stale_listener_dirs"]
+__all__ = [
+    "AttachLink",
+    "Link",
+    "Listener",
+    "PeerRefused",
+    "SocketLink",
+    "owner_of",
+    "socket_wanted",
+    "stale_listener_dirs",
+]
 from sandbox.backends.docker.streams import STDOUT, unwrap_socket
 from sandbox.datadir import subdir
 from sandbox.errors import BackendUnavailable, SandboxError
@@ -159,6 +169,24 @@ class SocketLink(FdLink):
         self.attach.close()
 
 
+def owner_of(user: str) -> tuple[int, int] | None:
+    """``"uid:gid"`` (a container's command user) as numbers; ``None`` when it is not numeric."""
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        return None
+    return int(uid), int(gid or uid)
+
+
+def _private_to(folder: Path, path: Path, owner: tuple[int, int] | None) -> None:
+    """The directory ``0700`` and the socket ``0600``, both the container's command uid's when we are
+    root (we reach them anyway): nobody else on the host can connect, not even to refuse the agent."""
+    folder.chmod(0o700)
+    path.chmod(0o600)
+    if owner is not None and os.geteuid() == 0 and owner[0] != 0:
+        os.chown(path, *owner)
+        os.chown(folder, *owner)
+
+
 def socket_wanted(base_url: str) -> str | None:
     """Why this engine gets the attach stream, or ``None`` for the socket."""
     if os.environ.get(STREAMS_ENV, "").strip().lower() == "attach":
@@ -171,7 +199,7 @@ def socket_wanted(base_url: str) -> str | None:
 class Listener:
     """Our end before the agent connects: a unix socket in a directory of its own (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: tuple[int, int] | None = None) -> None:
         folder = Path(tempfile.mkdtemp(prefix="agent-", dir=subdir("run")))
         if len(str(folder / SOCKET_NAME)) > MAX_SOCKET_PATH:
             folder.rmdir()
@@ -180,9 +208,8 @@ class Listener:
         self.path = folder / SOCKET_NAME
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            folder.chmod(0o711)  # the container's uid passes through to the socket, and lists nothing
             self.sock.bind(str(self.path))
-            self.path.chmod(0o666)  # whatever uid the container's maps to; the peer check decides
+            _private_to(folder, self.path, owner)
             self.sock.listen(1)
             self.sock.setblocking(False)
         except BaseException:

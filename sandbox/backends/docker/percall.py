@@ -45,6 +45,7 @@ class PerCallJail(AgentJail):
         super().__init__(*args, **kwargs)
         self._pool: Pool | None = None
         self._calls: dict[AgentCall, Box] = {}
+        self._sealing = anyio.Lock()
         self.stream: str | None = None  # how the last container's calls travel: ``socket`` or ``attach``
 
     @property
@@ -65,6 +66,9 @@ class PerCallJail(AgentJail):
     async def _start(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
     ) -> AgentCall:
+        async with self._sealing:  # calls run side by side: none takes an old container once the seal moved
+            if await self._resealed():  # a secret appeared since the pool's containers were started
+                await self._renew_pool()
         for retry in (False, True):
             box = await self.pool.take()
             try:
@@ -81,6 +85,14 @@ class PerCallJail(AgentJail):
             self._calls[proc] = box
             return proc
         raise AssertionError("unreachable: the second try returns or raises")
+
+    async def _renew_pool(self) -> None:
+        """Drop the containers started with the old seal; the next ones have the new config."""
+        old, self._pool = self._pool, Pool(self._fresh, self._drop)
+        if old is not None:
+            with anyio.CancelScope(shield=True):
+                await old.close()
+        await self._pool.start()
 
     async def _died_waiting(self, box: Box) -> bool:
         if box.link.dead:

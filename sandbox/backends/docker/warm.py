@@ -61,6 +61,7 @@ from sandbox.backends.docker.links import (
     Listener,
     PeerRefused,
     SocketLink,
+    owner_of,
     socket_wanted,
 )
 from sandbox.backends.docker.runtime import Runtime
@@ -318,7 +319,7 @@ class AgentJail(DockerJail):
         listener = None
         if self._no_socket is None:
             try:
-                listener = await anyio.to_thread.run_sync(Listener)
+                listener = await anyio.to_thread.run_sync(Listener, owner_of(self.user))  # 0700, the agent's
             except OSError as exc:  # a file system without sockets, a full disk: attach will do
                 self.stream_note = f"cannot listen for the agent: {exc.strerror or exc}"
             except SandboxError as exc:  # no data directory
@@ -506,7 +507,10 @@ class WarmJail(AgentJail):
         if pending is not None:
             pending.forget()
         link = self._link
-        if self._warm is not None and (self._warm.removed or link is None or link.dead or link.retired):
+        # A secret appeared (or went) since the container was sealed: its config is rebuilt and the
+        # container replaced by one sealed anew.
+        resealed = await self._resealed()
+        if self._warm is not None and (resealed or self._warm.removed or link is None or link.dead or link.retired):
             await self.discard(self._warm)
         if self._warm is None or self._link is None:
             await self._new_agent()

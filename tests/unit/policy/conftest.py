@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from sandbox.policy import paths
 from sandbox.policy.gate import SessionState
 from tests.unit.policy.policy_world import World
 
@@ -28,6 +29,10 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
         directory.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("SANDBOX_DATA_DIR", str(data))
+    # The jail's private /tmp, as Bash's writes see it: the world's own, so that {outside} (under the
+    # host's /tmp like every pytest directory) stays outside every writable root.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(paths, "TMP_ROOTS", (str(tmp_path / "tmp"),))
     for path in (
         ws / "src" / "main.py",
         ws / "README.md",

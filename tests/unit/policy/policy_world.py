@@ -56,6 +56,7 @@ class World:
             "app2": str(self.app2),
             "outside": str(self.outside),
             "scratch": str(self.scratch),
+            "tmp": str(self.root / "tmp"),
         }
 
     def gate(
