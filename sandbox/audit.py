@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         Root,
     )
 
-SCHEMA_VERSION = 3  # 2: operating_mode and delegate; 3: the classifier's columns (added to older logs on open)
+SCHEMA_VERSION = 4  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined (added on open)
 PREVIEW_CHARS = 400
 REDACTED = "[REDACTED]"
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
@@ -195,6 +195,9 @@ class AuditRecord:
     classifier_model: str | None = None
     classifier_ms: float | None = None
     user_choice: Answer | None = None
+    # rw: what a call left in a git directory that git would obey, moved to the quarantine
+    # (sandbox.gitsweep): a JSON list of {path, moved_to, why}; null when nothing was.
+    quarantined: str | None = None
 
     @classmethod
     def build(
@@ -273,6 +276,7 @@ _ADDED = {
     "classifier_model": "TEXT",
     "classifier_ms": "REAL",
     "user_choice": "TEXT",
+    "quarantined": "TEXT",
 }
 
 

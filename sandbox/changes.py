@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from sandbox import datadir, diffbound, gitreview, leftovers
+from sandbox import datadir, diffbound, gitreview, leftovers, textsafe
 from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 from sandbox.gitreview import GitSummary
@@ -159,7 +159,7 @@ class Kept:
 
     def git_lines(self) -> list[str]:
         """The git summary as review lines (none when the workspace is no repository)."""
-        return self.git.lines() if self.git is not None else []
+        return textsafe.printable_lines(self.git.lines()) if self.git is not None else []  # names are data
 
     def diff(self, only: Iterable[str] | None = None) -> str:
         """Each entry against the host as it is now: a unified diff for text, a summary otherwise.
@@ -322,7 +322,7 @@ def held_back_line(held: dict[str, Any]) -> str:
     """A held-back entry as a review line; the git group with why it was held back whole."""
     flags = f"[{', '.join(held['flags'])}]"
     if held.get("group") is None:
-        return f"{held['path']} {flags}"
+        return f"{textsafe.printable(held['path'])} {flags}"
     return f"{held['path']} (the git group, {held['entries']} entries) {flags}: {'; '.join(held['risky'])}"
 
 
@@ -652,7 +652,7 @@ def _entry_diff(kept: Kept, entry: Entry, deadline: float) -> str:
     if change.mode_before is not None and change.mode_after is not None and change.mode_before != change.mode_after:
         lines.append(f"mode {oct(change.mode_before)} → {oct(change.mode_after)}")
     lines += _body(kept, change, deadline)
-    return "\n".join(lines) + "\n"
+    return "\n".join(textsafe.printable_lines(lines)) + "\n"  # a name or a line cannot forge another
 
 
 def _body(kept: Kept, change: Change, deadline: float) -> list[str]:

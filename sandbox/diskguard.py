@@ -25,6 +25,7 @@ are tmpfs: memory, capped by their own size.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,11 +85,11 @@ class Breach:
 
 
 def _space(path: str) -> Space | None:
-    try:
-        st = os.statvfs(path)
+    try:  # statvfs's f_bavail and f_blocks on POSIX, GetDiskFreeSpaceExW on Windows (winjob)
+        usage = shutil.disk_usage(path)
     except OSError:  # removed under us (a closing jail): nothing left there to fill
         return None
-    return Space(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+    return Space(usage.free, usage.total)
 
 
 class Guard:

@@ -22,7 +22,7 @@ import anyio
 import anyio.lowlevel
 from pydantic import BaseModel
 
-from sandbox import calls, diskguard
+from sandbox import calls, diskguard, gitsweep
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
 
@@ -92,6 +92,7 @@ class ExecResult(BaseModel):
     oom_killed: bool = False
     peak_memory_bytes: int | None = None
     network: dict[str, Any] | None = None  # allowlist: {mode, allow, deny, ask, denials} of this call
+    quarantined: list[dict[str, str]] | None = None  # rw: what git would obey that the call left (gitsweep)
 
 
 async def _pump(stream: ByteReceiveStream, capture: Capture, callback: OutputCallback | None) -> None:
@@ -203,7 +204,12 @@ async def run(
     egress = jail.egress if network else None
     mark = egress.mark() if egress is not None else 0
     guard = diskguard.for_jail(jail.host_writable, profile.limits)
-    proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network)
+    sweep = gitsweep.Call(jail)  # rw: git's state before the call, swept once its processes are dead
+    try:
+        proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network)
+    except BaseException:
+        await sweep.end()
+        raise
     spawned = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
@@ -226,6 +232,7 @@ async def run(
     finally:
         oom, peak = proc.oom_killed(), proc.peak_memory()
         proc.release()
+        quarantined = await sweep.end()
     if outcome.disk is not None:  # TOOL_FAILED (ENOSPC); the jail and its session stay usable
         raise outcome.disk.error()
     exit_code, sig = calls.exit_status(returncode)
@@ -248,4 +255,5 @@ async def run(
         oom_killed=oom,
         peak_memory_bytes=peak,
         network=egress.summary(egress.denials_since(mark)) if egress is not None else None,
+        quarantined=quarantined or None,
     )

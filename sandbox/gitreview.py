@@ -218,6 +218,11 @@ def obeyed(workspace: Path, nested: Iterable[str] = ()) -> Obeyed:
     return Obeyed(tuple(gitdirs), tuple(dict.fromkeys(protected)), tuple(dict.fromkeys(missing)), tuple(absent))
 
 
+def git_dirs(workspace: Path, root: str = "") -> Iterator[str]:
+    """``root``'s git directory, then its submodules' (what :mod:`sandbox.gitsweep` looks in)."""
+    return _git_dirs(workspace, root)
+
+
 def _git_dirs(workspace: Path, root: str) -> Iterator[str]:
     """``root``'s git directory, then its submodules' under ``.git/modules`` (names may hold ``/``; modules nest)."""
     yield f"{root}/{GIT}".lstrip("/")

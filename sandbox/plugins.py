@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sandbox import exec as executor
+from sandbox.backends.environment import SAFE_PATH
 from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.profile import MAX_TIMEOUT_S
 from sandbox.tools.params import REGISTRY, ToolSpec
@@ -530,6 +531,9 @@ async def run(
     timeout = timeout_for(tool, jail.profile)
     plugin_env = {
         **env,
+        # A plugin is the user's tool, not the project's: its bare command words (`python3`, `node`)
+        # are found in the system directories only, never in the workspace's .venv/bin (issue 31, 1).
+        "PATH": SAFE_PATH,
         "SANDBOX_PLUGIN_DIR": tool.plugin.jail_dir,
         "SANDBOX_PLUGIN_ID": tool.plugin.id,
         "SANDBOX_PLUGIN_TOOL": tool.manifest.name,

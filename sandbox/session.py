@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -708,18 +709,19 @@ class Sandbox:
         duration = 0.0 if refused else (now - ran_at) * 1000
         total = (now - started) * 1000
         overhead = max(0.0, total - duration - auth.wait_ms)
-        self.audit.record(
-            AuditRecord.build(
-                call,
-                auth,
-                duration_ms=round(duration, 3),
-                overhead_ms=round(overhead, 3),
-                total_ms=round(total, 3),
-                ok=result.ok,
-                error_code=result.error_code,
-                policy_version=self.gate.policy_version,
-            )
+        record = AuditRecord.build(
+            call,
+            auth,
+            duration_ms=round(duration, 3),
+            overhead_ms=round(overhead, 3),
+            total_ms=round(total, 3),
+            ok=result.ok,
+            error_code=result.error_code,
+            policy_version=self.gate.policy_version,
         )
+        if result.details.get("quarantined"):  # rw: what the call left that git would obey (gitsweep)
+            record = dataclasses.replace(record, quarantined=json.dumps(result.details["quarantined"]))
+        self.audit.record(record)
 
     def _audit_rejected(
         self, name: str, args: Any, call_id: str, turn_id: str, exc: SandboxError, started: float

@@ -12,8 +12,9 @@ git executes or obeys later is bound **read-only** (:func:`git_binds`, the list 
 ``lefthook.yml``, ``.pre-commit-config.yaml``), ``.gitmodules`` and the ``.git`` files of
 submodules and worktrees; each git directory and every directory above a sealed path is bound onto
 itself, so that it cannot be renamed away and replaced by a directory with a planted hook. What a
-writable ``.git`` still lets a jail create (a ``commondir`` where there was none, a rebase todo, a
-new nested repository) is listed in docs/threat-model.md.
+writable ``.git`` still lets a jail create (a ``commondir`` where there was none, a rebase todo) is
+moved to a quarantine once the call has ended (:mod:`sandbox.gitsweep`); docs/threat-model.md says
+what is left (a new nested repository).
 In ``copy`` mode masked entries are not copied at all (nor reported as changes).
 
 **A seal that moves.** A jail searches again before each call (:class:`Watch`; cheap, cached) and

@@ -5,6 +5,9 @@ of each file against the host file as it is now; in a repository, a summary of w
 ``.git`` first, its files left out of the diff), ``apply`` it (flagged entries only when named
 with ``--only`` or with ``--include-flagged``) or ``discard`` it. Results go to stdout, one line
 per entry or one JSON object with ``--json``; a refusal is one ``sandbox: …`` line on stderr.
+Names and diffs a jail chose are shown through :func:`sandbox.textsafe.printable` (one line each,
+no terminal control); ``--json`` keeps each raw ``path`` (data, escaped by JSON) and the escaped
+``diff`` text.
 
 Exit statuses: 0 when done; for ``apply``, 1 when something it was asked to apply was not (held
 back, a conflict, skipped, or the kept content failed its hash check); 2 when the command is
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from sandbox.cli import options
 from sandbox.cli.output import EXIT_ERROR, emit, guard, say
+from sandbox.textsafe import printable
 
 if TYPE_CHECKING:
     import argparse
@@ -99,7 +103,8 @@ def _list(args: argparse.Namespace) -> int:
 def _line(kept: Kept) -> str:
     counts = kept.summary()["counts"]
     tally = " ".join(f"{counts[k]} {k}" for k in ("added", "modified", "deleted", "flagged") if counts[k])
-    return f"{kept.id}  {kept.created:%Y-%m-%d %H:%M}  {kept.state:<7}  {kept.workspace}  ({tally})"
+    where = printable(str(kept.workspace))
+    return f"{kept.id}  {kept.created:%Y-%m-%d %H:%M}  {kept.state:<7}  {where}  ({tally})"
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -147,15 +152,15 @@ def _print_report(report: ApplyReport, *, grouped: bool) -> None:
     git = [path for path in report.applied if grouped and in_git(path)]
     for path in report.applied:
         if path not in git:
-            print(f"applied {path}")
+            print(f"applied {printable(path)}")
     if git:  # a repository's .git entries: one group, one line (--json lists each)
         print(f"applied .git (the git group, {len(git)} entries)")
     for conflict in report.conflicts:
-        print(f"CONFLICT {conflict['path']}: {conflict['reason']}")
+        print(f"CONFLICT {printable(conflict['path'])}: {printable(conflict['reason'])}")
     for held in report.held_back:
         print(f"held back {held_back_line(held)}")
     for skipped in report.skipped:
-        print(f"skipped {skipped['path']}: {skipped['reason']}")
+        print(f"skipped {printable(skipped['path'])}: {printable(skipped['reason'])}")
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -169,7 +174,7 @@ def _recover(args: argparse.Namespace) -> int:
         for report in reports:
             print(f"{report.workspace}: {report.action} ({report.steps} steps)")
             for problem in report.problems:
-                say(f"{problem.get('path', '?')}: {problem.get('reason', problem)}")
+                say(printable(f"{problem.get('path', '?')}: {problem.get('reason', problem)}"))
     return EXIT_INCOMPLETE if any(report.problems for report in reports) else 0
 
 

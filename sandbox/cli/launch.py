@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sandbox import __version__, calls, datadir
+from sandbox import __version__, calls, datadir, gitsweep
 from sandbox.backends import bwrap_argv, cgroups, confine, seccomp
 from sandbox.backends.environment import base_env, host_files
 from sandbox.errors import BackendUnavailable
@@ -155,6 +155,7 @@ class Outcome:
         self.kill_ms: float | None = None
         self.oom_killed = False
         self.received = received
+        self.quarantined: list[dict[str, str]] | None = None  # rw: see sandbox.gitsweep
 
 
 NOT_FORWARDED = -1  # a stdin the command does not get: it reads /dev/null
@@ -245,7 +246,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]
     jail = [*bwrap_argv.command_prefix(prof), *bwrap_argv.jail_args(prof, ws, ws)]
     prefix = [*jail, "--chdir", str(ws), "--clearenv", *env]
-    return _Call(prof, args.timeout_s, seccomp_filter).run(prefix, calls.checked_argv(shown, argv), handed)
+    # rw: what the call leaves that the host's git would obey is moved away (nested repositories: the full path's)
+    before = gitsweep.take(str(ws), gitsweep.gitdirs(str(ws), ())) if prof.mount.strategy == "rw" else None
+    try:
+        outcome = _Call(prof, args.timeout_s, seccomp_filter).run(prefix, calls.checked_argv(shown, argv), handed)
+    finally:
+        moved = gitsweep.quarantine(str(ws), gitsweep.planted(before)) if before is not None else []
+    outcome.quarantined = moved or None
+    return outcome
 
 
 class _Call:

@@ -20,6 +20,7 @@ from sandbox import calls
 from sandbox.cli import options
 from sandbox.cli.output import emit, guard, say
 from sandbox.errors import InvalidArgument
+from sandbox.textsafe import printable
 from sandbox.vocabulary import EXIT_SANDBOX
 
 if TYPE_CHECKING:
@@ -266,6 +267,10 @@ def _review(
         say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
     if result.oom_killed:
         say("the memory limit killed a process of the call")
+    if result.quarantined:
+        from sandbox.gitsweep import summary
+
+        say(summary(result.quarantined).strip("[]"))
     if changes is None:
         return
     if changes.untracked:
@@ -282,7 +287,8 @@ def _review(
             continue
         flags = f"  [{', '.join(change.flags)}]" if change.flags else ""
         skip = f"  (never applied: {change.reason})" if not change.applicable else ""
-        print(f"  {change.status[0].upper()} {change.path}{flags}{skip}", file=sys.stderr)
+        line = f"  {change.status[0].upper()} {change.path}{flags}{skip}"
+        print(printable(line), file=sys.stderr)  # a name is data: it cannot forge or hide a line
     if applied is not None:
         _applied(applied)
     if kept is not None:
@@ -299,7 +305,7 @@ def _applied(applied: Any) -> None:
     from sandbox.changes import held_back_line
 
     for conflict in applied.conflicts:
-        say(f"CONFLICT {conflict['path']}: {conflict['reason']}")
+        say(printable(f"CONFLICT {conflict['path']}: {conflict['reason']}"))
     for held in applied.held_back:
         say(f"held back {held_back_line(held)}: flagged entries need consent")
 

@@ -33,6 +33,7 @@ from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
 from sandbox.mcp.tools import call_result, error_result
 from sandbox.policy.approvals import ApprovalRequest, decide
+from sandbox.textsafe import printable
 from sandbox.tools.run import ToolResult
 
 if TYPE_CHECKING:
@@ -106,7 +107,10 @@ M = TypeVar("M", bound=BaseModel)
 async def _list(call: ReviewCall) -> ToolResult:
     call.parsed(_NoArgs)
     listed = await anyio.to_thread.run_sync(snapshots, call.sandbox)
-    lines = [f"{s['snapshot_id']}  {s['operation']:5}  {s['status']:8}  {s['state']:10}  {s['path']}" for s in listed]
+    lines = [
+        printable(f"{s['snapshot_id']}  {s['operation']:5}  {s['status']:8}  {s['state']:10}  {s['path']}")
+        for s in listed
+    ]
     return ToolResult(ok=True, content="\n".join(lines) or "no review snapshots yet", details={"snapshots": listed})
 
 
@@ -118,7 +122,7 @@ async def _changes(call: ReviewCall) -> ToolResult:
     call.parsed(_NoArgs)
     changeset = await call.sandbox.changes()
     listed = changeset.to_list()
-    lines = [f"{c.get('status', '?'):8}  {c.get('path', '')}" for c in listed]
+    lines = [printable(f"{c.get('status', '?'):8}  {c.get('path', '')}") for c in listed]  # names are data
     details = {"counts": changeset.summary(), "changes": listed, "mount": call.sandbox.jail.mount}
     note = "\n[kept as a changeset when this connection ends: SandboxChangesets lists it]"
     return ToolResult(ok=True, content=("\n".join(lines) or "no changes in the private copy") + note, details=details)

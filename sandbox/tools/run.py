@@ -122,6 +122,10 @@ def _bash_text(result: executor.ExecResult, status: str | None) -> str:
     if status:
         parts.append(f"[{status}]")
     parts += denial_lines(result.network)
+    if result.quarantined:
+        from sandbox.gitsweep import summary
+
+        parts.append(summary(result.quarantined))
     return "\n".join(parts) if parts else "(no output)"
 
 
@@ -185,7 +189,10 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
         return RunnerReply(ok=False, error_code="TIMEOUT", content="the file tool timed out", details={})
     raw = decode_reply(result.stdout)  # bounded in depth: the jail writes it
     if raw is not None:
-        return runner_reply(raw)
+        reply = runner_reply(raw)
+        if result.quarantined:  # rw: what git would obey that the write left (a Write of .git/commondir)
+            reply["details"]["quarantined"] = result.quarantined
+        return reply
     if result.exit_code == 127 or "python3" in result.stderr and "No such file" in result.stderr:
         raise BackendUnavailable("python3 is missing in the jail; the file tools need it", backend=jail.backend)
     return RunnerReply(

@@ -13,25 +13,31 @@ sealed directory away, and a repository planted inside the workspace. Each paylo
 <marker>`` on the host. Then (``copy``/``overlay``: after an apply without consent) the host runs
 real ``git status``, ``log``, ``diff``, ``commit``, ``checkout``, ``fetch`` and ``rebase
 --continue`` in the workspace, the submodule, the embedded repository and the worktree: no marker
-may exist. ``ro`` is attacked alike. What ``rw`` leaves open is attacked too, as an expected failure.
+may exist. ``ro`` is attacked alike. What no mount can close in ``rw`` (a new ``commondir`` or
+rebase todo in a writable ``.git``) is moved away after the call (:mod:`sandbox.gitsweep`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sandbox import exec as executor
+from sandbox import gitsweep
+from sandbox.session import Sandbox
+from sandbox.tools.params import BashParams
+from sandbox.tools.run import run_bash
 from tests.attack.conftest import mode_profile
-from tests.conftest import own_like_a_checkout
+from tests.conftest import backend_or_skip, own_like_a_checkout
+from tests.integration._cli import sandbox
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from sandbox.backends import base
     from tests.conftest import JailFactory
 
@@ -132,6 +138,8 @@ ROUTES = {
     ".git/modules/sub/ && p renamed-module .git/modules/sub/hooks/post-checkout; "
     'mv sub sub.old && mkdir sub && echo "gitdir: $PWD/evilsub.git" > sub/.git; ' + evil_gitdir("evilsub.git"),
     "commondir": evil_gitdir("evil.git") + 'echo "$PWD/evil.git" > .git/commondir; ',
+    "module-commondir": evil_gitdir("evil.git") + 'echo "$PWD/evil.git" > .git/modules/sub/commondir; ',
+    "nested-commondir": evil_gitdir("evil.git") + 'echo "$PWD/evil.git" > vendor/lib/.git/commondir; ',
     "rebase": 'mkdir .git/rebase-merge && cd .git/rebase-merge && echo "exec touch $M/rebase" > git-rebase-todo && '
     "git rev-parse HEAD > onto && cp onto orig-head && echo refs/heads/main > head-name && touch interactive; "
     'cd "$W"; ',
@@ -140,9 +148,14 @@ ROUTES = {
     'git -C planted config core.fsmonitor "touch $M/planted-fsmonitor"; ',
 }
 """The planting routes, by kind: each is tried alone (one route's write must not hide another's)."""
-RW_LIMITS = ("commondir", "rebase")
-"""Routes a writable ``.git`` leaves open in ``rw`` (a file created where there was none): see
-:func:`test_rw_a_writable_git_directory_still_takes_new_files` and docs/threat-model.md."""
+SWEPT = {
+    "commondir": ".git/commondir",
+    "rebase": ".git/rebase-merge",
+    "module-commondir": ".git/modules/sub/commondir",
+    "nested-commondir": "vendor/lib/.git/commondir",
+}
+"""Routes a writable ``.git`` leaves open in ``rw`` (a name created where there was none), and
+what the sweep after the call moves into the data directory's quarantine (:mod:`sandbox.gitsweep`)."""
 PRELUDE = 'p() { printf "#!/bin/sh\\ntouch %s/%s\\n" "$M" "$1" > "$2" && chmod +x "$2"; }; echo changed >> README.md; '
 
 
@@ -182,8 +195,6 @@ async def plant(open_jail: JailFactory, markers: Path, mode: str, route: str) ->
 async def test_host_git_runs_nothing_the_jail_planted(
     open_jail: JailFactory, repo: Path, tmp_path: Path, mode: str, route: str
 ) -> None:
-    if mode == "rw" and route in RW_LIMITS:
-        pytest.skip(f"a writable .git takes a new {route} file in rw: the known limit, attacked below")
     markers = tmp_path / "markers"
     await plant(open_jail, markers, mode, ROUTES[route])
     # In rw a repository planted inside the workspace exists on the host: a user who enters it meets
@@ -195,18 +206,67 @@ async def test_host_git_runs_nothing_the_jail_planted(
     assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rw: a writable .git takes a new commondir or rebase todo (docs/threat-model.md)"
-)
-@pytest.mark.parametrize("route", RW_LIMITS)
-async def test_rw_a_writable_git_directory_still_takes_new_files(
-    open_jail: JailFactory, repo: Path, tmp_path: Path, route: str
+@pytest.mark.parametrize("route", SWEPT)
+async def test_rw_what_a_call_leaves_in_a_git_directory_is_quarantined(
+    open_jail: JailFactory, repo: Path, tmp_path: Path, data_dir: Path, route: str
 ) -> None:
-    """The honest limit, attacked: it fails (and so this test passes) the day it is closed."""
+    """A writable ``.git`` takes a new ``commondir`` or rebase todo: moved away once the call is
+    over, said in the result (and by Bash), kept in the data directory, obeyed by no host git."""
     markers = tmp_path / "markers"
-    await plant(open_jail, markers, "rw", ROUTES[route])
+    jail = await open_jail(mode_profile("rw"))
+    script = f'M={markers}; W="$PWD"; {PRELUDE}{ROUTES[route]} echo planted'
+    result = await executor.run(jail, ["bash", "-c", script])
+    assert result.stdout.endswith("planted\n"), result.stderr
+    rel, moved = SWEPT[route], result.quarantined or []
+    assert [q["path"] for q in moved] == [rel]
+    kept = Path(moved[0]["moved_to"])
+    assert kept.is_relative_to(data_dir / gitsweep.QUARANTINE) and kept.as_posix().endswith(rel)
+    assert oct((data_dir / gitsweep.QUARANTINE).stat().st_mode & 0o777) == oct(0o700)
+    assert not os.path.lexists(repo / rel)
+    bash = await run_bash(jail, BashParams(command=f"{script} >/dev/null"), env={})
+    assert rel in bash.content and "quarantined" in bash.content, bash.content
+    assert [q["path"] for q in bash.details["quarantined"]] == [rel]
+    await jail.aclose()
     host_uses(repo, tmp_path / "wt", planted=False)
     assert sorted(os.listdir(markers)) == []
+
+
+async def test_rw_git_work_done_within_a_call_is_left_alone(open_jail: JailFactory, repo: Path) -> None:
+    """A commit, and a rebase started and finished in one call, leave nothing to quarantine."""
+    jail = await open_jail(mode_profile("rw"))
+    g = "git -c user.name=J -c user.email=j@x"
+    script = (
+        f"set -e; echo more >> README.md; {g} commit -qam work; git checkout -q -b topic; "
+        f"{g} commit -q --allow-empty -m topic; git checkout -q main; {g} commit -q --allow-empty -m main; "
+        f"git checkout -q topic; {g} rebase -q main; git checkout -q main; echo done"
+    )
+    result = await executor.run(jail, ["bash", "-c", script])
+    assert result.stdout.endswith("done\n"), result.stderr
+    assert result.quarantined is None
+    await jail.aclose()
+    assert git(repo, "log", "-1", "--format=%s", "topic").stdout == "topic\n"
+    assert git(repo, "log", "-1", "--format=%s", "main~1").stdout == "work\n"
+    assert git(repo, "log", "-1", "--format=%s", "topic~1").stdout == "main\n"
+
+
+async def test_rw_the_users_own_git_state_stays_until_a_call_changes_it(
+    open_jail: JailFactory, repo: Path, backend: base.Backend
+) -> None:
+    """A cherry-pick the user has in progress on the host is not the jail's: it stays while no call
+    changes it; an ``exec`` line a call adds to its todo moves it to the quarantine."""
+    todo = repo / ".git" / "sequencer" / "todo"
+    todo.parent.mkdir()
+    todo.write_text("pick 0000000 x\n")
+    if backend.name == "docker":
+        own_like_a_checkout(repo)
+    jail = await open_jail(mode_profile("rw"))
+    quiet = await executor.run(jail, ["bash", "-c", "cat .git/sequencer/todo >/dev/null && git status -s >/dev/null"])
+    assert quiet.exit_code == 0 and quiet.quarantined is None, quiet.stderr
+    assert todo.read_text() == "pick 0000000 x\n"
+    edit = await executor.run(jail, ["bash", "-c", "echo 'exec touch /tmp/x' >> .git/sequencer/todo"])
+    assert [q["path"] for q in edit.quarantined or []] == [".git/sequencer"], edit.stderr
+    assert not todo.parent.exists()
+    await jail.aclose()
 
 
 async def test_a_linked_worktree_keeps_its_gitdir_pointer(
@@ -268,3 +328,32 @@ async def test_rw_a_repository_one_call_made_is_sealed_for_the_next(open_jail: J
     result = await executor.run(jail, ["bash", "-c", script])
     assert result.stdout == "hook=1\ncfg=1\n", result.stderr
     assert not (workspace / "planted" / ".git" / "hooks" / "pre-commit").exists()
+
+
+async def test_rw_a_session_says_what_it_quarantined_and_audits_it(repo: Path, backend: base.Backend) -> None:
+    """Through the Bash tool: the result's text and details name it, and so does the audit record."""
+    box = await Sandbox.create(repo, profile=mode_profile("rw", backend=backend.name), mode="auto")
+    try:
+        result = await box.call("Bash", {"command": 'echo "$PWD/elsewhere" > .git/commondir; echo done'})
+        rows = box.audit.rows()
+    finally:
+        await box.aclose()
+    assert result.ok, result.content
+    assert "quarantined" in result.content and ".git/commondir" in result.content, result.content
+    assert [q["path"] for q in result.details["quarantined"]] == [".git/commondir"]
+    assert [json.loads(r["quarantined"])[0]["path"] for r in rows if r["quarantined"]] == [".git/commondir"]
+    assert not (repo / ".git" / "commondir").exists()
+
+
+@pytest.mark.bwrap
+def test_rw_sandbox_run_sweeps_on_both_paths(workspace: Path, data_dir: Path) -> None:
+    """``sandbox run --mount rw``: the full path (the first run), then the quick path (:mod:`sandbox.cli.launch`)."""
+    backend_or_skip("bwrap")
+    git(workspace, "init", "-q")
+    plant = ("run", "--backend", "bwrap", "--mount", "rw", "--workspace", str(workspace), "--")
+    for _ in ("full", "quick"):
+        ran = sandbox(*plant, "sh", "-c", 'echo "$PWD/elsewhere" > .git/commondir')
+        assert ran.returncode == 0, ran.stderr
+        assert b"quarantined" in ran.stderr and b".git/commondir" in ran.stderr, ran.stderr
+        assert not (workspace / ".git" / "commondir").exists()
+    assert len(list((data_dir / gitsweep.QUARANTINE).glob("*/.git/commondir"))) == 2

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import pytest
 
 from sandbox import changes
@@ -77,7 +78,7 @@ def _our_temp_dirs() -> set[Path]:
 
 
 async def test_what_the_executor_creates_is_private(backend: base.Backend, workspace: Path, data_dir: Path) -> None:
-    os.umask(0o022)  # an ordinary umask: modes must not depend on a strict one
+    old_umask = os.umask(0o022)  # an ordinary umask: modes must not depend on a strict one
     before = _our_temp_dirs()
     box = await Sandbox.create(workspace, profile=mode_profile("copy", backend=backend.name), mode="auto")
     try:
@@ -90,6 +91,7 @@ async def test_what_the_executor_creates_is_private(backend: base.Backend, works
         during += [e for d in _our_temp_dirs() - before for e in wide_entries(d, data_dir)]
     finally:
         await box.aclose()
+        os.umask(old_umask)
     assert box.changeset_id is not None  # a kept changeset is part of what we check
     assert during == [], "\n".join(during)
     assert wide_entries(data_dir, data_dir) == []
@@ -193,10 +195,10 @@ async def _hostile_session(backend: base.Backend, workspace: Path) -> str:
     return box.changeset_id
 
 
-async def test_hostile_names_cannot_forge_review_lines_in_the_cli(
+def test_hostile_names_cannot_forge_review_lines_in_the_cli(
     backend: base.Backend, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cid = await _hostile_session(backend, workspace)
+    cid = anyio.run(_hostile_session, backend, workspace)  # sync: `changes apply` runs its own loop
     capsys.readouterr()
     assert cli_main(["changes", "show", cid]) == 0
     text = capsys.readouterr().out
@@ -211,6 +213,17 @@ async def test_hostile_names_cannot_forge_review_lines_in_the_cli(
     assert_safe(shown["diff"])
     assert cli_main(["changes", "apply", cid]) == 0
     assert_safe(capsys.readouterr().out)
+
+
+def test_hostile_names_cannot_forge_the_run_summary(
+    backend: base.Backend, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--backend", backend.name, "--workspace", str(workspace), "--mount", "copy", "--apply"]
+    cli_main([*argv, "--", "/bin/sh", "-c", MAKE_HOSTILE])
+    text = capsys.readouterr().err
+    assert_safe(text)
+    change_lines = [line for line in text.splitlines() if line.startswith(("  A ", "  M "))]
+    assert len(change_lines) == 4, text
 
 
 async def test_hostile_names_cannot_forge_review_lines_over_json_rpc_and_mcp(

@@ -14,6 +14,7 @@ The user's own ``python3`` in Bash still finds the workspace's, as in an activat
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from typing import TYPE_CHECKING
@@ -154,3 +155,23 @@ async def test_an_interpreter_the_jail_could_write_is_refused(
     with pytest.raises(BackendUnavailable, match=r"interpreter|python3"):
         await open_jail(mode_profile("rw"))
     assert not (workspace / PWNED).exists()
+
+
+async def test_a_plugins_bare_interpreter_is_not_the_workspaces(
+    backend: base.Backend, workspace: Path, tmp_path: Path, marker: str
+) -> None:
+    """A plugin declared as ``["python3", "${PLUGIN_DIR}/tool.py"]`` is the user's tool: its
+    ``python3`` is the system's, whatever the workspace plants on the user's PATH."""
+    plant(workspace, marker, backend)
+    kit = tmp_path / "plugins" / "kit"
+    kit.mkdir(parents=True)
+    (kit / "tool.py").write_text("import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'said': 'hi'}))\n")
+    tool = {"name": "hi", "risk": "low", "command": ["python3", "${PLUGIN_DIR}/tool.py"]}
+    (kit / "plugin.json").write_text(json.dumps({"id": "kit", "tools": [tool]}))
+    profile = mode_profile("rw", backend=backend.name)
+    async with Sandbox.open(
+        workspace, profile=profile, plugins=[kit / "plugin.json"], granted_plugins=["kit"], mode="auto"
+    ) as box:
+        result = await box.call("plugin_kit_hi", {})
+        assert result.ok and "hi" in result.content, result
+        await assert_never_ran(box, workspace, marker)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sandbox import textsafe
@@ -33,6 +33,8 @@ link_targets = st.one_of(
     st.lists(link_parts, min_size=1, max_size=6).map("/".join),
     st.lists(link_parts, min_size=1, max_size=4).map(lambda p: "/" + "/".join(p)),
     st.just("OUTSIDE/secret"),  # replaced by the absolute outside directory
+    # Lexically inside, outside when followed: through ``up -> ..`` (made first) or the host's ``vendor``.
+    st.sampled_from(["up/outside/secret", "d/../up/outside", "vendor/secret", "a/../vendor", "b/../up/ws/../outside"]),
 )
 operation = st.one_of(
     st.tuples(st.just("file"), st.sampled_from(["", "d/"]), names),
@@ -46,14 +48,16 @@ operation = st.one_of(
 def _perform(root: Path, outside: Path, op: tuple[str, str, object]) -> None:
     kind, where, arg = op
     folder = root / where
+    if kind != "link" and os.path.lexists(folder / str(arg)):
+        return  # never through a link or into a FIFO: the jail writes in its own tree only
     try:
         if kind == "file":
             (folder / str(arg)).write_bytes(b"data \x1b[31m\n")
         elif kind == "dir":
             (folder / str(arg)).mkdir()
         elif kind == "link":
-            name, target = arg  # type: ignore[misc]
-            os.symlink(str(target).replace("OUTSIDE", str(outside)), folder / name)
+            assert isinstance(arg, tuple)
+            os.symlink(str(arg[1]).replace("OUTSIDE", str(outside)), folder / str(arg[0]))
         elif kind == "hardlink":
             os.link(root / "README.md", folder / str(arg))
         else:
@@ -110,8 +114,15 @@ async def _review_and_apply(top: Path, ops: list[tuple[str, str, object]]) -> No
         tree.remove()
 
 
-@settings(max_examples=int(os.environ.get('FUZZ_N', '60')), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("FUZZ_N", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(operation, min_size=1, max_size=12))
+@example([("link", "", ("a", "vendor/secret"))])  # through the host's link
+@example([("link", "", ("x", "up/outside/secret"))])  # through the tree's own ``up -> ..``
+@example([("link", "", ("l1", "l2")), ("link", "", ("l2", "l1")), ("link", "d/", ("y", "../l1/x"))])  # a loop
 def test_random_trees_through_review_and_apply(ops: list[tuple[str, str, object]]) -> None:
     with tempfile.TemporaryDirectory() as top:
         anyio.run(_review_and_apply, Path(top), ops)

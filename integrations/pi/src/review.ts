@@ -16,6 +16,26 @@ export interface ReviewContext {
 	ui: Pick<ExtensionUIContext, "select" | "notify" | "setWidget" | "editor">;
 }
 
+/**
+ * A name or a line a jail chose, made safe to show: the port of the server's `sandbox.textsafe.printable`
+ * (issue 31, category 9). Every control, format (bidi overrides, zero-width), separator, surrogate,
+ * private-use or unassigned character, and every space but U+0020, becomes a backslash escape
+ * (`\n`, `\x1b`, `\u202e`), so a name cannot forge or hide a line of the review. The server escapes
+ * the diff and the git lines already (this is a no-op on them); entry paths arrive raw, as data.
+ */
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}]|(?! )\p{Zs}/gu;
+const NAMED: Record<string, string> = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+
+export function printable(text: string, keep = ""): string {
+	return text.replace(UNPRINTABLE, (char) => {
+		if (keep.includes(char)) return char;
+		if (NAMED[char]) return NAMED[char];
+		const code = char.codePointAt(0) ?? 0;
+		if (code < 0x100) return `\\x${code.toString(16).padStart(2, "0")}`;
+		return code < 0x10000 ? `\\u${code.toString(16).padStart(4, "0")}` : `\\U${code.toString(16).padStart(8, "0")}`;
+	});
+}
+
 export type ReviewOutcome = "applied" | "partial" | "kept" | "discarded" | "empty" | "failed";
 
 const WIDGET = "sandbox-review";
@@ -47,7 +67,7 @@ function pendingEntries(view: ChangesetView): ChangeEntry[] {
 
 function entryLine(entry: ChangeEntry): string {
 	const flags = entry.flags?.length ? `  [${entry.flags.join(", ")}]` : "";
-	return `${entry.status.padEnd(8)} ${entry.path}${flags}`;
+	return `${entry.status.padEnd(8)} ${printable(entry.path)}${flags}`;
 }
 
 /** The review text: header, entries (a repository's .git data summed up), git summary, diff. */
@@ -58,23 +78,24 @@ export function reviewText(view: ChangesetView): string[] {
 	const lines = [`${view.id}: ${countsLine(view.counts)} (kept by a ${view.source}, profile ${view.profile}, ${view.backend})`];
 	lines.push(...shown.map(entryLine));
 	if (shown.length < entries.length) lines.push(`.git: ${entries.length - shown.length} more entries of the repository's data (the git group)`);
-	if (view.untracked.length > 0) lines.push(`not tracked (bound read-only, never copied): ${view.untracked.join(", ")}`);
-	lines.push(...view.git_lines, "");
-	lines.push(...view.diff.split("\n"));
+	if (view.untracked.length > 0) lines.push(`not tracked (bound read-only, never copied): ${printable(view.untracked.join(", "))}`);
+	lines.push(...view.git_lines.map((line) => printable(line, "\t")), "");
+	lines.push(...view.diff.split("\n").map((line) => printable(line, "\t")));
 	return lines;
 }
 
 function heldLine(held: HeldBack): string {
 	const flags = `[${held.flags.join(", ")}]`;
-	return held.group ? `${held.path} (the git group, ${held.entries ?? "?"} entries) ${flags}` : `${held.path} ${flags}`;
+	const path = printable(held.path);
+	return held.group ? `${path} (the git group, ${held.entries ?? "?"} entries) ${flags}` : `${path} ${flags}`;
 }
 
 /** One notice for an apply: what was applied, and each thing that was not with why. */
 export function reportText(report: ApplyReport): string {
 	const lines = [`Sandbox: applied ${report.applied.length} of ${report.id}'s entries to the workspace (${report.state}).`];
-	for (const conflict of report.conflicts) lines.push(`CONFLICT ${conflict.path}: ${conflict.reason}`);
+	for (const conflict of report.conflicts) lines.push(printable(`CONFLICT ${conflict.path}: ${conflict.reason}`));
 	for (const held of report.held_back) lines.push(`held back ${heldLine(held)}`);
-	for (const skipped of report.skipped) lines.push(`skipped ${skipped.path}: ${skipped.reason}`);
+	for (const skipped of report.skipped) lines.push(printable(`skipped ${skipped.path}: ${skipped.reason}`));
 	if (report.held_back.length > 0) lines.push(`Flagged entries wait for consent: /sandbox review, or sandbox changes apply ${report.id} --include-flagged`);
 	return lines.join("\n");
 }
