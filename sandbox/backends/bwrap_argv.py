@@ -128,8 +128,32 @@ def _host_tool(name: str) -> str | None:
     return None
 
 
+# Sysctls under which unshare(1) gets no user namespace although bwrap may still get one (a
+# setuid bwrap, or Ubuntu's AppArmor profile for bwrap alone): the value that forbids it.
+_USERNS_SWITCHES = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
+    ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1"),
+    ("/proc/sys/user/max_user_namespaces", "0"),
+)
+
+
+def _unshare_may_map_users() -> bool:
+    """Whether an ordinary user's unshare(1) may make the user namespace the launcher mounts in."""
+    for path, forbidding in _USERNS_SWITCHES:
+        try:
+            with open(path, encoding="ascii") as fh:
+                if fh.read().strip() == forbidding:
+                    return False
+        except OSError:
+            continue  # not this kernel's switch
+    return True
+
+
+@cache
 def _tmp_launcher_tools() -> tuple[str, str, str] | None:
     unshare, mount, sh = _host_tool("unshare"), _host_tool("mount"), _host_tool("sh")
+    if os.geteuid() != 0 and not _unshare_may_map_users():
+        return None  # bwrap alone makes the jail, its /tmp capped in size only (check says so)
     return (unshare, mount, sh) if unshare and mount and sh else None
 
 

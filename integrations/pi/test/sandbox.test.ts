@@ -97,7 +97,10 @@ describe("pi tools over sandbox serve", () => {
 		it("bash cannot write outside the workspace either", async () => {
 			const target = path.join(outside, "bash-escape.txt");
 			const { tool } = bash(sb);
-			const result = await failure(tool.execute("b0", { command: `echo pwned > ${target}` }));
+			// The path is hidden from the policy (which asks about a redirect outside the workspace, and
+			// no one can be asked here): what is tested is the jail's view, which has no such directory.
+			const command = `python3 -c "open('${target}', 'w').write('pwned')"`;
+			const result = await failure(tool.execute("b0", { command }));
 			assert.match(result.message, /Command exited with code [1-9]/);
 			assert.equal(existsSync(target), false);
 		});
