@@ -222,11 +222,19 @@ def prlimit_prefix(client: docker.DockerClient, config: dict[str, Any]) -> list[
     return ["prlimit", *flags, "--"] if flags else []
 
 
+def podman_tmpfs(tmpfs: dict[str, str]) -> dict[str, str]:
+    """``tmpfs`` without ``nr_inodes``, which Podman 4.3 refuses as an unknown mount option: its
+    tmpfs mounts keep their size cap and the kernel's default inode count (a known limit)."""
+    kept = {path: [o for o in opts.split(",") if not o.startswith("nr_inodes=")] for path, opts in tmpfs.items()}
+    return {path: ",".join(options) for path, options in kept.items()}
+
+
 def create_container(client: docker.DockerClient, config: dict[str, Any]) -> Container:
     """``client.containers.create(**config)``, adapted to the engine (see the module doc)."""
     found = traits(client)
     if not found.podman:
         return client.containers.create(**config)
+    config = {**config, "tmpfs": podman_tmpfs(config.get("tmpfs") or {})}
     if not found.rootless:
         config = {**config, "ulimits": podman_ulimits(list(config.get("ulimits") or []), found.hard_limits)}
         return client.containers.create(**config)
