@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 MODES = ("ro", "rw", "copy", "overlay")
 WRITABLE_MODES = ("rw", "copy", "overlay")
+PRIVATE_MODES = ("copy", "overlay")  # the modes whose changes come back through review and apply
 
 
 def skip_unless_mode_available(backend: base.Backend, mode: str) -> None:
@@ -42,6 +43,12 @@ def mode(request: pytest.FixtureRequest, backend: base.Backend) -> str:
 
 @pytest.fixture(params=WRITABLE_MODES)
 def writable_mode(request: pytest.FixtureRequest, backend: base.Backend) -> str:
+    skip_unless_mode_available(backend, request.param)
+    return str(request.param)
+
+
+@pytest.fixture(params=PRIVATE_MODES)
+def private_mode(request: pytest.FixtureRequest, backend: base.Backend) -> str:
     skip_unless_mode_available(backend, request.param)
     return str(request.param)
 

@@ -135,13 +135,13 @@ async def _kept_after(box: Sandbox, command: str) -> Changeset:
 
 
 async def test_links_that_leave_when_followed_are_flagged_and_never_applied(
-    backend: base.Backend, workspace: Path, tmp_path: Path
+    backend: base.Backend, workspace: Path, tmp_path: Path, private_mode: str
 ) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "passwd").write_text("host secret\n")
     (workspace / "vendor").symlink_to(outside)  # a host link that was there before the session
-    box = await Sandbox.create(workspace, profile=mode_profile("copy", backend=backend.name), mode="auto")
+    box = await Sandbox.create(workspace, profile=mode_profile(private_mode, backend=backend.name), mode="auto")
     try:
         (workspace / "hostmade").symlink_to(outside)  # the host makes one during the session
         command = (
@@ -184,8 +184,8 @@ def assert_safe(text: str) -> None:
         assert shown in text, (shown, text)
 
 
-async def _hostile_session(backend: base.Backend, workspace: Path) -> str:
-    box = await Sandbox.create(workspace, profile=mode_profile("copy", backend=backend.name), mode="auto")
+async def _hostile_session(backend: base.Backend, workspace: Path, mode: str = "copy") -> str:
+    box = await Sandbox.create(workspace, profile=mode_profile(mode, backend=backend.name), mode="auto")
     try:
         changeset = await _kept_after(box, MAKE_HOSTILE)
         assert {c.path for c in changeset.changes} >= set(HOSTILE)  # the raw names are the data
@@ -227,15 +227,15 @@ def test_hostile_names_cannot_forge_the_run_summary(
 
 
 async def test_hostile_names_cannot_forge_review_lines_over_json_rpc_and_mcp(
-    backend: base.Backend, workspace: Path
+    backend: base.Backend, workspace: Path, private_mode: str
 ) -> None:
     from sandbox.mcp import review
     from sandbox.server import ChangesShowParams, Server
 
-    cid = await _hostile_session(backend, workspace)
+    cid = await _hostile_session(backend, workspace, private_mode)
     shown = await Server(cast("Any", None)).changes_show(ChangesShowParams(changeset_id=cid))
     assert_safe(shown["diff"] + "\n".join(shown["git_lines"]))
-    box = await Sandbox.create(workspace, profile=mode_profile("copy", backend=backend.name), mode="auto")
+    box = await Sandbox.create(workspace, profile=mode_profile(private_mode, backend=backend.name), mode="auto")
     try:
         await _kept_after(box, MAKE_HOSTILE)
         call = review.ReviewCall(box, cast("Any", None), cast("Any", None), "SandboxChanges", {})
