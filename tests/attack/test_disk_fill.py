@@ -128,6 +128,19 @@ async def test_a_call_filling_the_scratch_dir_stops_at_the_reserve(backend: base
     assert filled.details["path"].startswith(str(small_disk / "data"))
 
 
+async def _bounded_fill(backend: base.Backend, workspace: Path, mode: str, limit: str, value: int) -> ToolResult:
+    """A writer bounded at BOUNDED under ``limit = value``; then the session still works (and cleans up)."""
+    prof = mode_profile(mode, backend=backend.name, **{limit: value})
+    box = await Sandbox.create(workspace, profile=prof, mode="auto")
+    try:
+        filled = await box.call("Bash", {"command": FILL.format(target=".", count=BOUNDED // MiB)})
+        after = await box.call("Bash", {"command": "rm -f big; echo ok"})
+        assert (after.ok, after.content.strip()) == (True, "ok"), after
+    finally:
+        await box.aclose()
+    return filled
+
+
 async def test_the_reserve_holds_without_a_mount_too(
     backend: base.Backend, workspace: Path, writable_mode: str
 ) -> None:
@@ -135,14 +148,7 @@ async def test_the_reserve_holds_without_a_mount_too(
     at BOUNDED (the disk is never at risk). Others freeing space on that disk meanwhile could hide
     the call's writes: the bound sits far below what the writer would take."""
     reserve = _free(workspace) - 32 * MiB
-    prof = mode_profile(writable_mode, backend=backend.name, **{"limits.disk_reserve": reserve})
-    box = await Sandbox.create(workspace, profile=prof, mode="auto")
-    try:
-        filled = await box.call("Bash", {"command": FILL.format(target=".", count=BOUNDED // MiB)})
-        after = await box.call("Bash", {"command": "rm -f big; echo ok"})
-        assert (after.ok, after.content.strip()) == (True, "ok"), after
-    finally:
-        await box.aclose()
+    filled = await _bounded_fill(backend, workspace, writable_mode, "limits.disk_reserve", reserve)
     _assert_guarded(filled, "limits.disk_reserve", reserve)
 
 
@@ -150,14 +156,7 @@ async def test_a_call_writing_past_disk_write_is_stopped(
     backend: base.Backend, workspace: Path, writable_mode: str
 ) -> None:
     bound = 16 * MiB  # the writer stops at BOUNDED whatever happens: the host disk is never at risk
-    prof = mode_profile(writable_mode, backend=backend.name, **{"limits.disk_write": bound})
-    box = await Sandbox.create(workspace, profile=prof, mode="auto")
-    try:
-        filled = await box.call("Bash", {"command": FILL.format(target=".", count=BOUNDED // MiB)})
-        after = await box.call("Bash", {"command": "rm -f big; echo ok"})
-        assert (after.ok, after.content.strip()) == (True, "ok"), after
-    finally:
-        await box.aclose()
+    filled = await _bounded_fill(backend, workspace, writable_mode, "limits.disk_write", bound)
     _assert_guarded(filled, "limits.disk_write", bound)
     assert filled.details["used"] > bound
 
