@@ -56,6 +56,11 @@ async def off_loop(fn: Callable[..., T], *args: object) -> T:
         return fn(*args)
 
 
+async def soon(fn: Callable[[], T], *, inline: bool) -> T:
+    """``fn()`` on the loop when ``inline`` (known to be quicker than a thread hop), else :func:`off_loop`."""
+    return fn() if inline else await off_loop(fn)
+
+
 class Process(ABC):
     """A command running in a jail: two separate output streams, an exit status, a tree kill."""
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, local, seal, seccomp
-from sandbox.backends.base import Backend, off_loop
+from sandbox.backends.base import Backend, off_loop, soon
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
@@ -74,7 +74,7 @@ class BwrapJail(local.LocalJail):
         """Search the seal again before a call (cached: a ``stat`` per directory when nothing moved);
         when a mask moved, rebuild the jail's arguments and say so (a warm jail is then replaced)."""
         async with self._sealing:  # a call that waited here then reads the arguments rebuilt
-            sealed = await off_loop(self._watch.changed)
+            sealed = await soon(self._watch.changed, inline=self._watch.quick)
             if sealed is None:
                 return False
             self._prefix = [*bwrap_argv.command_prefix(self.profile), *self._jail_args(sealed, self._shared)]

@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 
 from sandbox.backends import seal
-from sandbox.backends.base import Jail, off_loop
+from sandbox.backends.base import Jail, off_loop, soon
 from sandbox.backends.docker.client import run_sync
 from sandbox.backends.docker.config import container_config, uid_gid
 from sandbox.backends.docker.gc import remove_jail_containers
@@ -95,7 +95,7 @@ class DockerJail(Jail):
 
         if isinstance(self.tree, RemoteTree):
             return False
-        sealed = await off_loop(self._watch.changed)
+        sealed = await soon(self._watch.changed, inline=self._watch.quick)
         if sealed is None:
             return False
         self._config = self._configure(sealed=sealed)
