@@ -572,7 +572,7 @@ async def test_the_proxy_survives_emfile_without_spinning(net: Net, caplog: pyte
             await stream.send(request)
             assert (await _until_closed(stream, closed=False)).startswith(b"HTTP/1.1 200")
     pauses = [r for r in caplog.records if "accept failed" in r.getMessage()]
-    assert 1 <= len(pauses) <= QUIET / 0.05 + 2, len(pauses)
+    assert len(pauses) in range(1, int(QUIET / 0.05) + 3), len(pauses)  # paused, and not spinning
 
 
 @contextlib.contextmanager
