@@ -21,10 +21,10 @@ changed it. A git operation the jail starts and finishes in one call (``git reba
 calls** in ``rw``: its state is quarantined (and can be moved back by hand).
 
 Limits: while calls run, the planted name is there, and a host ``git`` run at that moment obeys
-it (the window is the calls' own duration). A nested repository that appeared since the jail's
-seal was last searched is swept from the call after the one that sealed it (the seal's search
-finds it before each call). A repository planted inside the workspace is the user's to enter
-(docs/threat-model.md).
+it (the window is the calls' own duration). A repository the calls *created* (``git init``,
+``git clone``, a planted ``sub/.git``) is judged when the window closes (:func:`created`): its
+hooks, a ``.git`` pointer file, the swept names and a config with a key beyond
+:data:`SAFE_CONFIG` are quarantined; an honest clone keeps its config and history.
 
 Standard library only, and cheap: a few ``lstat`` per git directory per call (see bench).
 """
@@ -263,6 +263,7 @@ class _Window:
     def __init__(self) -> None:
         self.calls = 0
         self.before: State | None = None
+        self.nested: frozenset[str] = frozenset()  # nested repositories when the window opened
 
 
 _WINDOWS: weakref.WeakKeyDictionary[object, _Window] | None = None  # made on first use (see _copy)
@@ -282,21 +283,127 @@ def opening(jail: object, workspace: str, nested: Iterable[str]) -> None:
     window = _window(jail)
     window.calls += 1
     if window.calls == 1:
-        window.before = take(workspace, gitdirs(workspace, nested))
+        window.nested = frozenset(nested)
+        window.before = take(workspace, gitdirs(workspace, window.nested))
 
 
-def closing(jail: object) -> list[str]:
+def closing(jail: object) -> tuple[list[str], frozenset[str] | None]:
     """A call of ``jail`` has ended, its processes dead: when it was the last in flight, what the
-    calls planted (to :func:`quarantine`); while others still run, nothing yet (they could be in
-    the middle of a rebase of their own: the last one to end sweeps)."""
+    calls planted (to :func:`quarantine`) and the nested repositories known when they began;
+    while others still run, nothing yet (they could be in the middle of a rebase of their own:
+    the last one to end sweeps)."""
     window = _WINDOWS.get(jail) if _WINDOWS is not None else None
     if window is None or window.calls == 0:
-        return []
+        return [], None
     window.calls -= 1
     if window.calls or window.before is None:
-        return []
+        return [], None
     before, window.before = window.before, None
-    return planted(before)
+    return planted(before), window.nested
+
+
+# -- repositories a call created ----------------------------------------------------------------------
+
+SAFE_CONFIG = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.filemode",
+        "core.bare",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "remote.*.url",
+        "remote.*.fetch",
+        "branch.*.remote",
+        "branch.*.merge",
+        "user.name",
+        "user.email",
+        "init.defaultbranch",
+        "extensions.objectformat",
+    }
+)
+"""What ``git init``, ``git clone`` and a commit's identity write to a repository's config, and all
+a repository a call created may keep there: every other key (``core.fsmonitor``, ``core.hooksPath``,
+``core.sshCommand``, ``core.pager``, filters and diff drivers, ``!`` aliases, ``include.path``,
+credential helpers …) could run a program when the user later runs git inside it. An allowlist:
+what git adds in a future release is judged unsafe until listed."""
+
+
+def config_keys(text: str) -> set[str] | None:
+    """The keys of a git config file as ``section.name`` or ``section.*.name`` (lower case);
+    ``None`` when a line is not understood (a continuation, an odd header): judged unsafe."""
+    keys: set[str] = set()
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            head = line[1 : line.find("]")] if "]" in line else ""
+            name, _, sub = head.partition(" ")
+            if not name or line.endswith("\\"):
+                return None
+            section = f"{name.lower()}.*" if sub or "." in name else name.lower()
+            line = line[line.find("]") + 1 :].strip()
+            if not line or line[0] in "#;":
+                continue
+        if section is None or line.endswith("\\"):
+            return None
+        key = line.split("=", 1)[0].strip().lower()
+        if not key.replace("-", "").isalnum():
+            return None
+        keys.add(f"{section}.{key}")
+    return keys
+
+
+def created(workspace: str, before: frozenset[str], now: Iterable[str]) -> list[str]:
+    """In each repository that ``now`` finds and ``before`` did not (made by the calls), what the
+    host's git would run: a ``.git`` that is a file (a pointer elsewhere); hooks that are not
+    git's ``*.sample``; a config with a key outside :data:`SAFE_CONFIG`; the :data:`SWEPT` names."""
+    found: list[str] = []
+    for root in sorted(set(now) - before):
+        gitdir = f"{root}/.git"
+        path = f"{workspace}/{gitdir}"
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                found.append(gitdir)
+                continue
+            hooks = [f"{gitdir}/hooks/{n}" for n in _names(f"{path}/hooks") if not n.endswith(".sample")]
+        except OSError:
+            continue
+        # (git init's templates make an empty branches/: nothing in it to obey)
+        swept = [name for name in SWEPT if os.path.lexists(f"{path}/{name}") and not _empty_dir(f"{path}/{name}")]
+        found += hooks + [f"{gitdir}/{name}" for name in swept]
+        if not _safe_config(f"{path}/config"):
+            found.append(f"{gitdir}/config")
+    return found
+
+
+def _empty_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and not os.listdir(path)
+    except OSError:
+        return False
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _safe_config(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    keys = config_keys(text)
+    return keys is not None and keys <= SAFE_CONFIG
 
 
 def summary(moved: Sequence[dict[str, str]]) -> str:
@@ -314,24 +421,37 @@ class Call:
     (bwrap, Docker) take part: elsewhere the jail writes a copy, or nothing, or is no boundary."""
 
     def __init__(self, jail: Jail) -> None:
-        watch = getattr(jail, "_watch", None)  # the seal the backend searches before each call
+        self.watch = getattr(jail, "_watch", None)  # the seal the backend searches before each call
         self.jail: Jail | None = None
-        if jail.mount == "rw" and watch is not None:
+        if jail.mount == "rw" and self.watch is not None:
             self.jail = jail
-            opening(jail, str(jail.workspace), watch.sealed.nested)
+            opening(jail, str(jail.workspace), self.watch.sealed.nested)
 
     async def end(self) -> list[dict[str, str]]:
         """What was quarantined (idempotent: a second call returns nothing)."""
         jail, self.jail = self.jail, None
         if jail is None:
             return []
-        found = closing(jail)
-        if not found:
+        found, nested = closing(jail)
+        if nested is None:
             return []
+        import functools
+
         import anyio
 
-        from sandbox.backends.base import off_loop
+        from sandbox.backends.base import off_loop, soon
 
+        watch, workspace = self.watch, str(jail.workspace)
+        assert watch is not None  # a jail takes part only with one
         with anyio.CancelScope(shield=True):  # also when the call was cancelled: the move must happen
-            moved = await off_loop(quarantine, str(jail.workspace), found)
+            made = functools.partial(_created_in, workspace, nested, watch.deny_read)
+            found += [path for path in await soon(made, inline=watch.quick) if path not in found]
+            moved = await off_loop(quarantine, workspace, found) if found else []
         return moved
+
+
+def _created_in(workspace: str, nested: frozenset[str], deny_read: Iterable[str]) -> list[str]:
+    """What git would run in the repositories the calls created (the seal's cached search finds them)."""
+    from sandbox.backends import seal
+
+    return created(workspace, nested, seal.find(workspace, deny_read).nested)

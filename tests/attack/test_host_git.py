@@ -197,11 +197,12 @@ async def test_host_git_runs_nothing_the_jail_planted(
 ) -> None:
     markers = tmp_path / "markers"
     await plant(open_jail, markers, mode, ROUTES[route])
-    # In rw a repository planted inside the workspace exists on the host: a user who enters it meets
-    # its config (see docs/threat-model.md); copy and overlay hold it back, ro never had it.
+    # In rw a repository planted inside the workspace stays on the host, but what git would run in it
+    # (hooks, a config beyond what git init and clone write) is quarantined once the call is over; copy
+    # and overlay hold it back, ro never had it. The user then enters it: nothing runs.
     planted = (repo / "planted" / ".git").exists()
     assert mode == "rw" or not planted
-    host_uses(repo, tmp_path / "wt", planted=mode != "rw")
+    host_uses(repo, tmp_path / "wt", planted=True)
     assert sorted(os.listdir(markers)) == []
     assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
 
@@ -357,3 +358,21 @@ def test_rw_sandbox_run_sweeps_on_both_paths(workspace: Path, data_dir: Path) ->
         assert b"quarantined" in ran.stderr and b".git/commondir" in ran.stderr, ran.stderr
         assert not (workspace / ".git" / "commondir").exists()
     assert len(list((data_dir / gitsweep.QUARANTINE).glob("*/.git/commondir"))) == 2
+
+
+async def test_rw_a_repository_a_call_creates_keeps_what_git_init_and_clone_write(
+    open_jail: JailFactory, repo: Path
+) -> None:
+    """An honest ``git clone`` or ``git init`` inside the workspace is left whole; only what would
+    run on the host (a hook, a config key beyond init's, clone's and an identity) is quarantined."""
+    jail = await open_jail(mode_profile("rw"))
+    script = (
+        f"set -e; git clone -q {repo}/.git cloned; git init -q made; cd made; git config user.name J; "
+        "git config user.email j@x; echo x > f; git add f; git commit -qm one; echo done"
+    )
+    result = await executor.run(jail, ["bash", "-c", script])
+    assert result.stdout == "done\n", result.stderr
+    assert not result.quarantined, result.quarantined
+    assert (repo / "cloned" / ".git" / "config").exists() and (repo / "made" / ".git" / "config").exists()
+    assert git(repo / "made", "log", "--oneline").stdout.strip().endswith("one")
+    await jail.aclose()

@@ -32,9 +32,9 @@ def test_overlapping_calls_are_swept_by_the_last_to_end(ws: Path) -> None:
     gitsweep.opening(jail, str(ws), ())
     gitsweep.opening(jail, str(ws), ())
     (ws / ".git" / "rebase-merge").mkdir()
-    assert gitsweep.closing(jail) == []
+    assert gitsweep.closing(jail)[0] == []
     (ws / ".git" / "modules" / "sub" / "commondir").write_text("/elsewhere\n")
-    assert sorted(gitsweep.closing(jail)) == [".git/modules/sub/commondir", ".git/rebase-merge"]
+    assert sorted(gitsweep.closing(jail)[0]) == [".git/modules/sub/commondir", ".git/rebase-merge"]
 
 
 def test_an_edit_in_place_of_what_was_there_is_seen(ws: Path) -> None:
@@ -80,3 +80,18 @@ def test_without_a_data_directory_it_is_set_aside_in_place(ws: Path, monkeypatch
     assert os.path.basename(moved["moved_to"]).startswith("sandbox-quarantined.commondir.")
     assert not (ws / ".git" / "commondir").exists()
     assert "quarantined" in gitsweep.summary([moved])
+
+
+def test_a_config_is_judged_by_an_allowlist_of_keys() -> None:
+    clone = '[core]\n\trepositoryformatversion = 0\n\tbare = false\n[remote "origin"]\n\turl = /x\n\tfetch = +a:b\n'
+    keys = gitsweep.config_keys(clone)
+    assert keys is not None and keys <= gitsweep.SAFE_CONFIG
+    for hostile in (
+        "[core]\n\tfsmonitor = touch x\n",
+        "[core] pager = x\n",
+        "[include]\npath = ../x\n",
+        "[alias]\nx = !sh\n",
+    ):
+        keys = gitsweep.config_keys(hostile)
+        assert keys is not None and not keys <= gitsweep.SAFE_CONFIG, hostile
+    assert gitsweep.config_keys("[core]\n\tpager = a \\\n b\n") is None  # a continuation: not understood, unsafe
