@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import ssl
 import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from sandbox.network.proxy import Denial, EgressProxy
 from sandbox.network.resolve import DnsResolver, StaticResolver
 from tests.attack.conftest import mode_profile
 from tests.integration._loopback import WAIT, Approver, serve, within
+from tests.integration.test_proxy import client_hello
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -189,16 +189,6 @@ async def _until_closed(stream: anyio.abc.SocketStream, quiet: float = 2.0, *, c
             if idle.cancelled_caught:
                 break
     return bytes(received)
-
-
-def client_hello(server_name: str) -> bytes:
-    """A real TLS ClientHello naming ``server_name``: what a jail's client sends first."""
-    context = ssl.create_default_context()
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 def reasons(net: Net) -> list[tuple[str, str]]:
