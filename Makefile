@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps mcp-inspector demo test test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps mcp-inspector demo test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -50,10 +50,18 @@ image: setup docker-up
 	bash images/build.sh
 	bash images/build.sh --variant node
 
+# Real projects and their dependencies for the recipe tests and the dependency benchmark
+# (tests/registries.py serves them as a package index and an npm registry on loopback): pip
+# download of two sdists and their test and build wheels, npm pack of minimist and its whole
+# devDependency tree. Fetched once (the network is needed then), kept in FIXTURES, gitignored.
+FIXTURES := .cache/fixtures
+test-fixtures: setup node-deps
+	$(BIN)/python tests/registries.py fetch $(FIXTURES)
+
 # The whole suite, as users meet the product: the checkout's suite as root, then the installed
 # wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
 # suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
-test: setup mcp-inspector
+test: setup mcp-inspector test-fixtures
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
@@ -99,7 +107,7 @@ test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 # The start-up benchmark installs srt and Codex from npm into bench/.peers; srt needs socat and rg.
-bench: setup node-deps
+bench: setup node-deps test-fixtures
 	@command -v socat >/dev/null && command -v rg >/dev/null && { command -v fd || command -v fdfind; } >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) socat ripgrep fd-find; \
 	  else echo "srt needs socat and ripgrep, pi's own find needs fd: sudo apt-get install socat ripgrep fd-find" >&2; fi; }

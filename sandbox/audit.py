@@ -60,6 +60,9 @@ _HEADER_NAME = (
     r"|[a-z0-9]+(?:-[a-z0-9]+)*-(?:api-?key|key|token|secret|auth|signature|session))"
 )
 _MYSQL = r"(?:mysql[a-z]*|mariadb(?:-[a-z]+)?)"  # mysql, mysqldump, mysqladmin, mariadb-dump …
+_LOGIN = r"(?:docker|podman|buildah|skopeo|nerdctl|helm|oras)"  # … login -p PASSWORD
+_HTPASSWD_B = r"(?=(?:-[A-Za-z]+\s+)*-[A-Za-z]*b)"  # a -b among its flags: the password is on the line
+_HTPASSWD_N = r"(?:-[A-Za-z]+\s+)*-[A-Za-z]*n"  # -n: printed, no file named
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
@@ -82,6 +85,26 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(\bsshpass\b[^\n;&|]*?\s-p\s*)[^\s;&|]+"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)(\bredis-cli\b[^\n;&|]*?\s-a\s+)[^\s;&|]+"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)(\bcurl\b[^\n;&|]*?\s(?:-u\s*|--user[ =])['\"]?[^\s:;&|'\"]*:)[^\s;&|'\"]+"), rf"\1{REDACTED}"),
+    # registry logins (docker login -p X), archives (zip -P X, 7z -pX), keys (openssl -k X, -passin pass:X)
+    (re.compile(rf"(?i)(\b{_LOGIN}\b[^\n;&|]*?\blogin\b[^\n;&|]*?\s-p\s*)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\bzip\b[^\n;&|]*?\s-P\s*)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\b7z[arxu]?\b[^\n;&|]*?\s-p)(?=[^\s;&|])[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\bopenssl\b[^\n;&|]*?\s-k\s+)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(\s-pass(?:in|out)?\s+['\"]?pass:)[^\s;&|'\"]+"), rf"\1{REDACTED}"),
+    # htpasswd -b FILE USER PASS (-nb USER PASS: no file): the password is the last word
+    (re.compile(rf"(\bhtpasswd\s+{_HTPASSWD_B}(?={_HTPASSWD_N})(?:-[A-Za-z]+\s+)+\S+\s+)[^\s;&|]+"), rf"\1{REDACTED}"),
+    (
+        re.compile(rf"(\bhtpasswd\s+{_HTPASSWD_B}(?!{_HTPASSWD_N})(?:-[A-Za-z]+\s+)+\S+\s+\S+\s+)[^\s;&|]+"),
+        rf"\1{REDACTED}",
+    ),
+    # password: X inside a command (echo 'password: X' >> config.yml, sed 's/secret: a/secret: X/')
+    (
+        re.compile(
+            r"(?i)(?<=[\s'\"/])([A-Za-z0-9_.-]*(?:pass(?:word|wd|phrase)|secret|api[_-]?key)[A-Za-z0-9_.-]*\s*:[ \t]*)"
+            rf"(?!{_DONE})[^\s'\"/,;}}]+"
+        ),
+        rf"\1{REDACTED}",
+    ),
     (
         re.compile(
             r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"

@@ -58,8 +58,17 @@ def checked_argv(jail: Shown, argv: Sequence[str], cwd: str | None = None) -> li
     resolves into a part of the host the jail does not show)."""
     if getattr(jail, "backend", None) == "winjob":
         return list(argv)  # no /bin/sh there: the winjob jail itself answers 127 for a missing command
-    hint = _hidden_hint(jail, argv[0], cwd or str(jail.workspace))
+    hint = _hidden_hint(jail, argv[0], cwd or str(jail.workspace)) or _image_hint(jail, argv[0])
     return ["/bin/sh", "-c", _CHECKED, "sandbox", hint, *argv]
+
+
+def _image_hint(jail: Shown, name: str) -> str:
+    """A Docker jail's programs are its image's: a command missing there is told which image has it."""
+    if getattr(jail, "backend", None) != "docker" or "/" in name:
+        return ""
+    from sandbox import image  # only a Docker jail's calls pay for it (the bwrap quick path never)
+
+    return image.missing_command_hint(jail.profile.docker.image or image.tag(), name)
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:

@@ -30,12 +30,24 @@ summary found anything risky (a hook, a risky config key, an entry that is none 
 files), and is otherwise applied with the rest, its ``git-config`` flag notwithstanding. The
 summary is computed from the kept files when the changeset is kept, and stored in the manifest.
 
+An environment directory (the profile's ``mount.environment``, :mod:`sandbox.envdirs`: ``.venv``,
+``node_modules``…) is a group too: without consent it is held back whole, one ``held_back`` item
+(``"group": "environment"``, its one-line summary); naming the directory in ``only`` names all of
+its entries, and ``include_environment`` consents to every such directory (their flagged entries
+included: they are counted in the summary the reviewer saw). The profile's list is kept in the
+manifest, so a later ``apply`` judges by the rule the run had.
+
 On Windows (the winjob backend) the store works the same: the lock is a byte lock on a
 ``.lock-<id>`` file beside the changeset (``msvcrt.locking``), and a file is read after an
 ``lstat`` has refused a symlink or reparse point on its way (Windows has no ``O_NOFOLLOW``).
 
-A kept changeset stays until it is discarded or, applied or not, :data:`RETENTION_S` (14 days)
-after it was kept: the store sweeps itself on each use. A keep interrupted half-way leaves a
+A kept changeset stays until it is discarded, until :data:`APPLIED_RETENTION_S` (a day) after it
+was wholly applied (its content is then on the host: a 14,000-file install need not keep 90 MB
+for two weeks), or :data:`RETENTION_S` (14 days) after it was kept: the store sweeps itself on
+each use. The store is capped (``limits.kept_changes``): a keep that would pass the cap first
+prunes applied changesets, then the oldest kept ones, and says so (:attr:`Kept.pruned`); it is
+refused only when that is not enough. ``sandbox changes prune`` and ``discard --all`` do it by
+hand (:func:`prune`, :func:`discard_all`). A keep interrupted half-way leaves a
 ``.partial-<pid>-<starttime>-<hex>`` directory, swept once its executor is gone.
 """
 
@@ -51,7 +63,7 @@ import stat
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -59,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from sandbox import datadir, diffbound, gitreview, leftovers, textsafe
+from sandbox import datadir, diffbound, envdirs, gitreview, leftovers, textsafe
 from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 from sandbox.gitreview import GitSummary
@@ -75,19 +87,22 @@ from sandbox.mounts import (
     needs_consent,
     open_unfollowed,
     sha256_file,
+    with_contents,
 )
 
 if sys.platform != "win32":
     import fcntl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Sequence
 
     from sandbox.vocabulary import ChangesetSource, ChangesetState
 
 RETENTION_S = 14 * 24 * 3600
-STORE_LIMIT = 2 * 2**30  # limits.kept_changes' default, for callers without a profile
 """How long a kept changeset stays, applied or not, unless discarded first."""
+APPLIED_RETENTION_S = 24 * 3600
+"""How long a wholly applied changeset stays after its apply (a day to look back at it)."""
+STORE_LIMIT = 2 * 2**30  # limits.kept_changes' default, for callers without a profile
 ID = re.compile(r"^ch-[0-9a-f]{12}$")
 PARTIAL = re.compile(r"^\.partial-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]+$")
 MANIFEST = "manifest.json"
@@ -131,6 +146,8 @@ class Kept:
     state: ChangesetState = "kept"
     untracked: list[str] = field(default_factory=list)  # excluded from the copy (mount.exclude)
     git: GitSummary | None = None  # the .git internals summarised, for a repository workspace
+    environment: list[str] = field(default_factory=list)  # the profile's mount.environment (sandbox.envdirs)
+    pruned: list[Pruned] = field(default_factory=list)  # what its keep removed to fit the cap (not kept)
 
     @property
     def path(self) -> Path:
@@ -151,6 +168,7 @@ class Kept:
             "state": self.state,
             "counts": {**self.changeset.summary(), "applied": sum(e.applied for e in self.entries)},
             "untracked": list(self.untracked),
+            "environment": list(self.environment),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,15 +179,18 @@ class Kept:
         """The git summary as review lines (none when the workspace is no repository)."""
         return textsafe.printable_lines(self.git.lines()) if self.git is not None else []  # names are data
 
-    def diff(self, only: Iterable[str] | None = None) -> str:
+    def diff(self, only: Iterable[str] | None = None, *, exact: bool = False) -> str:
         """Each entry against the host as it is now: a unified diff for text, a summary otherwise.
 
         A repository's ``.git`` entries are left out unless named: :meth:`git_lines` sums them up.
+        ``exact``: ``only`` lists entries (a review chose them), a directory not naming its contents.
         """
         group = self._git_group() if only is None else set()
         # One deadline for the whole review: a file past it, or past the size bounds, is summed up.
         deadline = time.monotonic() + DIFF_DEADLINE_S
-        chosen = (entry for entry in self._select(only) if entry.change.path not in group)
+        picked = set(only) if exact and only is not None else None
+        entries = self._select(only) if picked is None else [e for e in self.entries if e.change.path in picked]
+        chosen = (entry for entry in entries if entry.change.path not in group)
         return "".join(_entry_diff(self, entry, deadline) for entry in chosen)
 
     async def diff_off_loop(self, only: Iterable[str] | None = None) -> str:
@@ -178,17 +199,22 @@ class Kept:
         server's other sessions need."""
         return await anyio.to_thread.run_sync(self.diff, only, limiter=DIFF_THREADS)
 
-    async def apply(self, only: Iterable[str] | None = None, *, include_flagged: bool = False) -> ApplyReport:
+    async def apply(
+        self, only: Iterable[str] | None = None, *, include_flagged: bool = False, include_environment: bool = False
+    ) -> ApplyReport:
         """Apply the pending entries (or those named in ``only``) that are unflagged or consented.
 
         Flagged entries are applied only when named in ``only`` or with ``include_flagged``;
-        otherwise they are in the report's ``held_back``. Raises CONFLICT, applying nothing, when
-        the kept content no longer has the hash the manifest recorded.
+        otherwise they are in the report's ``held_back``. An environment directory (``.venv``…)
+        is applied only when named (``only``: the directory names all of it) or with
+        ``include_environment``, its flagged entries then included; otherwise it is one
+        ``held_back`` item. Raises CONFLICT, applying nothing, when the kept content no longer
+        has the hash the manifest recorded.
         """
         with _exclusive(self.path):
             await off_loop(self._reload)
-            named = self._with_group(_normalised(only))
-            chosen, report = self._choose(named, include_flagged)
+            named = self._with_environment(self._with_group(_normalised(only)))
+            chosen, report = self._choose(named, include_flagged, include_environment)
             await off_loop(self._verify, chosen)
             chosen = await off_loop(self._unsplit, chosen, report)
             consented = Changeset([e.change for e in chosen])  # _choose held back what needs consent
@@ -208,6 +234,7 @@ class Kept:
         named = _normalised(only)
         if named is None:
             return list(self.entries)
+        named = with_contents(named, (e.change.path for e in self.entries))  # a directory: all of it
         unknown = named - {e.change.path for e in self.entries}
         if unknown:
             raise InvalidArgument(f"not in changeset {self.id}: {', '.join(sorted(unknown))}", paths=sorted(unknown))
@@ -220,19 +247,31 @@ class Kept:
         return {e.change.path for e in self.entries if gitreview.in_git(e.change.path)}
 
     def _with_group(self, named: set[str] | None) -> set[str] | None:
-        """Naming ``.git`` or any entry of the git group names the whole group: it is never split."""
+        """Naming a directory names every entry below it (:func:`~sandbox.mounts.with_contents`), and
+        naming ``.git`` or any entry of the git group names the whole group: it is never split."""
+        if named is not None:
+            named = with_contents(named, (e.change.path for e in self.entries))
         group = self._git_group()
         if named is None or not group or not any(p == gitreview.GIT or p in group for p in named):
             return named
         return (named - {gitreview.GIT}) | group
 
-    def _choose(self, named: set[str] | None, include_flagged: bool) -> tuple[list[Entry], ApplyReport]:
+    def _choose(
+        self, named: set[str] | None, include_flagged: bool, include_environment: bool = False
+    ) -> tuple[list[Entry], ApplyReport]:
         report = ApplyReport()
         chosen = []
         group = self._git_group()
         held_group = bool(group) and named is None and not include_flagged and self._git_risky()
+        env_of = self._environment_of()
+        held_env: dict[str, list[Entry]] = {}
         for entry in self._select(named):
             change = entry.change
+            env = env_of.get(change.path)
+            if env is not None and named is None and not include_environment:
+                if not entry.applied:  # environment, not work: applied only when asked
+                    held_env.setdefault(env, []).append(entry)
+                continue
             if change.path in group:
                 if held_group and not entry.applied:
                     continue
@@ -242,13 +281,32 @@ class Kept:
             if entry.applied:
                 if named is not None:
                     report.skipped.append({"path": change.path, "reason": "already applied"})
-            elif needs_consent(change, named, include_flagged):
+            elif needs_consent(change, named, include_flagged or env is not None):
                 report.held_back.append({"path": change.path, "flags": list(change.flags)})
             else:
                 chosen.append(entry)
         if held_group and any(not e.applied for e in self.entries if e.change.path in group):
             report.held_back.append(self._group_held_back(group))
+        report.held_back += [_environment_held_back(root, held) for root, held in sorted(held_env.items())]
         return chosen, report
+
+    def _environment_of(self) -> dict[str, str]:
+        """Each entry in an environment directory (:mod:`sandbox.envdirs`), with that directory."""
+        found = envdirs.groups((e.change.path for e in self.entries), self.environment)
+        return {path: root for root, paths in found.items() for path in paths}
+
+    def _with_environment(self, named: set[str] | None) -> set[str] | None:
+        """Naming an environment directory names every entry in it: its content, not the empty directory."""
+        if named is None:
+            return None
+        found = envdirs.groups((e.change.path for e in self.entries), self.environment)
+        return named.union(*(paths for root, paths in found.items() if root in named))
+
+    def environment_summaries(self) -> list[envdirs.EnvSummary]:
+        """One summary per environment directory of this changeset, by path."""
+        found = envdirs.groups((e.change.path for e in self.entries), self.environment)
+        by_path = {e.change.path: e.change for e in self.entries}
+        return [envdirs.summarise((by_path[p] for p in paths), root) for root, paths in sorted(found.items())]
 
     def _unsplit(self, chosen: list[Entry], report: ApplyReport) -> list[Entry]:
         """Leave the git group out when the host changed any of its entries (it ran git meanwhile).
@@ -323,10 +381,19 @@ def held_back_line(held: dict[str, Any]) -> str:
     flags = f"[{', '.join(held['flags'])}]"
     if held.get("group") is None:
         return f"{textsafe.printable(held['path'])} {flags}"
+    if held["group"] == envdirs.GROUP:
+        return textsafe.printable(held["summary"])
     return f"{held['path']} (the git group, {held['entries']} entries) {flags}: {'; '.join(held['risky'])}"
 
 
 # -- the store ----------------------------------------------------------------------------------
+
+
+def _environment_held_back(root: str, held: list[Entry]) -> dict[str, Any]:
+    """An environment directory held back whole, as one item: its summary says how to ask for it."""
+    flags = sorted({f for e in held for f in e.change.flags})
+    line = envdirs.summarise((e.change for e in held), root).line()
+    return {"path": root, "flags": flags, "group": envdirs.GROUP, "entries": len(held), "summary": line}
 
 
 def store() -> Path:
@@ -341,13 +408,14 @@ async def keep(
     profile: str,
     backend: str,
     limit: int = STORE_LIMIT,
+    environment: Sequence[str] = (),
 ) -> Kept:
     """Keep ``changeset`` (read from ``tree``, still present) under a new id; returns it.
 
     ``limit`` bounds every kept changeset's content together (``limits.kept_changes``): a keep
     that would pass it is refused whole with TOOL_FAILED (``errno`` ENOSPC), and nothing is kept.
     """
-    return await off_loop(_keep, tree, changeset, source, profile, backend, limit)
+    return await off_loop(_keep, tree, changeset, source, profile, backend, limit, tuple(environment))
 
 
 def load(changeset_id: str) -> Kept:
@@ -387,13 +455,23 @@ def _expired(entry: Path, now: float) -> bool:
     if not ID.match(entry.name):
         return False
     try:
-        created = _read(entry.name).created.timestamp()
+        kept = _read(entry.name)
     except InvalidArgument:  # an unreadable manifest: judge by the directory's age
         try:
-            created = entry.stat().st_mtime
+            return now - entry.stat().st_mtime > RETENTION_S
         except OSError:
             return False
-    return now - created > RETENTION_S
+    if kept.state == "applied" and now - _applied_at(entry) > APPLIED_RETENTION_S:
+        return True
+    return now - kept.created.timestamp() > RETENTION_S
+
+
+def _applied_at(entry: Path) -> float:
+    """When a wholly applied changeset was applied: its manifest's last write (the apply's record)."""
+    try:
+        return (entry / MANIFEST).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _remove_unless_busy(path: Path) -> bool:
@@ -412,11 +490,74 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """A changeset the store removed, and why (``applied``, ``older than N days``, ``store full``)."""
+
+    id: str
+    state: ChangesetState
+    created: datetime
+    bytes: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "created": self.created.isoformat(timespec="seconds")}
+
+
+def prune(*, all_applied: bool = False, older_than_days: float | None = None, now: float | None = None) -> list[Pruned]:
+    """What :func:`sweep` removes, every applied changeset too (``all_applied``) and every one kept
+    more than ``older_than_days`` ago; what was removed. One being applied is left alone."""
+    now = time.time() if now is None else now
+    pruned = []
+    for kept in _all():
+        why = _prune_reason(kept, now, all_applied, older_than_days)
+        found = _pruned(kept, why) if why is not None else None  # its size, before it goes
+        if found is not None and _remove_unless_busy(kept.path):
+            pruned.append(found)
+    sweep(now)  # what interrupted keeps left
+    return pruned
+
+
+def _prune_reason(kept: Kept, now: float, all_applied: bool, older_than_days: float | None) -> str | None:
+    if _expired(kept.path, now):
+        return "applied more than a day ago" if kept.state == "applied" else "kept 14 days"
+    if all_applied and kept.state == "applied":
+        return "applied"
+    if older_than_days is not None and now - kept.created.timestamp() > older_than_days * 86400:
+        return f"older than {older_than_days:g} days"
+    return None
+
+
+def discard_all(workspace: Path | None = None) -> list[str]:
+    """Discard every kept changeset (of ``workspace`` only, when given); the ids discarded."""
+    return [kept.id for kept in listing(workspace) if _remove_unless_busy(kept.path)]
+
+
+def _all() -> list[Kept]:
+    """Every readable kept changeset, oldest first, without sweeping."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in sorted(p.name for p in store().iterdir() if ID.match(p.name)):
+            with contextlib.suppress(InvalidArgument):
+                found.append(_read(name))
+    return sorted(found, key=lambda k: k.created)
+
+
+def _pruned(kept: Kept, why: str) -> Pruned:
+    return Pruned(kept.id, kept.state, kept.created, _tree_bytes(kept.path), why)
+
+
 # -- keeping --------------------------------------------------------------------------------------
 
 
 def _keep(
-    tree: CopyTree, changeset: Changeset, source: ChangesetSource, profile: str, backend: str, limit: int
+    tree: CopyTree,
+    changeset: Changeset,
+    source: ChangesetSource,
+    profile: str,
+    backend: str,
+    limit: int,
+    environment: tuple[str, ...] = (),
 ) -> Kept:
     sweep()
     budget = _Budget.of_store(limit, changeset)
@@ -439,6 +580,8 @@ def _keep(
                 entries,
                 untracked=changeset.untracked,
                 git=git,
+                environment=list(environment),
+                pruned=budget.pruned,
             )
             _write_manifest(partial, kept)
             os.rename(partial, store() / changeset_id)
@@ -456,11 +599,15 @@ class _Budget:
     used: int
     left: int
 
+    pruned: list[Pruned] = field(default_factory=list)
+
     @classmethod
     def of_store(cls, limit: int, changeset: Changeset) -> _Budget:
+        needed = sum(c.size or 0 for c in changeset.changes if _has_content(c) and c.applicable)
+        pruned = _make_room(limit, needed) if needed <= limit else []
         used = _store_bytes()
-        budget = cls(limit, used, limit - used)
-        budget.take(sum(c.size or 0 for c in changeset.changes if _has_content(c) and c.applicable))
+        budget = cls(limit, used, limit - used, pruned)
+        budget.take(needed)
         budget.left = limit - used  # the copy takes it again, byte by byte, as it writes
         return budget
 
@@ -481,12 +628,36 @@ class _Budget:
 
 def _store_bytes() -> int:
     """The bytes of every file in the store: kept changesets and keeps under way."""
+    return _tree_bytes(store())
+
+
+def _tree_bytes(root: Path) -> int:
     total = 0
-    for dirpath, _dirs, files in os.walk(store()):
+    for dirpath, _dirs, files in os.walk(root):
         for name in files:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+def _make_room(limit: int, needed: int) -> list[Pruned]:
+    """Prune until ``needed`` more bytes fit under ``limit``: applied changesets first, then the
+    oldest kept ones (a new changeset is worth more than one two weeks old nobody looked at)."""
+    used = _store_bytes()
+    pruned: list[Pruned] = []
+    if used + needed <= limit:
+        return pruned
+    ranked = sorted(_all(), key=lambda k: (k.state != "applied", k.created))
+    for kept in ranked:
+        found = _pruned(
+            kept, "applied; the store was full" if kept.state == "applied" else "oldest; the store was full"
+        )
+        if _remove_unless_busy(kept.path):
+            pruned.append(found)
+            used -= found.bytes
+        if used + needed <= limit:
+            break
+    return pruned
 
 
 def _keep_entry(tree: CopyTree, kept_root: Path, change: Change, budget: _Budget) -> Entry:
@@ -581,6 +752,7 @@ def _from_manifest(data: dict[str, Any]) -> Kept:
         data["state"],
         list(data.get("untracked", [])),
         GitSummary.from_dict(data["git"]) if data.get("git") else None,
+        list(data.get("environment", [])),
     )
 
 
@@ -659,7 +831,8 @@ def _body(kept: Kept, change: Change, deadline: float) -> list[str]:
     if change.kind == "dir":
         return []
     if change.kind == "symlink":
-        return [] if change.status == "deleted" else [f"symlink → {change.target}"]
+        note = f" ({change.note})" if change.note else ""  # a system link to a file this host lacks
+        return [] if change.status == "deleted" else [f"symlink → {change.target}{note}"]
     if change.kind == "special":
         return ["special file"]
     before = _blob(kept.workspace / change.path)

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -70,6 +71,7 @@ PACKAGES = (
     "git",
     "python3",
     "python3-pip",  # pip install and curl through an allowlist (network.mode = "allowlist")
+    "python3-venv",  # ensurepip: `python3 -m venv .venv` in the jail, as on a Debian host
     "curl",
     "ripgrep",
     "tini",
@@ -78,6 +80,8 @@ PACKAGES = (
 )
 # What each variant adds on top of the base image (images/Dockerfile.variant installs them).
 VARIANTS: dict[str, tuple[str, ...]] = {"base": (), "node": ("nodejs", "npm")}
+# The commands a variant's packages add, for the line a missing one gets (sandbox.calls).
+COMMANDS: dict[str, tuple[str, ...]] = {"node": ("node", "nodejs", "npm", "npx")}
 MODES = ("auto", "online", "offline")
 # What Debian's slim images leave out too; the rest of the rootfs is what debootstrap installed.
 PRUNE = (
@@ -93,6 +97,8 @@ PRUNE = (
 COMMON_TAIL = "# --- common tail"
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 BUILD_TAIL = 30  # lines of build output a failure shows
+DOCKER_SOCKET = "/var/run/docker.sock"
+ENGINE_DIRS = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # where a package puts an engine
 
 
 class BuildError(BackendUnavailable):
@@ -124,6 +130,20 @@ def variant_of(ref: str) -> str | None:
         if variant != "base" and (name == variant or name.endswith(f"-{variant}")):
             return variant
     return "base"
+
+
+def variant_with(command: str) -> str | None:
+    """The variant whose packages add ``command`` (``None``: none of ours does)."""
+    return next((variant for variant, commands in COMMANDS.items() if command in commands), None)
+
+
+def missing_command_hint(ref: str, command: str) -> str:
+    """What a command the image ``ref`` lacks gets after its 127 line: the image, and the one that has it."""
+    variant = variant_with(command)
+    floating = alias(variant) if variant is not None else None
+    if floating is not None and variant_of(ref) != variant:
+        return f" (image {ref}); the image with {command} is {floating}: --image {floating} or [docker] image"
+    return f" (image {ref}); for an image that has it: --image IMAGE or [docker] image"
 
 
 def build_command(ref: str) -> str:
@@ -221,7 +241,8 @@ def connect() -> docker.DockerClient:
     if client is not None:
         return client
     if os.environ.get("DOCKER_HOST"):
-        raise BuildError(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer ({problem})")
+        denied = f"; {_socket_hint(_socket_path())}" if _denied(problem, _socket_path()) else ""
+        raise BuildError(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer ({problem}){denied}")
     if not is_root():
         raise BuildError(f"no Docker daemon answers ({problem}); {_daemon_hint(problem)}")
     log(f"no Docker daemon answers ({problem}); starting one")
@@ -239,11 +260,52 @@ def connect() -> docker.DockerClient:
 
 
 def _daemon_hint(problem: str) -> str:
-    if shutil.which("dockerd") is None:
-        return "docker.io is not installed: sudo apt-get install docker.io"
-    if "Permission denied" in problem:
-        return "this user may not use the Docker socket: sudo usermod -aG docker $USER, then log in again"
-    return "start it (sudo systemctl start docker) or set DOCKER_HOST"
+    """Why no daemon answers, told apart: a socket this user may not open (the engine is there), an
+    engine installed but not running, or none installed. Looked up beyond this user's PATH, which
+    often lacks /usr/sbin (where dockerd is), so an ordinary user is not told to install what is there."""
+    socket_path = _socket_path()
+    if _denied(problem, socket_path):
+        return _socket_hint(socket_path)
+    if _engine("dockerd") is not None:
+        return "Docker is installed but its daemon is not running: sudo systemctl start docker (or set DOCKER_HOST)"
+    if _engine("podman") is not None:
+        return (
+            "docker.io is not installed (sudo apt-get install docker.io); Podman is: systemctl --user start "
+            "podman.socket, then DOCKER_HOST=unix://$XDG_RUNTIME_DIR/podman/podman.sock"
+        )
+    return "docker.io is not installed: sudo apt-get install docker.io (or Podman: sudo apt-get install podman)"
+
+
+def _socket_path() -> str | None:
+    """The unix socket the SDK tries (``DOCKER_HOST``'s, else Docker's default); ``None`` for tcp/ssh."""
+    host = os.environ.get("DOCKER_HOST") or f"unix://{DOCKER_SOCKET}"
+    return host.removeprefix("unix://") if host.startswith("unix://") else None
+
+
+def _denied(problem: str, socket_path: str | None) -> bool:
+    if "Permission denied" in problem or "PermissionError" in problem:
+        return True
+    return socket_path is not None and os.path.exists(socket_path) and not os.access(socket_path, os.R_OK | os.W_OK)
+
+
+def _socket_hint(socket_path: str | None) -> str:
+    where = socket_path or "the engine's socket"
+    try:
+        import grp  # POSIX only (a Windows engine's pipe has no group): imported where a unix socket is
+
+        st = os.stat(where)
+        owner = f" (group {grp.getgrgid(st.st_gid).gr_name}, mode {stat.S_IMODE(st.st_mode):o})"
+    except (ImportError, OSError, KeyError):
+        owner = ""
+    return (
+        f"the engine is there but this user may not open {where}{owner}: sudo usermod -aG docker $USER, "
+        "then log in again (or rootless Podman: systemctl --user start podman.socket, "
+        "DOCKER_HOST=unix://$XDG_RUNTIME_DIR/podman/podman.sock)"
+    )
+
+
+def _engine(command: str) -> str | None:
+    return shutil.which(command, path=os.pathsep.join([os.environ.get("PATH", ""), ENGINE_DIRS]))
 
 
 def _try_connect() -> tuple[docker.DockerClient | None, str]:

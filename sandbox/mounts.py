@@ -19,6 +19,12 @@ copy-in is Python's (no ``cp``), copies each file's main stream only (never an a
 stream) and never enters a junction or another reparse point; and the apply is
 :mod:`sandbox.backends.winjob_apply`, which reads changeset paths by Windows' rules.
 
+A symlink is judged by where it leads when followed (:func:`link_verdict`), in the host's view
+and the private tree's: inside the workspace it is applied like a file; into the read-only system
+tree the jail was given (:data:`SYSTEM_TREES`: a venv's ``bin/python3 -> /usr/bin/python3``) it is
+carried as a link and flagged ``system-link``, listed but not held back for consent (it can only
+name a host file the user can run already); anywhere else it is ``symlink-outside``, never applied.
+
 A profile's ``mount.exclude`` (``.venv``, ``node_modules``) keeps paths out of the private tree:
 the jail binds the host's own read-only at the same place, so it can use them without their
 being copied, cannot change them, and the changeset lists them as ``untracked``.
@@ -30,16 +36,18 @@ import contextlib
 import errno
 import hashlib
 import os
+import posixpath
 import shutil
 import stat
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
-from sandbox import datadir, gitreview, leftovers
+from sandbox import datadir, envdirs, gitreview, leftovers
 from sandbox.backends.base import off_loop
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 
@@ -213,7 +221,11 @@ RISKY_FLAGS = (
     "special-file",
     "hardlink",
     "tool-config",
+    "system-link",
 )
+# Listed in the review but needing no consent: a link into the read-only system tree the jail was
+# given (``.venv/bin/python3 -> /usr/bin/python3``) can only name a host file the user can run already.
+NOTICE_FLAGS = frozenset({"system-link"})
 
 
 @dataclass
@@ -229,6 +241,7 @@ class Change:
     target: str | None = None
     applicable: bool = True
     reason: str = ""
+    note: str = ""  # for the reviewer: a system link to a file this host lacks
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -256,7 +269,7 @@ class Changeset:
 
     @property
     def risky(self) -> list[Change]:
-        return [c for c in self.changes if c.flags]
+        return [c for c in self.changes if set(c.flags) - NOTICE_FLAGS]
 
     def summary(self) -> dict[str, int]:
         counts = {"added": 0, "modified": 0, "deleted": 0, "flagged": len(self.risky)}
@@ -283,7 +296,27 @@ def needs_consent(change: Change, named: Collection[str] | None, include_flagged
     """Whether a flagged change waits for consent: it is applied only when named or when flagged
     changes are included explicitly (``--include-flagged``)."""
     named_it = named is not None and change.path in named
-    return bool(change.flags) and change.applicable and not include_flagged and not named_it
+    return bool(set(change.flags) - NOTICE_FLAGS) and change.applicable and not include_flagged and not named_it
+
+
+def with_contents(named: Collection[str], paths: Iterable[str]) -> set[str]:
+    """The entries of ``paths`` that ``named`` names: a directory names every entry below it, so
+    ``--only .venv`` applies its content, not only its own entry (an empty directory). A directory
+    that has no entry of its own is replaced by those below it; an unknown name stays, for the
+    caller to refuse."""
+    named = {n.rstrip("/") or n for n in named}
+    entries = set(paths)
+    dirs = {a for p in entries for a in _ancestors(p)}
+    below = {p for p in entries if any(a in named for a in _ancestors(p))}
+    return {n for n in named if n in entries or n not in dirs} | below
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    at = path.rfind("/")
+    while at > 0:
+        path = path[:at]
+        yield path
+        at = path.rfind("/")
 
 
 def _flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None, workspace: Path) -> list[str]:
@@ -318,9 +351,12 @@ def _mode_flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None,
         flags.append("special-file")
     if kind == "file" and after.nlink > 1:
         flags.append("hardlink")
-    if kind == "symlink" and after.target is not None and not _link_stays_inside(rel, after.target, workspace):
-        flags.append("symlink-outside")  # the host's view; a tree's own view is judged in CopyTree._change
+    if kind == "symlink" and after.target is not None:
+        flags += _LINK_FLAGS[link_verdict(rel, after.target, workspace)]  # the host's view; the tree's: _change
     return flags
+
+
+_LINK_FLAGS: dict[LinkVerdict, list[str]] = {"inside": [], "system": ["system-link"], "outside": ["symlink-outside"]}
 
 
 def _windows_unsafe(rel: str, before: Stamp | None, after: Stamp | None) -> Change | None:
@@ -342,31 +378,58 @@ def _windows_unsafe(rel: str, before: Stamp | None, after: Stamp | None) -> Chan
 _LINK_HOPS = 40  # links followed in one resolution: the kernel's own bound (ELOOP past it)
 _LINK_STEPS = 4096  # components walked in one resolution: past it, undecided
 
+# The read-only system tree a jail is given: bubblewrap binds the host's own (bwrap_argv.SYSTEM_DIRS,
+# the same names), Docker has the image's under the same names. /etc is not part of it: it holds
+# the host's secrets (shadow, keys), masked in a jail but not on the host a link is applied to.
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+LinkVerdict = Literal["inside", "system", "outside"]
 
-def _link_stays_inside(rel: str, target: str, workspace: Path, view: Path | None = None) -> bool:
-    """Whether the symlink ``rel`` (-> ``target``) leads inside ``workspace`` when followed.
+
+def link_verdict(rel: str, target: str, workspace: Path, view: Path | None = None) -> LinkVerdict:
+    """Where the symlink ``rel`` (-> ``target``) leads when followed: ``inside`` the workspace,
+    into the ``system`` tree, or ``outside`` (anywhere else, or undecided).
 
     Never lexical (issue 31, category 8): the target is walked one component at a time as the
     kernel would, following every link on the way, the workspace's entries read from ``view``
     (a private tree after the run; default: the host workspace itself) and anything outside it
     from the host. ``a -> d/up/../x`` with ``d/up -> ..`` leaves, as does a link through a host
     link to ``/etc``. A resolution that cannot be decided (a loop, too many links, too long) is
-    not inside. A component that does not exist ends the links: the rest is walked as names.
+    outside. A component that does not exist ends the links: the rest is walked as names.
+
+    ``system`` (issue 32: ``.venv/bin/python3 -> /usr/bin/python3``) is a resolution that ends
+    under :data:`SYSTEM_TREES` on a regular file, or on nothing this host has (an image's
+    ``/usr/local/bin/python3``), and met links only in the workspace and the system tree: never a
+    directory (a host tool writing through it would write there) and never through ``/proc``'s
+    magic links or ``/etc``.
     """
+    return _judge(rel, target, workspace, view)[0]
+
+
+def _judge(rel: str, target: str, workspace: Path, view: Path | None = None) -> tuple[LinkVerdict, str]:
+    """:func:`link_verdict` and, for a system link to nothing on this host, the path it names."""
     if WINDOWS:  # its links name drives and junctions; winjob_apply never writes a link there
-        return _lexically_inside(rel, target, workspace)
-    try:
-        return _resolves_inside(rel, target, workspace, view)
-    except _Undecided:
-        return False
-
-
-def _resolves_inside(rel: str, target: str, workspace: Path, view: Path | None) -> bool:
+        return ("inside" if _lexically_inside(rel, target, workspace) else "outside"), ""
     ws = PurePosixPath(os.path.realpath(workspace)).parts
+    try:
+        end, elsewhere = _resolve(rel, target, ws, view)
+    except _Undecided:
+        return "outside", ""
+    if tuple(end[: len(ws)]) == ws:
+        return "inside", ""
+    found = _system_file(end) if not elsewhere else None
+    if found is None:
+        return "outside", ""
+    return "system", "" if found else str(PurePosixPath(*end))
+
+
+def _resolve(rel: str, target: str, ws: tuple[str, ...], view: Path | None) -> tuple[list[str], bool]:
+    """The link-free path ``target`` leads to, and whether a link was met outside the workspace
+    and the system tree on the way."""
     reader = _ViewReader(ws, view or Path(*ws))
     here = [*ws, *PurePosixPath(rel).parent.parts]
     pending = _components(target)[::-1]  # a stack: the next component last
     hops = steps = 0
+    elsewhere = False
     if target.startswith("/"):
         here = ["/"]
     while pending:
@@ -384,10 +447,42 @@ def _resolves_inside(rel: str, target: str, workspace: Path, view: Path | None) 
         hops += 1
         if hops > _LINK_HOPS:
             raise _Undecided
+        at = (*here, part)
+        elsewhere = elsewhere or not (at[: len(ws)] == ws or _in_system_tree(at))
         if link.startswith("/"):
             here = ["/"]
         pending += _components(link)[::-1]
-    return tuple(here[: len(ws)]) == ws
+    return here, elsewhere
+
+
+@cache
+def _system_roots() -> frozenset[tuple[str, ...]]:
+    """The system trees by their names and, where a name is a link (merged /usr), by where it leads."""
+    roots = {PurePosixPath(d).parts for d in SYSTEM_TREES}
+    return frozenset(roots | {PurePosixPath(os.path.realpath(d)).parts for d in SYSTEM_TREES})
+
+
+def _in_system_tree(parts: tuple[str, ...] | list[str]) -> bool:
+    return any(tuple(parts[: len(root)]) == root for root in _system_roots())
+
+
+def in_system_tree_lexically(path: str) -> bool:
+    """Whether the absolute ``path``, normalised by its names alone, is in :data:`SYSTEM_TREES`
+    (for a jail's word before anything is written: :func:`link_verdict` judges it afterwards)."""
+    return path.startswith("/") and _in_system_tree(PurePosixPath(posixpath.normpath(path)).parts)
+
+
+def _system_file(end: list[str]) -> bool | None:
+    """For a link-free path: ``True`` when it is a regular file in the system tree, ``False`` when it
+    is in the system tree but this host has nothing there, ``None`` otherwise."""
+    if not _in_system_tree(end) or len(end) < 3:
+        return None
+    try:
+        return True if stat.S_ISREG(os.lstat(Path(*end)).st_mode) else None
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return None
 
 
 def _lexically_inside(rel: str, target: str, workspace: Path) -> bool:
@@ -479,12 +574,22 @@ class CopyTree:
         self.host: dict[str, Stamp] = {}
         self.copy: dict[str, Stamp] = {}
         self.bytes_copied = 0
+        self.environment_cache = False  # seed environment directories from sandbox.envdirs' cache
+        self.seeded: list[str] = []  # the directories seeded: not in the baseline (the host has none)
 
     @classmethod
-    async def prepare(cls, workspace: Path, parent: Path | None = None, exclude: Iterable[str] = ()) -> CopyTree:
+    async def prepare(
+        cls,
+        workspace: Path,
+        parent: Path | None = None,
+        exclude: Iterable[str] = (),
+        *,
+        environment_cache: bool = False,
+    ) -> CopyTree:
         base = parent or datadir.subdir("copies")
-        root = base / private_tree_name("copy")
-        return await _set_up(cls(workspace, root, exclude), "_copy_in")
+        tree = cls(workspace, base / private_tree_name("copy"), exclude)
+        tree.environment_cache = environment_cache
+        return await _set_up(tree, "_copy_in")
 
     def _copy_in(self) -> None:
         with map_errors(f"cannot copy the workspace {self.workspace}"):
@@ -497,6 +602,8 @@ class CopyTree:
             os.chmod(self.root, 0o700)  # cp -a gave it the workspace's mode: the private tree stays ours
             self.copy = dict(walk(self.root))
             self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
+            if self.environment_cache:  # after the baseline: what is seeded is added, as the host sees it
+                self.seeded = envdirs.seed(self.workspace, self.root)
 
     def _copy_level(self, rel: str, untracked: set[str]) -> str:
         """Copy ``rel``'s entries; ``""`` when done, else why not.
@@ -540,7 +647,7 @@ class CopyTree:
             os.chown(self.root, uid, gid)
             for rel, _stamp in walk(self.root):
                 os.chown(self.root / rel, uid, gid, follow_symlinks=False)
-            self.copy = dict(walk(self.root))
+            self.copy = {rel: st for rel, st in walk(self.root) if not _under(rel, self.seeded)}
 
     async def changes(self) -> Changeset:
         return self._untracked_out(await off_loop(self._changes))
@@ -593,20 +700,27 @@ class CopyTree:
             if kind == "file":
                 with contextlib.suppress(OSError):
                     change.sha256 = _sha256(self.root / rel)
-        if "symlink-outside" not in flags and self._leaves(rel, after):
-            flags.append("symlink-outside")  # through the tree's own links, as the jail left them
+        if after is not None and after.kind == "symlink" and after.target is not None:
+            self._judge_link(change, after.target)
         if "special-file" in flags:
             change.applicable, change.reason = False, "FIFOs, sockets and devices never leave the jail"
         elif "symlink-outside" in flags:
             change.applicable, change.reason = False, "the symlink points outside the workspace"
         return change
 
-    def _leaves(self, rel: str, after: Stamp | None) -> bool:
-        """Whether the link ``rel`` leads out of the workspace in the private tree's view (the host's
-        view is :func:`_mode_flags`'s): both must keep it inside, or it is never applied."""
-        if after is None or after.kind != "symlink" or after.target is None:
-            return False
-        return not _link_stays_inside(rel, after.target, self.workspace, self.root)
+    def _judge_link(self, change: Change, target: str) -> None:
+        """The link judged again in the private tree's view, through the tree's own links as the jail
+        left them (the host's view is :func:`_mode_flags`'s): outside in either view is outside, and
+        a system link in both may name a file this host lacks (an image's), which the review says."""
+        verdict, missing = _judge(change.path, target, self.workspace, self.root)
+        if verdict == "outside" or "symlink-outside" in change.flags:
+            change.flags[:] = [f for f in change.flags if f != "system-link"]
+            if "symlink-outside" not in change.flags:
+                change.flags.append("symlink-outside")
+        elif verdict == "system" and "system-link" not in change.flags:
+            change.flags.append("system-link")
+        if "system-link" in change.flags and missing:
+            change.note = f"points to {missing}, which this host does not have"
 
     async def apply(
         self, changeset: Changeset, paths: Iterable[str] | None = None, *, include_flagged: bool = False
@@ -673,6 +787,8 @@ def selected(changeset: Changeset, only: set[str] | None, include_flagged: bool,
     """The changes an apply tries, in apply order: named (when ``only``), applicable and consented;
     the others go to ``report`` as skipped or held back."""
     chosen = []
+    if only is not None:
+        only = with_contents(only, (c.path for c in changeset.changes))
     for change in sorted(changeset.changes, key=_apply_order):
         if only is not None and change.path not in only:
             continue
@@ -875,7 +991,15 @@ class OverlayTree(CopyTree):
         self.mounted = False
 
     @classmethod
-    async def prepare(cls, workspace: Path, parent: Path | None = None, exclude: Iterable[str] = ()) -> OverlayTree:
+    async def prepare(
+        cls,
+        workspace: Path,
+        parent: Path | None = None,
+        exclude: Iterable[str] = (),
+        *,
+        environment_cache: bool = False,
+    ) -> OverlayTree:
+        del environment_cache  # the cache seeds copies only: an overlay's upper dir is its changeset
         reason = overlay_support()
         if reason:
             raise InvalidArgument(f"overlay mount unavailable: {reason}")

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from sandbox.backends import environment
+from sandbox.envdirs import CacheMode
 from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import (
     BackendChoice,
@@ -118,11 +119,19 @@ class Mount(_Model):
     is kept out of the private copy and bound read-only from the host at the same place instead,
     so the jail can use it but not change it, and the changeset lists it as untracked. A path
     missing from the workspace is skipped. ``ro`` and ``rw`` bind the workspace itself: nothing
-    is copied there, so they ignore it.
+    is copied there, so they ignore it. ``environment`` and ``environment_cache``: see
+    :mod:`sandbox.envdirs`.
     """
 
     strategy: MountStrategy = "rw"
     exclude: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
+    # Environment, not work (sandbox.envdirs): a bare name matches at any depth, a path from the top.
+    # Copied like the rest; in a changeset one consent group each, applied only when asked.
+    environment: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
+    environment_cache: CacheMode = "off"  # "project": reuse them across copy runs, keyed by the lock files
+    # Review only (sandbox.changesummary): gitignore-style globs of changes that are noise, summed
+    # up in one line instead of listed; they are kept and applied like the rest.
+    ignore: tuple[Annotated[str, Field(min_length=1)], ...] = ()
 
 
 def _egress_pattern(pattern: str) -> str:
@@ -138,24 +147,78 @@ def _egress_pattern(pattern: str) -> str:
 EgressPattern = Annotated[str, AfterValidator(_egress_pattern)]
 
 
+def _index_spec(spec: str) -> str:
+    from sandbox.network import indexes
+
+    try:
+        indexes.resolve([spec])
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None
+    return spec
+
+
+IndexSpec = Annotated[str, AfterValidator(_index_spec)]
+
+
 class Network(_Model):
     """``none``: a private loopback only. ``host``: the host's network. ``allowlist``: no route
     out but the host-side filtering proxy (:mod:`sandbox.network`), which lets through only what
     ``allow`` names and ``deny`` does not: ``host``, ``*.host`` (subdomains only), ``host:port``,
     an IP literal or a CIDR; a pattern without a port means 80 and 443. ``ask``: a destination
-    no rule names is put to the session's approver instead of refused."""
+    no rule names is put to the session's approver instead of refused.
+
+    ``indexes``: package indexes by name (``pypi``, ``npm``, ``crates``, ``go``) or ``NAME=URL`` for a
+    mirror (:mod:`sandbox.network.indexes`); their hosts join ``allow`` and a mirror's variables
+    (``PIP_INDEX_URL`` ...) the jail's ``env.set`` when the profile is validated, so every backend
+    and every report sees the same allowlist. They need ``mode = "allowlist"``."""
 
     mode: NetworkMode = "none"
     allow: tuple[EgressPattern, ...] = ()
     deny: tuple[EgressPattern, ...] = ()
+    indexes: tuple[IndexSpec, ...] = ()
     ask: bool = False
     transparent: bool = False  # root, bwrap: programs that ignore the proxy variables are filtered too
 
     @model_validator(mode="after")
     def _transparent_needs_an_allowlist(self) -> Network:
-        if self.transparent and self.mode != "allowlist":
-            raise ValueError(f"network.transparent needs network.mode = 'allowlist', not {self.mode!r}")
+        for key, used in (("transparent", self.transparent), ("indexes", self.indexes)):
+            if used and self.mode != "allowlist":
+                raise ValueError(f"network.{key} needs network.mode = 'allowlist', not {self.mode!r}")
         return self
+
+
+def _with_indexes(data: Any) -> Any:
+    """A profile's raw data with its indexes' hosts added to ``network.allow`` and their mirror
+    variables to ``env.set`` (a spec that does not resolve is left to the field's own validator,
+    which names the key, or the flag that gave it)."""
+    from sandbox.network import indexes
+
+    if not isinstance(data, dict):
+        return data
+    network, section = (_as_dict(data.get(key, {})) for key in ("network", "env"))
+    specs = network.get("indexes") if isinstance(network, dict) else None
+    if not specs or not isinstance(specs, list | tuple):
+        return data
+    hosts: list[str] = []
+    env: dict[str, str] = {}
+    for spec in specs:
+        try:
+            found = indexes.resolve([spec])
+        except (InvalidArgument, AttributeError, TypeError):
+            continue
+        hosts.extend(found.hosts)
+        env.update(found.env)
+    given = network.get("allow", ())
+    env_given = section.get("set", {}) if isinstance(section, dict) else None
+    if not isinstance(given, list | tuple) or not isinstance(env_given, dict):
+        return data  # the fields' own validators say what is wrong
+    allow = list(dict.fromkeys([*given, *hosts]))
+    env_set = {**env_given, **env}  # the index the flag named is the one pip must use
+    return {**data, "network": {**network, "allow": allow}, "env": {**section, "set": env_set}}
+
+
+def _as_dict(section: Any) -> Any:
+    return section.model_dump() if isinstance(section, BaseModel) else section
 
 
 class Limits(_Model):
@@ -231,6 +294,13 @@ class Docker(_Model):
     elsewhere (a forwarded socket, a VM's engine). A remote engine gets the workspace through the
     archive API only: ``copy`` mounts (copy-in and copy-out as tar streams), ``rw``, ``ro`` and
     ``overlay`` refused, the warm agent's calls over the attach stream.
+
+    ``ca_certificates``: whose CA certificates the jail trusts. ``image`` (the default): the
+    image's own store. ``host``: the bundle this host trusts (bubblewrap's jails see it in the
+    host's /etc), bound read-only over the image's ``/etc/ssl/certs/ca-certificates.crt`` and named
+    by ``SSL_CERT_FILE`` and the other clients' variables, so an allowlisted download verifies as it
+    does on the host (a company's CA, a mirror's). ``ca_bundle``: that bundle, a PEM file of
+    certificates only (default: the first of the distributions' usual paths that exists).
     """
 
     image: str | None = None
@@ -242,6 +312,8 @@ class Docker(_Model):
     tls_key: Path | None = None
     tls_verify: bool | None = None
     remote: Literal["auto"] | bool = "auto"
+    ca_certificates: Literal["image", "host"] = "image"
+    ca_bundle: Path | None = None
 
     @model_validator(mode="after")
     def _engine(self) -> Docker:
@@ -255,6 +327,10 @@ class Docker(_Model):
             raise ValueError("docker.tls_cert and docker.tls_key go together: give both or neither")
         if self.tls_verify and self.tls_ca is None:
             raise ValueError("docker.tls_verify needs docker.tls_ca, the CA that signed the engine's certificate")
+        if self.ca_bundle is not None and self.ca_certificates != "host":
+            raise ValueError('docker.ca_bundle is the host\'s bundle: it needs docker.ca_certificates = "host"')
+        if self.ca_bundle is not None and not self.ca_bundle.is_absolute():
+            raise ValueError(f"docker.ca_bundle {str(self.ca_bundle)!r}: give an absolute path")
         return self
 
 
@@ -375,6 +451,11 @@ class Profile(_Model):
     policy: Policy = Policy()
     source: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_indexes(cls, data: Any) -> Any:
+        return _with_indexes(data)
+
     @model_validator(mode="after")
     def _check(self) -> Profile:
         if self.timeouts.default_s > self.timeouts.max_s:
@@ -414,6 +495,14 @@ _NEEDED: dict[Guarantee, tuple[str, tuple[str, ...]]] = {
 }
 
 
+# Where a flag asked for what the profile forbids, the profile that gives it (issue 32: a user of
+# `untrusted` who needs a package index is told where one is allowed).
+_WAY: dict[Guarantee, str] = {
+    "net-none": ": to install packages or reach hosts, --profile untrusted-deps --allow-index pypi (npm, crates, "
+    "go, NAME=URL) or --allow-host HOST",
+}
+
+
 def _setting(profile: Profile, key: str) -> Any:
     node: Any = profile
     for part in key.split("."):
@@ -444,6 +533,7 @@ def _refuse_contradiction(profile: Profile, source: str, labels: Mapping[str, st
     why = f"{guarantee} ({DESCRIPTIONS.get(guarantee, guarantee)}), which profile {profile.name!r} requires"
     if key in labels:
         message = f"{labels[key]} {value} contradicts {why}; choose a profile that does not require it"
+        message += _WAY.get(guarantee, "")
     else:
         message = f"invalid profile {source}: {key} = {value!r} contradicts {why}"
     raise InvalidArgument(

@@ -81,6 +81,7 @@ class SessionOpenParams(_Params):
     trust_project: bool | None = None
     network: NetworkMode | None = None
     allow_hosts: list[str] | None = None
+    allow_indexes: list[str] | None = None  # pypi, npm, crates, go or NAME=URL (sandbox.network.indexes)
     plugins: list[str] | None = None  # plugin manifests (sandbox.plugins); plugin.register grants each
     # Who judges what the rules leave open when policy.classifier is auto (seed 004): "client" (a
     # classify.request to this client), "builtin" (the profile's policy.classifier_endpoint), "none"
@@ -98,6 +99,7 @@ class SessionOpenParams(_Params):
             trust_project=self.trust_project,
             network=self.network,
             allow_hosts=self.allow_hosts,
+            allow_indexes=self.allow_indexes,
         )
 
 

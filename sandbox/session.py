@@ -158,7 +158,8 @@ class SessionOptions(TypedDict, total=False):
     profile's unattended answer); ``trust_project`` overrides the stored trust of the workspace
     for this session; ``session_id`` names the session (letters, digits and dashes). ``network``
     overrides the profile's mode; ``allow_hosts`` adds allowlist patterns (and implies
-    ``allowlist``), as ``sandbox run --allow-host`` does. ``plugins`` are plugin manifests
+    ``allowlist``), as ``sandbox run --allow-host`` does; ``allow_indexes`` adds package indexes
+    (``pypi``, ``npm=URL`` ...) as ``--allow-index`` does. ``plugins`` are plugin manifests
     (:mod:`sandbox.plugins`) whose directories the jail shows read-only; their tools are callable once
     registered (:meth:`Sandbox.register_plugin` asks the approver), or at once for the ids in
     ``granted_plugins`` (the user granted them up front). ``classifier`` judges the calls the
@@ -175,6 +176,7 @@ class SessionOptions(TypedDict, total=False):
     operating_mode: OperatingMode | None
     network: NetworkMode | None
     allow_hosts: list[str] | None
+    allow_indexes: list[str] | None
     approver: Approver | None
     session_id: str | None
     trust_project: bool | None
@@ -793,6 +795,7 @@ class Sandbox:
             profile=self.profile.name,
             backend=self.jail.backend,
             limit=self.profile.limits.kept_changes,
+            environment=self.profile.mount.environment,
         )
         return self.kept
 
@@ -883,18 +886,23 @@ def _profile(options: SessionOptions) -> profiles.Profile:
         raise TypeError(f"Sandbox.open() got an unexpected keyword argument {unknown[0]!r}")
     named = options.get("profile", "default")
     profile = named if isinstance(named, profiles.Profile) else profiles.load(named)
-    hosts = options.get("allow_hosts") or []
+    hosts, index_specs = options.get("allow_hosts") or [], options.get("allow_indexes") or []
     network = options.get("network")
-    if hosts and network not in (None, "allowlist"):
-        raise InvalidArgument(f"allow_hosts needs the allowlist network, not {network!r}", network=network)
+    asked = "allow_indexes" if index_specs else "allow_hosts" if hosts else None
+    if asked and network not in (None, "allowlist"):
+        raise InvalidArgument(f"{asked} needs the allowlist network, not {network!r}", network=network)
     overrides = {
         "backend": options.get("backend"),
         "mount.strategy": options.get("mount"),
         "policy.operating_mode": options.get("operating_mode"),
-        "network.mode": "allowlist" if hosts else network,
+        "network.mode": "allowlist" if asked else network,
         "network.allow": [*profile.network.allow, *hosts] if hosts else None,
+        "network.indexes": [*profile.network.indexes, *index_specs] if index_specs else None,
     }
-    return profile.with_overrides(**overrides)
+    labels = {"network.indexes": "allow_indexes"}  # a refusal names the option, not the profile's file
+    if asked and network is None:
+        labels["network.mode"] = asked
+    return profile.override(overrides, labels)
 
 
 def _classifier(given: Classifier | ClassifierCallback | None, prof: profiles.Profile) -> Classifier | None:

@@ -32,8 +32,9 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='*/node_modules'
     --exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.pytest_cache -cf - . \
   | as_user tar -C "$work/src" -xf -
 as_user cp -r "$work/src/tests" "$work/run/tests"
-# Checkout files some tests read beside tests/ (never the package: that is the installed one).
-for extra in images README.md integrations/protocol.schema.json integrations/pi/src/protocol.ts; do
+# Checkout files some tests read beside tests/ (never the package: that is the installed one);
+# .cache/fixtures: the packages `make test-fixtures` fetched, served by tests/registries.py.
+for extra in images README.md integrations/protocol.schema.json integrations/pi/src/protocol.ts .cache/fixtures; do
   if [ -e "$work/src/$extra" ]; then (cd "$work/src" && as_user cp -r --parents "$extra" "$work/run/"); fi
 done
 # The suite's pytest settings, with nothing of the checkout on sys.path.

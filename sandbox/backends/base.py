@@ -359,8 +359,21 @@ def get(name: str, *, offered: bool = False) -> Backend:
     return _loaded[name]
 
 
-def choose(name: str, profile: Profile) -> Backend:
-    """Resolve ``auto`` (bwrap first, then docker; never host) or check the named backend."""
+def choose(name: str, profile: Profile, flags: Mapping[str, str] | None = None) -> Backend:
+    """Resolve ``auto`` (bwrap first, then docker; never host) or check the named backend.
+
+    A refusal says the way forward (:func:`sandbox.remedy.explain`); ``flags``: profile key -> the
+    flag that set it (``{"mount.strategy": "--mount overlay"}``), blamed instead of the profile.
+    """
+    try:
+        return _choose(name, profile)
+    except GuaranteeUnavailable as exc:
+        from sandbox import remedy  # here: only a refusal pays for the other profiles' probes
+
+        raise remedy.explain(exc, profile, flags or {}) from exc
+
+
+def _choose(name: str, profile: Profile) -> Backend:
     if name != "auto":
         backend = get(name)
         backend.check(profile)

@@ -222,7 +222,9 @@ class BwrapBackend(Backend):
         if profile.mount.strategy in ("copy", "overlay"):
             kind = OverlayTree if profile.mount.strategy == "overlay" else CopyTree
             # A copy leaves the masked secrets out: the jail masks their (empty) mount points.
-            tree = await kind.prepare(workspace, exclude=(*profile.mount.exclude, *sealed.masked_paths))
+            exclude = (*profile.mount.exclude, *sealed.masked_paths)
+            cache = profile.mount.environment_cache == "project"
+            tree = await kind.prepare(workspace, exclude=exclude, environment_cache=cache)
             source = tree.root
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.

@@ -3,25 +3,30 @@
 Exit status: 0 when every cell ran or was skipped for a stated reason (a command failing in a
 cell is data, not an error); 1 when a cell could not run (the sandbox refused or broke); 2 when
 a backend named in ``--backends`` is unavailable here; 125 on bad input (unknown backend or
-mount, missing workspace, no command). Progress goes to stderr, the table to stdout; the engine
-and the renderings are :mod:`sandbox.compare`.
+mount, missing workspace, no command). Progress goes to stderr (a line as each cell starts and
+ends, with its elapsed time, and a throttled one while a long cell runs), the table, or with
+``--json`` the report itself, to stdout; the engine and the renderings are :mod:`sandbox.compare`.
+``--network``/``--allow-host``/``--allow-index`` and ``--image`` are ``sandbox run``'s own flags
+(:mod:`sandbox.cli.options`), applied to every cell.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.backends import DEFAULT_COMPARE_REPEAT
 from sandbox.cli import options
-from sandbox.cli.output import guard, say
+from sandbox.cli.output import emit, guard, say
 from sandbox.vocabulary import EXIT_SANDBOX, MOUNT_STRATEGIES
 
 if TYPE_CHECKING:
     import argparse
 
     from sandbox.cli.options import Subparsers
+    from sandbox.errors import SandboxError
 
 DEFAULT_REPORT = Path("sandbox-compare")
 WHO = "sandbox compare"
@@ -49,6 +54,9 @@ def register(sub: Subparsers) -> None:
         help=f"directory for report.json, report.md, chart.svg, table.txt (default: ./{DEFAULT_REPORT})",
     )
     options.add_profile(cmd)
+    options.add_network(cmd)
+    options.add_image(cmd)
+    options.add_json(cmd, help="print report.json on stdout instead of the table (progress stays on stderr)")
     cmd.add_argument(
         "--timeout", help="seconds per run, 1 to the profile's timeouts.max_s (default: its timeouts.default_s)"
     )
@@ -60,7 +68,13 @@ def register(sub: Subparsers) -> None:
         "'vs host' ratio of wall times",
     )
     options.add_argv(cmd)
-    cmd.set_defaults(func=guard(cmd_compare, EXIT_SANDBOX, who=WHO))
+    cmd.set_defaults(func=guard(cmd_compare, EXIT_SANDBOX, who=WHO, answer=_json_refusal))
+
+
+def _json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
+    """A ``--json`` reader gets its one object even when nothing ran: the error, as ``sandbox run`` does."""
+    if args.json:
+        emit({"error": error.to_dict(), "exit_code": EXIT_SANDBOX})
 
 
 def _progress(line: str) -> None:
@@ -81,6 +95,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         profile=args.profile,
         timeout=args.timeout,
         baseline=args.baseline,
+        network=args.network,
+        allow_hosts=args.allow_host,
+        allow_indexes=args.allow_index,
+        image=args.image,
     )
     cells = len(plan.backends) * len(plan.mounts)
     host = " + an unsandboxed baseline on the host" if plan.baseline else ""
@@ -89,7 +107,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     report = anyio.run(compare.compare, plan, _progress)
     paths = compare.write(report, args.report)
-    sys.stdout.write(compare.table(report))
+    sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n" if args.json else compare.table(report))
     sys.stdout.flush()
     _progress("wrote " + ", ".join(str(p) for p in paths))
     code = compare.exit_status(report)

@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sandbox import __version__, calls, datadir, gitsweep
+from sandbox import __version__, calls, datadir, gitsweep, remedy
 from sandbox.backends import bwrap_argv, cgroups, confine, seccomp
 from sandbox.backends.environment import base_env, host_files
 from sandbox.errors import BackendUnavailable
@@ -90,7 +90,7 @@ def _key(args: argparse.Namespace) -> str | None:
     except OSError:
         return None
     how = {name: [e.how, e.scope] for name, e in confine.enforcement("bwrap").items()}
-    flags = [args.mount, args.memory, args.pids, args.network, args.allow_host, args.backend]
+    flags = [args.mount, args.memory, args.pids, args.network, args.allow_host, args.allow_index, args.backend]
     return json.dumps(
         [
             __version__,
@@ -238,6 +238,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
     if prof is None:
         return None
     args.timeout_s = calls.check_timeout(args.timeout, prof)
+    args.timeout_source = remedy.for_run(args.timeout, args.timeout_s, prof)  # a timeout says where it came from
     ws = calls.check_workspace(args.workspace or Path.cwd())
     if any((datadir.data_dir() / "journal").glob("*.json")):
         return None  # an interrupted apply: the full path finishes or undoes it before the jail opens

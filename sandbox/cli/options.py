@@ -48,6 +48,29 @@ def check_backend(name: str | None) -> None:
         base.get(name, offered=True)
 
 
+def add_image(parser: argparse.ArgumentParser) -> None:
+    """``--image``: the Docker image the jail runs (its programs are the image's)."""
+    parser.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="the Docker image to run the jail in (implies --backend docker), e.g. sandbox-runtime:node for "
+        "Node.js and npm (default: the profile's [docker] image, else sandbox-runtime:<version>)",
+    )
+
+
+def image_backend(args: argparse.Namespace) -> str | None:
+    """The backend with ``--image`` applied: it implies ``docker``; another named backend is refused."""
+    if args.image is None:
+        return typing.cast("str | None", args.backend)
+    if args.backend not in (None, "auto", "docker"):
+        raise InvalidArgument(
+            f"--image names a Docker image, and the {args.backend} backend runs none (it runs this host's "
+            "programs): use --backend docker, or leave --backend out",
+            flag="--image",
+        )
+    return "docker"
+
+
 def add_mount(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mount", help=f"{_either(MOUNT_STRATEGIES)} (default: the profile's)")
 
@@ -63,16 +86,30 @@ def add_network(parser: argparse.ArgumentParser) -> None:
         "--network allowlist): host, *.host (subdomains only), host:port, an IP or a CIDR; "
         "no port means 80 and 443",
     )
+    parser.add_argument(
+        "--allow-index",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="let the jail reach a package index (repeatable; implies --network allowlist): pypi, npm, crates "
+        "or go for the public one's hosts, or NAME=URL for a mirror (its host:port alone is allowed, and "
+        "the installers are pointed at it: PIP_INDEX_URL, npm_config_registry, GOPROXY)",
+    )
+
+
+def network_flag(args: argparse.Namespace) -> str | None:
+    """The flag that asked for the allowlist (``None``: neither ``--allow-index`` nor ``--allow-host``)."""
+    if args.allow_index:
+        return "--allow-index"
+    return "--allow-host" if args.allow_host else None
 
 
 def network_mode(args: argparse.Namespace) -> str | None:
-    """``--network``, or ``allowlist`` when only ``--allow-host`` was given; both must agree."""
-    if args.allow_host and args.network not in (None, "allowlist"):
-        raise InvalidArgument(
-            f"--allow-host needs --network allowlist, not --network {args.network}",
-            flag="--allow-host",
-        )
-    return "allowlist" if args.allow_host else args.network
+    """``--network``, or ``allowlist`` when only ``--allow-host``/``--allow-index`` was given; they must agree."""
+    flag = network_flag(args)
+    if flag is not None and args.network not in (None, "allowlist"):
+        raise InvalidArgument(f"{flag} needs --network allowlist, not --network {args.network}", flag=flag)
+    return "allowlist" if flag is not None else args.network
 
 
 def add_workspace(parser: argparse.ArgumentParser, default: Path | None = None) -> None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox import calls
+from sandbox import calls, remedy
 from sandbox.cli import options
 from sandbox.cli.output import emit, guard, say
 from sandbox.errors import InvalidArgument
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 EXIT_TIMEOUT = 124
 SIGPIPE = getattr(signal, "SIGPIPE", 13)  # Windows has none; a closed stdout still ends the call as 141
 EXIT_SIGPIPE = 128 + SIGPIPE
+_HELD_LINES = 4  # conflicts and held-back entries a run names; `sandbox changes show` has the rest
 
 # Which flag sets which profile key: errors in a flag's value name the flag, not the file.
 _FLAGS = {
@@ -47,7 +48,9 @@ _FLAGS = {
     "limits.pids": "--pids",
     "network.mode": "--network",
     "network.allow": "--allow-host",
+    "network.indexes": "--allow-index",
     "backend": "--backend",
+    "docker.image": "--image",
 }
 
 
@@ -55,6 +58,7 @@ def register(sub: Subparsers) -> None:
     run = sub.add_parser("run", help="run a command in a jail", description="Run ARGV in a jail.")
     options.add_profile(run)
     options.add_backend(run)
+    options.add_image(run)
     options.add_workspace(run)
     options.add_mount(run)
     run.add_argument(
@@ -71,6 +75,12 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="copy/overlay mount: apply the kept changeset to the workspace, except flagged entries (git hooks, "
         "dotfiles, new executables…), which are held back until `sandbox changes apply ID --include-flagged`",
+    )
+    run.add_argument(
+        "--include-environment",
+        action="store_true",
+        help="with --apply: apply the environment directories too (the profile's mount.environment: .venv, "
+        "node_modules…), which are otherwise held back until `sandbox changes apply ID --only DIR`",
     )
     options.add_argv(run)
     run.set_defaults(func=guard(cmd_run, EXIT_SANDBOX, answer=_json_refusal))
@@ -92,16 +102,20 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
         "limits.pids": args.pids,
         "network.mode": options.network_mode(args),
         "network.allow": [*prof.network.allow, *args.allow_host] if args.allow_host else None,
+        "network.indexes": [*prof.network.indexes, *args.allow_index] if args.allow_index else None,
         "backend": args.backend,
+        "docker.image": args.image,
         "bwrap.lifecycle": "call",  # one call: a warm jail would only add its agent's start
     }
-    return prof.override(values, _FLAGS)
+    implied = options.network_flag(args) if args.network is None else None  # who asked for the allowlist
+    return prof.override(values, {**_FLAGS, "network.mode": implied} if implied else _FLAGS)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     argv = options.command(args.argv)
     if not argv:
         raise InvalidArgument("no command given: sandbox run [options] -- ARGV...")
+    args.backend = options.image_backend(args)  # before the quick path: --image is Docker's
     quick: launch.Outcome | None = None
     if sys.platform != "win32":  # the quick path is bubblewrap's (and POSIX through and through)
         from sandbox.cli import launch
@@ -109,12 +123,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         quick = launch.run(args, argv)
     if quick is not None:
         with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
-            _review(quick, None, None, apply=False)
+            _review(quick, None, None, apply=False, timeout=getattr(args, "timeout_source", None))
         return _exit_status(quick, quick.received)
     import anyio
 
     prof = _load_profile(args)
     args.timeout_s = calls.check_timeout(args.timeout, prof)
+    args.timeout_source = remedy.for_run(args.timeout, args.timeout_s, prof)
     workspace = args.workspace or Path.cwd()
     return anyio.run(_run, args, prof, workspace, argv)
 
@@ -126,7 +141,7 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
     from sandbox.backends import base
     from sandbox.cli import stdio
 
-    backend = base.choose(prof.backend, prof)
+    backend = base.choose(prof.backend, prof, _flags_given(args))
     if backend.name == "bwrap":
         from sandbox.cli import launch
 
@@ -154,8 +169,10 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
                     on_stderr=None if args.json else err.write,
                 )
                 changes = await jail.changes()
+                await _cache_environment(jail, prof, result)
                 kept = await _keep(jail, changes, prof)
-                applied = await kept.apply() if kept is not None and args.apply else None
+                env = args.include_environment
+                applied = await kept.apply(include_environment=env) if kept is not None and args.apply else None
             tg.cancel_scope.cancel()
     finally:
         out.close()
@@ -185,6 +202,19 @@ def _watch_network(jail: base.Jail, prof: profiles.Profile) -> None:
         egress.ask_with(lambda host, port: terminal.prompt(ApprovalRequest.for_connection(run_id, host, port)))
 
 
+async def _cache_environment(jail: base.Jail, prof: profiles.Profile, result: executor.ExecResult) -> None:
+    """A copy run whose command succeeded saves its environment directories for the next copy-in
+    (``mount.environment_cache = "project"``, :mod:`sandbox.envdirs`); a failed one leaves the cache."""
+    if jail.tree is None or prof.mount.environment_cache != "project" or prof.mount.strategy != "copy":
+        return
+    if result.exit_code != 0 or result.timed_out or result.aborted:
+        return
+    from sandbox import envdirs
+    from sandbox.backends.base import off_loop
+
+    await off_loop(envdirs.save, jail.workspace, jail.tree.root, prof.mount.environment)
+
+
 async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_changes.Kept | None:
     """Keep a non-empty changeset under an id before the jail's close removes its private tree."""
     if jail.tree is None or changes is None or not changes.changes:
@@ -193,7 +223,13 @@ async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_c
 
     limit = prof.limits.kept_changes
     return await kept_changes.keep(
-        jail.tree, changes, source="run", profile=prof.name, backend=jail.backend, limit=limit
+        jail.tree,
+        changes,
+        source="run",
+        profile=prof.name,
+        backend=jail.backend,
+        limit=limit,
+        environment=prof.mount.environment,
     )
 
 
@@ -231,6 +267,7 @@ def _report(
     from sandbox.network.egress import summary as network_summary
 
     code = _exit_status(result, received)
+    hints = _network_hints(prof, result, code)
     if args.json:
         emitted = emit(
             {
@@ -240,20 +277,35 @@ def _report(
                 "limits": prof.limits.in_force(),
                 "limits_enforced": enforced,  # how this host enforces each (cgroup per call, rlimit per process)
                 "timeout_s": args.timeout_s,
+                "timeout_source": args.timeout_source.to_dict(),  # where the limit came from, how to raise it
                 "changes": changes.to_list() if changes is not None else None,
                 "untracked": changes.untracked if changes is not None else None,
                 "changeset_id": kept.id if kept is not None else None,
                 "git": kept.git.to_dict() if kept is not None and kept.git is not None else None,
                 "applied": applied.to_dict() if applied is not None else None,
                 "exit_status": code,
+                "hints": hints,
             }
         )
         return code if emitted else EXIT_SIGPIPE
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
         for denial in (result.network or {}).get("denials", []):
             say(denial["line"].removeprefix("sandbox: "))
-        _review(result, changes, applied, args.apply, kept)
+        for hint in hints:
+            say(hint)
+        _review(result, changes, applied, args.apply, kept, prof, timeout=args.timeout_source)
     return code
+
+
+def _network_hints(prof: profiles.Profile, result: executor.ExecResult, code: int) -> list[str]:
+    """The network-off line, for a failed call with no network whose stderr shows a resolver error
+    (under ``allowlist`` the proxy's denial line says it already)."""
+    if code == 0 or prof.network.mode != "none":
+        return []
+    from sandbox.network.hint import network_off
+
+    line = network_off(result.stderr, profile=prof.name, needs_other_profile="net-none" in prof.requires)
+    return [line] if line else []
 
 
 def _review(
@@ -262,37 +314,91 @@ def _review(
     applied: Any,
     apply: bool,
     kept: kept_changes.Kept | None = None,
+    prof: profiles.Profile | None = None,
+    *,
+    timeout: remedy.TimeoutSource | None = None,
 ) -> None:
-    if result.timed_out:
-        say(f"timed out; every process of the call was killed ({result.kill_ms} ms after the deadline)")
-    if result.oom_killed:
-        say("the memory limit killed a process of the call")
-    if result.quarantined:
-        from sandbox.gitsweep import summary
-
-        say(summary(result.quarantined).strip("[]"))
+    said = _outcome(result, timeout)
     if changes is None:
         return
     if changes.untracked:
         say(f"not tracked (bound read-only from the host, mount.exclude): {', '.join(changes.untracked)}")
+        said += 1
     if not changes.changes:
         say("no changes in the private copy")
         return
-    say(f"changes in the private copy ({'applied, except as said below' if apply else 'not applied'}):")
-    git = kept.git_lines() if kept is not None else []
-    for line in git:  # a repository's .git entries: summed up, not listed
+    _summary(changes.changes, apply, kept, prof, applied, said)
+
+
+def _outcome(result: executor.ExecResult | launch.Outcome, timeout: remedy.TimeoutSource | None = None) -> int:
+    """The call's end, when it was not its own (a timeout, the memory limit, a quarantine); how many lines."""
+    lines = []
+    if result.timed_out:
+        lines += _timed_out(result, timeout)
+    if result.oom_killed:
+        lines.append("the memory limit killed a process of the call")
+    if result.quarantined:
+        from sandbox.gitsweep import summary
+
+        lines.append(summary(result.quarantined).strip("[]"))
+    for line in lines:
+        say(line)
+    return len(lines)
+
+
+def _timed_out(result: executor.ExecResult | launch.Outcome, timeout: remedy.TimeoutSource | None) -> list[str]:
+    """The limit, where it came from (profile key, flag) and how to raise it: a suite killed at 96 % says why."""
+    killed = f"every process of the call was killed ({result.kill_ms} ms after the deadline)"
+    if timeout is None:
+        return [f"timed out; {killed}"]
+    return [f"{timeout.line()}; {killed}", timeout.how_to_raise()]
+
+
+def _flags_given(args: argparse.Namespace) -> dict[str, str]:
+    """Which profile key a flag set, as typed: a refusal blames ``--mount overlay``, not the profile."""
+    given = {"mount.strategy": args.mount, "limits.memory": args.memory, "limits.pids": args.pids}
+    given |= {"network.mode": args.network, "backend": args.backend}
+    flags = {key: f"{_FLAGS[key]} {value}" for key, value in given.items() if value is not None}
+    implied = options.network_flag(args) if args.network is None else None
+    return flags | ({"network.mode": implied} if implied else {})
+
+
+def _summary(
+    entries: list[Any],
+    apply: bool,
+    kept: kept_changes.Kept | None,
+    prof: profiles.Profile | None,
+    applied: Any,
+    said: int,
+) -> None:
+    """A total line and a summary of at most ``changesummary.MAX_LINES`` lines with what follows it,
+    whatever the size: 14,000 installed files are a few lines, the flagged ones named."""
+    from sandbox import changesummary
+
+    changeset_id = kept.id if kept is not None else None
+    tail = [*(_applied(applied, changeset_id) if applied is not None else [])]
+    tail += _kept(changeset_id, applied) if changeset_id is not None else []
+    if kept is not None and kept.pruned:  # the store's cap made room for this one: say what went
+        gone = ", ".join(f"{p.id} ({p.why.split(';')[0]})" for p in kept.pruned[:3])
+        more = f" and {len(kept.pruned) - 3} more" if len(kept.pruned) > 3 else ""
+        tail.append(f"kept changesets pruned to stay under limits.kept_changes: {gone}{more}")
+    workspace = kept.workspace if kept is not None else None
+    rules = changesummary.Rules.of_profile(prof, workspace) if prof is not None else changesummary.Rules()
+    git = kept.git_lines() if kept is not None else []  # a repository's .git entries: summed up, not listed
+    state = "applied, except as said below" if apply else "not applied"
+    say(f"{changesummary.total_line(entries)} in the private copy ({state}):")
+    body = changesummary.summary_lines(
+        entries,
+        rules,
+        git_lines=git,
+        git_group={c.path for c in entries if _in_git(c.path)} if git else set(),
+        changeset_id=changeset_id,
+        budget=changesummary.MAX_LINES - 1 - len(tail) - said,
+    )
+    for line in body:  # each line printable: a name is data, it cannot forge or hide a line
         print(f"  {line}", file=sys.stderr)
-    for change in changes.changes:
-        if git and _in_git(change.path):
-            continue
-        flags = f"  [{', '.join(change.flags)}]" if change.flags else ""
-        skip = f"  (never applied: {change.reason})" if not change.applicable else ""
-        line = f"  {change.status[0].upper()} {change.path}{flags}{skip}"
-        print(printable(line), file=sys.stderr)  # a name is data: it cannot forge or hide a line
-    if applied is not None:
-        _applied(applied)
-    if kept is not None:
-        _kept(kept.id, applied)
+    for line in tail:
+        say(line)
 
 
 def _in_git(path: str) -> bool:
@@ -301,21 +407,40 @@ def _in_git(path: str) -> bool:
     return gitreview.in_git(path)
 
 
-def _applied(applied: Any) -> None:
+def _applied(applied: Any, changeset_id: str | None) -> list[str]:
+    """Conflicts and what was held back, at most ``_HELD_LINES`` lines (the held-back environment
+    directories in one): the rest is counted, ``sandbox changes show`` has it all."""
     from sandbox.changes import held_back_line
 
-    for conflict in applied.conflicts:
-        say(printable(f"CONFLICT {conflict['path']}: {conflict['reason']}"))
-    for held in applied.held_back:
-        say(f"held back {held_back_line(held)}: flagged entries need consent")
+    lines = [printable(f"CONFLICT {c['path']}: {c['reason']}") for c in applied.conflicts]
+    environment = [h["path"] for h in applied.held_back if h.get("group") == "environment"]
+    held = sorted(
+        (h for h in applied.held_back if h.get("group") != "environment"),
+        key=lambda h: set(h["flags"]) <= {"dotfile"},  # hooks, executables, links before dotfiles
+    )
+    lines += [f"held back {held_back_line(h)}: flagged entries need consent" for h in held]
+    if len(lines) > _HELD_LINES:
+        more = len(lines) - _HELD_LINES + 1
+        lines = [
+            *lines[: _HELD_LINES - 1],
+            f"and {more:,} more held back or conflicting: sandbox changes show {changeset_id}",
+        ]
+    if environment:
+        names = printable(", ".join(environment))
+        lines.append(
+            f"held back the environment ({names}): not applied unless asked (--only DIR or --include-environment)"
+        )
+    return lines
 
 
-def _kept(changeset_id: str, applied: Any) -> None:
+def _kept(changeset_id: str, applied: Any) -> list[str]:
     done = applied is not None and not (applied.conflicts or applied.held_back)
     review = f"review: sandbox changes show {changeset_id}"
     if done:
-        say(f"changes kept as {changeset_id} (applied); {review}")
-        return
-    say(f"changes kept as {changeset_id}; {review}; apply: sandbox changes apply {changeset_id}")
+        return [f"changes kept as {changeset_id} (applied); {review} (for a day, then pruned)"]
+    lines = [f"changes kept as {changeset_id}; {review}; apply: sandbox changes apply {changeset_id}"]
     if applied is not None and applied.held_back:
-        say(f"apply what was held back: sandbox changes apply {changeset_id} --include-flagged (or --only PATH)")
+        lines.append(
+            f"apply what was held back: sandbox changes apply {changeset_id} --include-flagged (or --only PATH)"
+        )
+    return lines

@@ -17,7 +17,11 @@ measured as often as the command):
   the workspace before and after: what the command did to the workspace the user would have.
 
 The safety probe deletes everything and plants a git hook, once per cell, in its own fresh
-copy with a seeded ``.git/hooks``; the workspace *survived* when its manifest is unchanged.
+copy with a seeded ``.git/hooks``; the workspace *survived* when its manifest is unchanged from
+the moment the jail was open (what the jail's own setup creates, such as a seal's mount points,
+is not the probe's doing) to the end, and the probe really tried: one that could not write at
+all, or could not run, gets an ``inconclusive`` reason and no verdict
+(:func:`~sandbox.compare.results.probe_verdict`).
 Timings are medians over the repetitions; a cell the backend cannot run (``overlay`` on a
 backend without it, a missing guarantee) is skipped with the probe's reason. Walking, hashing
 and copying trees is :mod:`sandbox.mounts`' own code, as the ``copy`` strategy uses it.
@@ -25,13 +29,21 @@ and copying trees is :mod:`sandbox.mounts`' own code, as the ``copy`` strategy u
 With ``baseline``, a first cell ``host/baseline`` runs the command on the host backend (no
 isolation) on fresh copies like the others, without the probe: the time the sandboxes are
 compared with. It is as unsandboxed as the host backend: only for commands the user trusts.
+
+Network flags (``--network``, ``--allow-host``, ``--allow-index``) and ``--image`` are folded into
+the profile once, in :func:`make_plan`, so every cell (and the probe) runs under the same policy.
+Progress: a line when a cell starts, one when it ends (with its elapsed time), and while a long
+cell runs, a line every ``heartbeat_s`` at most, all through the ``progress`` callback (stderr
+in the CLI, never the report's stdout).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,13 +60,13 @@ from sandbox import profile as profiles
 from sandbox.backends import DEFAULT_COMPARE_REPEAT, base
 from sandbox.calls import check_workspace
 from sandbox.compare.render import progress_line
-from sandbox.compare.results import BASELINE, PROBE_SCRIPT, Cell, Plan, Report, Run, Safety
+from sandbox.compare.results import BASELINE, PROBE_SCRIPT, Cell, Plan, Report, Run, Safety, probe_verdict
 from sandbox.errors import BackendUnavailable, InvalidArgument, SandboxError, ToolFailed, map_errors
 from sandbox.mounts import CopyTree, OverlayTree, run_command, sha256_file, walk
 from sandbox.vocabulary import AUTO_ORDER, BACKENDS, MOUNT_STRATEGIES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Sequence
 
     from sandbox.mounts import Changeset
 
@@ -63,6 +75,14 @@ DEFAULT_BACKENDS: tuple[str, ...] = AUTO_ORDER  # the isolating ones: host only 
 DEFAULT_REPEAT = DEFAULT_COMPARE_REPEAT
 MAX_REPEAT = 100
 OUTPUT_TAIL = 2000
+HEARTBEAT_S = 30.0  # a long cell says it is still running at most this often
+# Which flag set which profile key: a bad value is blamed on the flag, not on the profile file.
+_FLAGS = {
+    "network.mode": "--network",
+    "network.allow": "--allow-host",
+    "network.indexes": "--allow-index",
+    "docker.image": "--image",
+}
 
 Manifest = dict[str, tuple[str, str, str]]
 
@@ -107,19 +127,47 @@ def make_plan(
     profile: str | None = None,
     timeout: float | str | None = None,
     baseline: bool = False,
+    network: str | None = None,
+    allow_hosts: Sequence[str] = (),
+    allow_indexes: Sequence[str] = (),
+    image: str | None = None,
 ) -> Plan:
     """Validate everything up front: a bad input is an INVALID_ARGUMENT before anything runs.
 
     ``baseline`` adds a cell that runs ``argv`` on the host itself, unsandboxed (each run on a
-    fresh copy of the workspace), whose median wall time every other cell is compared with."""
+    fresh copy of the workspace), whose median wall time every other cell is compared with.
+    ``allow_hosts`` and ``allow_indexes`` (``pypi``, ``npm=URL`` ...) open the allowlist network
+    to exactly those, as ``sandbox run``'s flags do; ``image`` is the Docker image."""
     if not argv:
         raise InvalidArgument("no command given: sandbox compare [options] -- ARGV...")
     names, explicit = _names(backends, DEFAULT_BACKENDS, BACKENDS, "backends")
     strategies, _ = _names(mounts, MOUNTS, MOUNTS, "mounts")
-    prof = profiles.load(profile)
+    if image is not None and "docker" not in names:
+        raise InvalidArgument("--image names a Docker image: it needs docker among --backends", flag="--image")
+    prof = _flagged(profiles.load(profile), network, allow_hosts, allow_indexes, image)
     limit = None if timeout is None else calls.check_timeout(_float(timeout), prof)
     ws = check_workspace(workspace or Path.cwd())
     return Plan(tuple(argv), ws, names, strategies, _repeat(repeat), prof, limit, explicit, baseline)
+
+
+def _flagged(
+    prof: profiles.Profile, network: str | None, hosts: Sequence[str], indexes: Sequence[str], image: str | None
+) -> profiles.Profile:
+    """The profile with the command line's network and image, as ``sandbox run`` applies them: a
+    host or an index implies the allowlist network (and refuses any other ``--network``); the
+    profile folds an index's hosts into ``network.allow`` and a mirror's variables into ``env.set``
+    (:func:`sandbox.network.indexes.resolve`), so every cell and the probe get the same policy."""
+    flag = "--allow-index" if indexes else "--allow-host" if hosts else None
+    if flag and network not in (None, "allowlist"):
+        raise InvalidArgument(f"{flag} needs --network allowlist, not --network {network}", flag=flag)
+    values = {
+        "network.mode": "allowlist" if flag else network,
+        "network.allow": [*prof.network.allow, *hosts] if hosts else None,
+        "network.indexes": [*prof.network.indexes, *indexes] if indexes else None,
+        "docker.image": image,
+    }
+    implied = flag if network is None else None  # who asked for the allowlist
+    return prof.override(values, {**_FLAGS, "network.mode": implied} if implied else _FLAGS)
 
 
 def _float(value: float | str) -> float:
@@ -182,6 +230,19 @@ def _seed_hooks(ws: Path) -> None:
             os.chown(path, owner.st_uid, owner.st_gid)
 
 
+def _remove(root: Path) -> None:
+    """``rm -rf``, also of a copy whose directories are not writable (a read-only checkout's
+    modes, which ``cp -a`` keeps): an ordinary user cannot delete in them until given write."""
+    shutil.rmtree(root, ignore_errors=True)
+    if not root.exists():
+        return
+    for where, _dirs, _files in os.walk(root):
+        with contextlib.suppress(OSError):
+            mode = os.lstat(where).st_mode
+            os.chmod(where, stat.S_IMODE(mode) | stat.S_IRWXU)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _hook_planted(ws: Path) -> bool:
     try:
         return "evil" in (ws / ".git" / "hooks" / "pre-commit").read_text(errors="replace")
@@ -238,12 +299,21 @@ class _Outcome:
 
 
 async def _jailed(
-    backend: base.Backend, ws: Path, prof: profiles.Profile, argv: Sequence[str], timeout: float | None
+    backend: base.Backend,
+    ws: Path,
+    prof: profiles.Profile,
+    argv: Sequence[str],
+    timeout: float | None,
+    opened: Callable[[], Awaitable[None]] | None = None,
 ) -> _Outcome:
+    """Open a jail on ``ws``, run ``argv``, read its changeset, close it; ``opened`` runs once the
+    jail is open, before the command (the probe's "before" manifest)."""
     started = time.perf_counter()
     jail = await backend.open_jail(ws, prof)
     setup_ms = _ms(started)
     try:
+        if opened is not None:
+            await opened()
         result = await executor.run(jail, argv, timeout=timeout)
         started = time.perf_counter()
         changes = await jail.changes()
@@ -278,7 +348,7 @@ class _Engine:
         return ws
 
     async def _discard(self, ws: Path) -> None:
-        await anyio.to_thread.run_sync(shutil.rmtree, ws.parent, True)
+        await anyio.to_thread.run_sync(_remove, ws.parent)
 
     async def run_once(self, backend: base.Backend, prof: profiles.Profile) -> Run:
         ws = await self._copy()
@@ -311,20 +381,24 @@ class _Engine:
 
     async def safety(self, backend: base.Backend, prof: profiles.Profile) -> Safety:
         ws = await self._copy(seed=True)
+        before: Manifest = {}
+
+        async def opened() -> None:
+            # After the jail opened: what its setup made (a seal's mount points) is not the probe's.
+            before.update(await anyio.to_thread.run_sync(_manifest, ws))
+
         try:
-            before = await anyio.to_thread.run_sync(_manifest, ws)
             try:
-                out = await _jailed(backend, ws, prof, ["/bin/sh", "-c", PROBE_SCRIPT], self.plan.timeout)
+                out = await _jailed(backend, ws, prof, ["/bin/sh", "-c", PROBE_SCRIPT], self.plan.timeout, opened)
             except SandboxError as exc:
                 return Safety(None, None, False, {}, None, error=str(exc))
             after = await anyio.to_thread.run_sync(_manifest, ws)
             planted = await anyio.to_thread.run_sync(_hook_planted, ws)
         finally:
             await self._discard(ws)
-        changes = out.changes.summary() if out.changes is not None else None
-        return Safety(before == after, out.result.exit_code, planted, _diff(before, after), changes)
+        return _safety(prof.mount.strategy, out, before, after, planted)
 
-    async def cell(self, backend: base.Backend, mount: str) -> Cell:
+    async def cell(self, backend: base.Backend, mount: str, progress: _Progress | None = None) -> Cell:
         cell = Cell(backend.name, mount)
         prof = self.plan.profile.with_overrides(**{"mount.strategy": mount, "backend": backend.name})
         probe = await anyio.to_thread.run_sync(backend.probe)
@@ -334,8 +408,12 @@ class _Engine:
             cell.reason = "; ".join(f"{g}: {why}" for g, why in reasons.items())
             return cell
         try:
-            for _ in range(self.plan.repeat):
+            for number in range(1, self.plan.repeat + 1):
+                if progress:
+                    progress.doing = f"run {number}/{self.plan.repeat}"
                 cell.runs.append(await self.run_once(backend, prof))
+            if progress:
+                progress.doing = "the destructive probe"
             cell.safety = await self.safety(backend, prof)
         except SandboxError as exc:
             cell.status, cell.reason = "error", str(exc)
@@ -353,6 +431,19 @@ class _Engine:
         except SandboxError as exc:
             cell.status, cell.reason = "error", str(exc)
         return cell
+
+
+def _safety(mount: str, out: _Outcome, before: Manifest, after: Manifest, planted: bool) -> Safety:
+    """The probe's verdict, or why it has none (:func:`probe_verdict`)."""
+    host = _diff(before, after)
+    changes = out.changes.summary() if out.changes is not None else None
+    in_jail = changes is not None and any(changes[k] for k in ("added", "modified", "deleted"))
+    changed = in_jail or any(host.values()) or planted
+    res = out.result
+    why = probe_verdict(mount, res.exit_code, res.timed_out, res.stderr, changed)
+    survived = None if why else before == after
+    tail = res.stderr[-OUTPUT_TAIL:]
+    return Safety(survived, res.exit_code, planted, host, changes, inconclusive=why, stderr_tail=tail)
 
 
 def _host_profile(profile: profiles.Profile, host: base.Backend) -> tuple[profiles.Profile, str]:
@@ -379,26 +470,68 @@ async def _availability(name: str) -> tuple[base.Backend | None, dict[str, Any]]
     return (backend if report.available else None), info
 
 
-async def compare(plan: Plan, progress: Callable[[str], None] | None = None) -> Report:
-    """Run the plan; ``progress`` gets one line per cell as it finishes."""
+class _Progress:
+    """One cell's progress lines: its start, a throttled "still running" while it lasts, its end."""
+
+    def __init__(self, say: Callable[[str], None], prefix: str, heartbeat_s: float) -> None:
+        self.say, self.prefix, self.heartbeat_s = say, prefix, heartbeat_s
+        self.started = time.monotonic()
+        self.doing = ""
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self.started:.1f} s"
+
+    async def beat(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_s)
+            self.say(f"{self.prefix}: still running ({self.doing}), {self.elapsed()} so far")
+
+
+async def _tracked(
+    say: Callable[[str], None], prefix: str, heartbeat_s: float, work: Callable[[_Progress], Awaitable[Cell]]
+) -> Cell:
+    """Run one cell's ``work`` between its start and finish lines, with heartbeats in between."""
+    progress = _Progress(say, prefix, heartbeat_s)
+    say(f"{prefix}: started")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(progress.beat)
+        cell = await work(progress)
+        tg.cancel_scope.cancel()
+    return cell
+
+
+async def compare(
+    plan: Plan, progress: Callable[[str], None] | None = None, *, heartbeat_s: float = HEARTBEAT_S
+) -> Report:
+    """Run the plan; ``progress`` gets a line as each cell starts and ends (with its elapsed
+    time), and one every ``heartbeat_s`` at most while a cell runs."""
     say = progress or (lambda _line: None)
     report = Report(plan)
     report.workspace_stats = await anyio.to_thread.run_sync(_workspace_stats, plan.workspace)
     scratch = Path(tempfile.mkdtemp(prefix="sandbox-compare-"))
     engine = _Engine(plan, scratch)
     total = len(plan.backends) * len(plan.mounts) + plan.baseline
+
+    async def add(label: str, work: Callable[[_Progress], Awaitable[Cell]]) -> None:
+        prefix = f"[{len(report.cells) + 1}/{total}] {label}"
+        started = time.monotonic()
+        cell = await _tracked(say, prefix, heartbeat_s, work)
+        report.cells.append(cell)
+        say(f"[{len(report.cells)}/{total}] {progress_line(cell, plan.repeat, time.monotonic() - started)}")
+
     try:
         if plan.baseline:
-            report.cells.append(await engine.baseline())
-            say(f"[1/{total}] {progress_line(report.cells[0], plan.repeat)}")
+            await add(f"host/{BASELINE}", lambda _progress: engine.baseline())
         for name in plan.backends:
             backend, report.backends[name] = await _availability(name)
             for mount in plan.mounts:
-                cell = await engine.cell(backend, mount) if backend else _unavailable(name, mount, report)
-                report.cells.append(cell)
-                say(f"[{len(report.cells)}/{total}] {progress_line(cell, plan.repeat)}")
+                if backend is None:
+                    report.cells.append(cell := _unavailable(name, mount, report))
+                    say(f"[{len(report.cells)}/{total}] {progress_line(cell, plan.repeat)}")
+                    continue
+                await add(f"{name}/{mount}", functools.partial(engine.cell, backend, mount))
     finally:
-        await anyio.to_thread.run_sync(shutil.rmtree, scratch, True)
+        await anyio.to_thread.run_sync(_remove, scratch)
     report.finished = datetime.now(UTC).isoformat(timespec="seconds")
     return report
 

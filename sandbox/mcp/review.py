@@ -28,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox import changes as kept_changes
+from sandbox import changesummary
 from sandbox.backends.base import off_loop
 from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
     from mcp.server.context import ServerRequestContext
 
+    from sandbox.mounts import Changeset
     from sandbox.session import Sandbox
     from sandbox.vocabulary import Operation
 
@@ -123,9 +125,17 @@ async def _changes(call: ReviewCall) -> ToolResult:
     changeset = await call.sandbox.changes()
     listed = changeset.to_list()
     lines = [printable(f"{c.get('status', '?'):8}  {c.get('path', '')}") for c in listed]  # names are data
+    if len(lines) > changesummary.ITEMISE:  # 14,000 installed files: summed up (details list each)
+        lines = await off_loop(_summed, changeset, call.sandbox)
     details = {"counts": changeset.summary(), "changes": listed, "mount": call.sandbox.jail.mount}
     note = "\n[kept as a changeset when this connection ends: SandboxChangesets lists it]"
     return ToolResult(ok=True, content=("\n".join(lines) or "no changes in the private copy") + note, details=details)
+
+
+def _summed(changeset: Changeset, sandbox: Sandbox) -> list[str]:
+    """A large changeset as a reviewer reads it (:mod:`sandbox.changesummary`): a few lines."""
+    rules = changesummary.Rules.of_profile(sandbox.profile, sandbox.workspace)
+    return [changesummary.total_line(changeset.changes), *changesummary.summary_lines(changeset.changes, rules)]
 
 
 async def _changesets(call: ReviewCall) -> ToolResult:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from sandbox import _jailside
+from sandbox import _jailside, remedy
 from sandbox import exec as executor
 from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.errors import BackendUnavailable, ShellNotFound
@@ -93,7 +93,10 @@ async def run_bash(
         )
     details = result.model_dump()
     if result.timed_out:
-        status = f"timed out after {params.timeout:g} s; the process tree was killed"
+        given = params.timeout if "timeout" in params.model_fields_set else None
+        source = remedy.for_call(given, params.timeout, jail.profile, "Bash")
+        details["timeout"] = source.to_dict()  # where the limit came from, and how to raise it
+        status = f"{source.line()}; the process tree was killed; {source.how_to_raise()}"
         return ToolResult(
             ok=False, error_code="TIMEOUT", root="workspace", details=details, content=_bash_text(result, status)
         )

@@ -134,7 +134,9 @@ async def library_compare(workspace: Path, backend: str, report: Path) -> compar
     lines: list[str] = []
     result = await compare.compare(plan, lines.append)
     compare.write(result, report)
-    assert len(lines) == 4 and all(line.startswith(f"[{i}/4] {backend}/") for i, line in enumerate(lines, 1))
+    # A line as each cell starts, one as it ends (with its elapsed time): cells are short, so no heartbeat.
+    assert len(lines) == 8 and all(line.startswith(f"[{i // 2 + 1}/4] {backend}/") for i, line in enumerate(lines))
+    assert all(line.endswith(": started") for line in lines[::2]) and all(line.endswith(" s]") for line in lines[1::2])
     return result
 
 

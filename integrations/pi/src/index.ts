@@ -80,6 +80,7 @@ export interface SandboxExtensionConfig {
 	mount?: MountStrategy;
 	network?: NetworkMode;
 	allowHosts?: string[];
+	allowIndexes?: string[];
 	/** `provider/model` judging the sandbox's classify requests (default: the session's model). */
 	classifierModel?: string;
 }
@@ -106,6 +107,9 @@ export function resolveConfig(env: NodeJS.ProcessEnv, flag: (name: string) => st
 		mount: pick("sandbox mount", flag("sandbox-mount") || env.SANDBOX_MOUNT, MOUNTS),
 		network: pick("sandbox network", flag("sandbox-network") || env.SANDBOX_NETWORK, NETWORKS),
 		allowHosts: (flag("sandbox-allow-host") || env.SANDBOX_ALLOW_HOSTS || "")
+			.split(/[\s,]+/)
+			.filter(Boolean),
+		allowIndexes: (flag("sandbox-allow-index") || env.SANDBOX_ALLOW_INDEXES || "")
 			.split(/[\s,]+/)
 			.filter(Boolean),
 		classifierModel: flag("sandbox-classifier-model") || env.SANDBOX_CLASSIFIER_MODEL?.trim() || undefined,
@@ -300,6 +304,7 @@ class SandboxManager {
 			mount: config.mount,
 			network: config.network,
 			allowHosts: config.allowHosts,
+			allowIndexes: config.allowIndexes,
 			onDenial: (denial) => {
 				if (ctx.hasUI) ctx.ui.notify(denial.line, "warning");
 			},
@@ -427,6 +432,10 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	pi.registerFlag("sandbox-allow-host", {
 		type: "string",
 		description: "Hosts the jail may reach through the filtering proxy, comma-separated (implies allowlist; default: $SANDBOX_ALLOW_HOSTS)",
+	});
+	pi.registerFlag("sandbox-allow-index", {
+		type: "string",
+		description: "Package indexes the jail may reach, comma-separated: pypi, npm, crates, go or NAME=URL (implies allowlist; default: $SANDBOX_ALLOW_INDEXES)",
 	});
 
 	const flag = (name: string): string | undefined => {

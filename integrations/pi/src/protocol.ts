@@ -57,6 +57,8 @@ export interface SessionOpenParams {
 	network?: NetworkMode;
 	/** Allowlist patterns added to the profile's (implies `network: "allowlist"`). */
 	allow_hosts?: string[];
+	/** Package indexes (`pypi`, `npm`, `crates`, `go`, or `NAME=URL` for a mirror): their hosts join the allowlist. */
+	allow_indexes?: string[];
 	/** Plugin manifests declared for the session; each needs `plugin.register`'s grant. */
 	plugins?: string[];
 }

@@ -64,6 +64,8 @@ export interface SandboxSessionOptions {
 	mount?: MountStrategy;
 	network?: NetworkMode;
 	allowHosts?: string[];
+	/** Package indexes by name or `NAME=URL` (implies the allowlist network). */
+	allowIndexes?: string[];
 	/** Plugin manifests to declare (each registered only after `registerPlugin`'s grant). */
 	plugins?: string[];
 	/** Told of each connection the allowlist refused, as it happens. */
@@ -162,6 +164,7 @@ export class SandboxSession {
 			if (options.mount) params.mount = options.mount;
 			if (options.network) params.network = options.network;
 			if (options.allowHosts?.length) params.allow_hosts = options.allowHosts;
+			if (options.allowIndexes?.length) params.allow_indexes = options.allowIndexes;
 			if (options.plugins?.length) params.plugins = options.plugins;
 			// Before the session exists, the only question is whether to trust the project (seed 000 §10).
 			client.handleRequests("approval.request", (request) => answerTrust(request, options.trustApprover));

@@ -33,9 +33,12 @@ describe("the pi extension", () => {
 			mount: undefined,
 			network: undefined,
 			allowHosts: [],
+			allowIndexes: [],
 			classifierModel: undefined,
 		});
 		assert.deepEqual(resolveConfig({ SANDBOX_ALLOW_HOSTS: "pypi.org, *.pythonhosted.org" }).allowHosts, ["pypi.org", "*.pythonhosted.org"]);
+		assert.deepEqual(resolveConfig({ SANDBOX_ALLOW_INDEXES: "pypi, npm=http://10.0.0.5:4873/" }).allowIndexes, ["pypi", "npm=http://10.0.0.5:4873/"]);
+		assert.deepEqual(resolveConfig({ SANDBOX_ALLOW_INDEXES: "npm" }, (name) => (name === "sandbox-allow-index" ? "pypi" : undefined)).allowIndexes, ["pypi"]);
 		assert.throws(() => resolveConfig({ SANDBOX_MODE: "yolo" }), /not one of ask, accept-edits, auto/);
 	});
 

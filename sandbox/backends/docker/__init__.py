@@ -181,6 +181,13 @@ def _check_remote(profile: Profile, why: str, shared: Sequence[tuple[str, str]] 
             else ("plugin tools bind their directories into the jail")
         )
         raise InvalidArgument(f"{what}, which a remote engine cannot do ({why})", backend="docker", remote=why)
+    if profile.docker.ca_certificates == "host":
+        raise InvalidArgument(
+            f'docker.ca_certificates = "host" binds this host\'s CA bundle into the container, which a remote '
+            f'engine cannot do ({why}); use an image that trusts them, or docker.ca_certificates = "image"',
+            backend="docker",
+            remote=why,
+        )
 
 
 async def _new_jail(
@@ -203,7 +210,8 @@ async def _new_jail(
         # A copy leaves the masked secrets out: the container masks their (empty) mount points.
         exclude = (*profile.mount.exclude, *sealed.masked_paths)
         tree_kind = CopyTree if engine.remote is None else RemoteTree
-        tree = await tree_kind.prepare(workspace, exclude=exclude) if copy else None
+        cache = profile.mount.environment_cache == "project"
+        tree = await tree_kind.prepare(workspace, exclude=exclude, environment_cache=cache) if copy else None
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         source = tree.root if tree else workspace

@@ -20,7 +20,9 @@ member is checked before anything is written (:class:`TarRefused`, TOOL_FAILED, 
   :data:`MAX_TOTAL` bytes or :data:`MAX_MEMBERS` members in all;
 * links: a hard link only to a regular file earlier in the same archive (copied, never linked); a
   symlink that points outside the workspace is never created on this host: like a FIFO or a
-  device it becomes a change the apply skips (the flags a local copy gives it);
+  device it becomes a change the apply skips (the flags a local copy gives it), unless it names
+  the image's system tree by its names (a venv's interpreter): that one is made in the private
+  copy, and the changeset judges it by this host as a local copy's (``system-link`` or not);
 * nothing is written through a symlink: every parent is opened one component at a time with
   ``O_NOFOLLOW``, and a member must come after its directory.
 
@@ -51,7 +53,7 @@ from sandbox import datadir
 from sandbox.backends.base import off_loop
 from sandbox.backends.docker.client import connect, quietly, translated
 from sandbox.errors import BackendUnavailable, ToolFailed
-from sandbox.mounts import Change, Changeset, CopyTree, walk
+from sandbox.mounts import Change, Changeset, CopyTree, in_system_tree_lexically, walk
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -363,7 +365,7 @@ class _Mirror:
             current = _lstat(pfd, name)
             if current is not None and stat.S_ISLNK(current.st_mode) and os.readlink(name, dir_fd=pfd) == target:
                 return  # unchanged since copy-in (an outside one included: it was there already)
-            if points_outside(rel, target, self.workspace):
+            if points_outside(rel, target, self.workspace) and not self._into_system(rel, target):
                 self.sync.held.append(Held(rel, "symlink", target=target))
                 return
             if current is not None:
@@ -371,6 +373,11 @@ class _Mirror:
             os.symlink(target, name, dir_fd=pfd)
             if self.owner is not None:
                 os.chown(name, *self.owner, dir_fd=pfd, follow_symlinks=False)
+
+    def _into_system(self, rel: str, target: str) -> bool:
+        """Whether the link names the image's system tree (a venv's ``bin/python3 -> /usr/bin/python3``):
+        made in the private copy, where :func:`sandbox.mounts.link_verdict` judges it by this host."""
+        return in_system_tree_lexically(posixpath.join(self.workspace, posixpath.dirname(rel), target))
 
     def _hardlink(self, member: tarfile.TarInfo, rel: str, top: str) -> None:
         try:

@@ -6,12 +6,17 @@ the workspace (or its private copy) bound at its own absolute path, with the pat
 leaves out bound read-only from the host, the profile's limits as cgroup settings and
 rlimits, and owner labels so ``sandbox gc`` can tell a leftover. The warm model replaces the
 command with the agent of :mod:`sandbox._jailside.agent`.
+
+With ``[docker] ca_certificates = "host"`` the host's CA bundle (checked to hold certificates
+only) is bound read-only over the image's, and :func:`ca_env` names it to every client, so a
+download through the allowlist verifies as it does under bubblewrap, which shows the host's /etc.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import stat
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -32,6 +37,26 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 KEEPER_USER = "65534:65534"
+# ca_certificates = "host": where the host's bundle shows in the jail (where Debian's clients look by
+# default), the variables that name it to the others, and where distributions keep theirs (Debian
+# and Ubuntu, Fedora and RHEL, openSUSE, the extracted p11-kit bundle, Alpine).
+JAIL_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+)
+HOST_CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)
+MAX_CA_BUNDLE = 16 << 20  # a system bundle is ~200 KiB; anything near this is not one
 LABEL_OWNER = "sandbox.owner"  # <pid>@<host>
 LABEL_OWNER_STARTED = "sandbox.owner-started"  # the owner's start time, against pid reuse
 LABEL_JAIL = "sandbox.jail"
@@ -76,11 +101,13 @@ def _tmpfs(profile: Profile, home_owner: str | None = None) -> dict[str, str]:
     # An inode cap with the size (one inode per page, as bwrap's): empty files cost no bytes.
     tmp_size = profile.limits.tmp_size
     size = f",size={tmp_size},nr_inodes={tmp_inodes(tmp_size)}" if tmp_size else ""
-    tmpfs = {"/tmp": f"rw,nosuid,nodev,mode=1777{size}"}
+    # exec, as bubblewrap's /tmp: Docker's default noexec breaks a venv made there (`/tmp/v/bin/pip`)
+    # and stops nothing `sh /tmp/x` or the workspace does not allow anyway; nosuid and nodev stay.
+    tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,mode=1777{size}"}
     if home_owner is not None:
         # Docker makes the mount points of host files as root: the home must stay the command user's.
         uid, gid = uid_gid(home_owner)
-        tmpfs[SANDBOX_HOME] = f"rw,nosuid,nodev,mode=0755,uid={uid},gid={gid}{size}"
+        tmpfs[SANDBOX_HOME] = f"rw,exec,nosuid,nodev,mode=0755,uid={uid},gid={gid}{size}"
     return tmpfs
 
 
@@ -121,6 +148,9 @@ def container_config(
         mounts.append(Mount(target=JAIL_DIR, source=str(egress_dir), type="bind", read_only=True))
     files = host_files(profile)
     mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
+    bundle = host_ca_bundle(profile)
+    if bundle is not None:  # over the image's own bundle: a client that ignores the variables reads it too
+        mounts.append(Mount(target=JAIL_CA_BUNDLE, source=bundle, type="bind", read_only=True))
     # shared: a session's plugin directories (checked by open_jail), read-only, their secrets masked.
     sharing = seal.shared_binds(shared, profile.policy.deny_read, empty_dir(), empty_file())
     mounts += [Mount(target=target, source=src, type="bind", read_only=ro) for src, target, ro in sharing]
@@ -146,6 +176,52 @@ def container_config(
     if agent_user is not None:
         config.update(_agent_config(profile, agent_user, [*(m["Target"] for m in mounts), *config["tmpfs"]]))
     return config
+
+
+def host_ca_bundle(profile: Profile) -> str | None:
+    """The host's CA bundle the jail is to trust (``[docker] ca_certificates = "host"``), its real
+    path; ``None`` for the image's own store. Refused unless it is a PEM file of certificates only,
+    so a profile cannot hand the jail a key (or any other file) under the name of a bundle."""
+    if profile.docker.ca_certificates != "host":
+        return None
+    named = profile.docker.ca_bundle
+    found = str(named) if named is not None else next((p for p in HOST_CA_BUNDLES if os.path.isfile(p)), None)
+    if found is None:
+        raise InvalidArgument(
+            f'docker.ca_certificates = "host", but this host has no CA bundle at {", ".join(HOST_CA_BUNDLES)}: '
+            'name it with docker.ca_bundle, or set docker.ca_certificates = "image"',
+            key="docker.ca_certificates",
+        )
+    real = os.path.realpath(found)
+    problem = _not_a_bundle(real)
+    if problem is not None:
+        raise InvalidArgument(f"docker.ca_bundle {found}: {problem}", key="docker.ca_bundle", bundle=found)
+    return real
+
+
+def _not_a_bundle(path: str) -> str | None:
+    try:
+        with open(path, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return "not a regular file"
+            data = file.read(MAX_CA_BUNDLE + 1)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if len(data) > MAX_CA_BUNDLE:
+        return f"larger than {MAX_CA_BUNDLE >> 20} MiB: not a CA bundle"
+    if b"PRIVATE KEY" in data:
+        return "holds a private key: a CA bundle holds certificates only"
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        return "holds no PEM certificate"
+    return None
+
+
+def ca_env(profile: Profile) -> dict[str, str]:
+    """The variables that point every client at the host's bundle (none for the image's store);
+    a name the profile's ``env.set`` gives keeps the profile's value."""
+    if profile.docker.ca_certificates != "host":
+        return {}
+    return {name: JAIL_CA_BUNDLE for name in CA_VARIABLES if name not in profile.env.set}
 
 
 def _agent_config(profile: Profile, user: str, targets: Sequence[str]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import uuid
 from abc import abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -19,16 +19,17 @@ import anyio.to_thread
 from sandbox.backends import seal
 from sandbox.backends.base import Jail, off_loop, soon
 from sandbox.backends.docker.client import run_sync
-from sandbox.backends.docker.config import container_config, uid_gid
+from sandbox.backends.docker.config import ca_env, container_config, uid_gid
 from sandbox.backends.docker.gc import remove_jail_containers
 from sandbox.backends.jailpython import IMAGE_PYTHON
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
 
     import docker
 
+    from sandbox.backends.base import Process
     from sandbox.backends.docker.runtime import Runtime
     from sandbox.backends.seal import Seal
     from sandbox.mounts import CopyTree
@@ -79,6 +80,10 @@ class DockerJail(Jail):
         self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
         if egress is not None:  # the proxy's socket is private to us until the command user is let in
             egress.admit(*uid_gid(user))
+
+    async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **more: Any) -> Process:
+        # ca_certificates = "host": every call's clients are pointed at the bound bundle (the call's own env wins).
+        return await super().spawn(argv, env={**ca_env(self.profile), **(env or {})}, **more)
 
     @property
     def host_writable(self) -> tuple[Path, ...]:
