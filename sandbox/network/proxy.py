@@ -4,7 +4,8 @@ The jail reaches it only through a unix socket (a forwarder inside listens on th
 tests and a later transparent mode may also use a loopback TCP address. The protocol is told by the
 first byte: ``0x05`` is SOCKS5 (no authentication, CONNECT only, names resolved here), anything
 else is read as HTTP: ``CONNECT host:port`` opens a tunnel, any other method is forwarded
-(``Connection: close`` asked of the server, in origin form).
+(``Connection: close`` asked of the server, in origin form, and said to the client in the response,
+so a client that pools its connections never sends a request on one the server is closing).
 
 Every request is judged, not the first (issue 31): on a plain HTTP connection each request a
 client pipelines or keeps alive is parsed and must name the connection's destination; in a tunnel
@@ -39,10 +40,11 @@ down, so a client never keeps an open path to a proxy that has stopped. Plain HT
 by request) stays on the event loop instead.
 
 One proxy serves one session, in a process every session shares (``sandbox serve``): it holds at
-most :data:`MAX_CONNECTIONS` connections and :data:`MAX_HANDSHAKES` whose request has not arrived
-(slowloris); past either a connection gets a refusal in its protocol (503, a SOCKS failure, a TLS
-alert) and an ``over-limit`` denial, so one session's flood runs into its own cap, not the
-process's descriptors. ``accept`` failing (EMFILE) pauses that listener briefly, never the loop.
+most :data:`MAX_CONNECTIONS` connections and :data:`MAX_HANDSHAKES` whose request is overdue
+(slowloris: silent for :data:`HANDSHAKE_STALL_S`; a burst of fresh connections is not one); past
+either a connection gets a refusal in its protocol (503, a SOCKS failure, a TLS alert) and an
+``over-limit`` denial, so one session's flood runs into its own cap, not the process's descriptors.
+``accept`` failing (EMFILE) pauses that listener briefly, never the loop.
 """
 
 from __future__ import annotations
@@ -101,8 +103,19 @@ HANDSHAKE_TIMEOUT = 30.0
 MAX_CONNECTIONS = 128
 """Connections one proxy (one session's) holds at once, being set up or relayed: each costs descriptors
 (two sockets, a pipe per relayed direction) of a process every session of ``sandbox serve`` shares."""
+QUEUE_WAIT = 10.0
+"""How long a connection past :data:`MAX_CONNECTIONS` waits in the listener's backlog (not accepted:
+it costs this process no descriptor) for a place before it is refused. Package managers open far
+more connections at once than they keep (npm 9 through a proxy: one per request, hundreds): a
+burst waits its turn, a sustained flood is refused."""
+QUEUE_POLL = 0.005
 MAX_HANDSHAKES = 32
-"""Connections at once whose request has not arrived yet: a slowloris flood stops here, not at EMFILE."""
+"""Connections at once whose request is overdue (none for :data:`HANDSHAKE_STALL_S`): a slowloris
+flood stops here, not at EMFILE."""
+HANDSHAKE_STALL_S = 1.0
+"""How long a connection may stay silent before it counts against :data:`MAX_HANDSHAKES`. A burst of
+fresh connections is how a package manager fetches (npm 9 opens 40 at once, each sending its request
+within milliseconds): only :data:`MAX_CONNECTIONS` bounds those."""
 REFUSAL_WAIT = 1.0
 """How long a connection over a cap may take to show its protocol (its refusal is written in it)."""
 MAX_REFUSING = 16
@@ -235,6 +248,7 @@ class EgressProxy(Service):
         resolve_timeout: float = 10.0,
         max_connections: int = MAX_CONNECTIONS,
         max_handshakes: int = MAX_HANDSHAKES,
+        queue_wait: float = QUEUE_WAIT,
     ) -> None:
         if unix_path is None and tcp is None and transparent_http is None and transparent_tls is None:
             raise InvalidArgument("the egress proxy needs a unix socket path or a TCP address to listen on")
@@ -252,7 +266,9 @@ class EgressProxy(Service):
         self.on_denial, self.on_connect = on_denial, on_connect
         self.connect_timeout, self.resolve_timeout = connect_timeout, resolve_timeout
         self.max_connections, self.max_handshakes = max_connections, max_handshakes
+        self.queue_wait = queue_wait
         self.handshakes = self.connections = self._refusing = 0  # on the proxy's event loop only
+        self._pending: dict[_Slot, float] = {}  # handshakes by when they began, oldest first
         self._over_limit_at = float("-inf")
         self.denials: list[Denial] = []
         self._grants: set[tuple[str, int]] = set()
@@ -341,6 +357,7 @@ class EgressProxy(Service):
     async def _accept_loop(self, tg: TaskGroup, listener: socket.socket, handle: _Handler) -> None:
         while True:
             await anyio.wait_readable(listener)
+            await self._place()
             try:
                 sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -364,10 +381,34 @@ class EgressProxy(Service):
         finally:
             slot.release()
 
+    def _held(self) -> int:
+        return self.connections + len(self._relays)
+
+    async def _place(self) -> None:
+        """Leave the next connection in the backlog while every place is taken, up to ``queue_wait``."""
+        waited = 0.0
+        while self._held() >= self.max_connections and waited < self.queue_wait:
+            await anyio.sleep(QUEUE_POLL)
+            waited += QUEUE_POLL
+
+    def _stalled(self) -> int:
+        """Handshakes older than :data:`HANDSHAKE_STALL_S` (the oldest come first: stop at a young one)."""
+        since = time.monotonic() - HANDSHAKE_STALL_S
+        count = 0
+        for began in self._pending.values():
+            if began > since:
+                break
+            count += 1
+        return count
+
     def _over_limit(self) -> str | None:
-        if self.handshakes >= self.max_handshakes:
-            return f"{self.handshakes} connections have not sent their request yet (at most {self.max_handshakes})"
-        held = self.connections + len(self._relays)
+        stalled = self._stalled()
+        if stalled >= self.max_handshakes:
+            return (
+                f"{stalled} connections have sent no request for {HANDSHAKE_STALL_S:g} s or more"
+                f" (at most {self.max_handshakes})"
+            )
+        held = self._held()
         if held >= self.max_connections:
             return f"{held} connections are open (at most {self.max_connections} per session)"
         return None
@@ -502,7 +543,7 @@ class EgressProxy(Service):
         """
         refused: _Refused | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_responses, server, client, tg.cancel_scope)
+            tg.start_soon(_responses, server, client, tg.cancel_scope, exchange.rewrite)
             try:
                 await self._requests(client, server, exchange, first)
                 with contextlib.suppress(OSError):
@@ -890,11 +931,13 @@ class _Slot:
         self._settled = self._released = False
         proxy.handshakes += 1
         proxy.connections += 1
+        proxy._pending[self] = time.monotonic()
 
     def settle(self) -> None:
         if not self._settled:
             self._settled = True
             self._proxy.handshakes -= 1
+            del self._proxy._pending[self]
 
     def release(self) -> None:
         self.settle()
@@ -1419,9 +1462,15 @@ async def _body_line(client: _Conn) -> bytes:
     return line
 
 
-async def _responses(server: _Conn, client: _Conn, scope: anyio.CancelScope) -> None:
-    """The server's bytes to the client as they come; the server's end (or an error) ends the conversation."""
-    with contextlib.suppress(OSError):
+async def _responses(server: _Conn, client: _Conn, scope: anyio.CancelScope, closing: bool = False) -> None:
+    """The server's bytes to the client as they come; the server's end (or an error) ends the conversation.
+
+    ``closing`` (a forwarded request, which asked the server to close): the response's head says
+    ``Connection: close`` to the client too, whatever the server wrote, or a client that pools its
+    connections (npm, pip) sends its next request on this one as the server closes it (ECONNRESET)."""
+    with contextlib.suppress(OSError, ValueError, EOFError):
+        if closing:
+            await _closing_heads(server, client)
         await client.send_all(server.take())
         buffer = bytearray(RELAY_CHUNK)  # one buffer, read into: a download costs no copy per chunk
         view, sock = memoryview(buffer), server.raw
@@ -1437,6 +1486,17 @@ async def _responses(server: _Conn, client: _Conn, scope: anyio.CancelScope) -> 
     with contextlib.suppress(OSError):
         client.raw.shutdown(socket.SHUT_WR)
     scope.cancel()
+
+
+async def _closing_heads(server: _Conn, client: _Conn) -> None:
+    """Pass the response heads on with ``Connection: close`` (interim 1xx heads, then the final one)."""
+    while True:
+        head = await server.read_until(b"\r\n\r\n", HEAD_LIMIT)
+        lines = head[:-4].decode("latin-1").split("\r\n")
+        kept = [line for line in lines[1:] if line.partition(":")[0].strip().lower() not in _HOP_BY_HOP]
+        await client.send_all(("\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1"))
+        if not re.match(r"HTTP/\d(?:\.\d)? 1\d\d\b", lines[0]) or lines[0].startswith("HTTP/1.1 101"):
+            return
 
 
 def _http_refusal(denial: Denial) -> bytes:

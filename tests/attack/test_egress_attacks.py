@@ -59,6 +59,8 @@ QUIET = 0.5
 """How long a test waits to conclude that nothing more arrives (the one wait for an absence)."""
 HANDSHAKES = int(getattr(proxy_module, "MAX_HANDSHAKES", 32))
 """A session's proxy's cap on connections that have not sent their request (32 by default)."""
+STALL_S = float(getattr(proxy_module, "HANDSHAKE_STALL_S", 0.0))
+"""How long a silent connection waits before it counts against that cap."""
 
 
 # -- the local "internet": a keep-alive HTTP server that answers everything, a counting resolver ----------
@@ -219,6 +221,20 @@ async def test_kept_alive_absolute_form_request_for_another_host_closes_the_conn
             assert await _until_closed(stream) == b""
     assert net.http.hosts() == [f"good.test:{port}"]
     assert reasons(net) == [("evil.test", "not-allowed")]
+
+
+async def test_the_client_is_told_the_connection_closes_when_the_server_is_asked_to(net: Net) -> None:
+    """Issue 32: the proxy asks the server to close after a forwarded request; a client that pools its
+    connections (npm) must hear it too, or it sends its next request on a closing connection and
+    gets ECONNRESET. Said even when the server's own answer says nothing of it (or says keep-alive)."""
+    port = net.http.port
+    ask = f"GET http://good.test:{port}/ HTTP/1.1\r\nHost: good.test:{port}\r\nConnection: keep-alive\r\n\r\n"
+    async with net.proxy(on(port, "good.test")) as proxy:
+        answer = await talk(proxy, ask.encode(), closed=False)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == b"ok", answer
+    assert head.lower().count(b"connection:") == 1 and head.endswith(b"\r\nConnection: close"), head
+    assert net.http.heads[0].endswith(b"\r\nConnection: close")  # and the server was asked to close
 
 
 async def test_an_allowed_second_host_on_the_same_connection_is_refused_too(net: Net) -> None:
@@ -390,6 +406,36 @@ def _pending(proxy: EgressProxy) -> int:
 
 
 async def _settled(proxy: EgressProxy, handshakes: int) -> None:
+    """Until ``handshakes`` connections are pending, and silent long enough to count as stalled."""
+    with anyio.fail_after(WAIT):
+        while _pending(proxy) < handshakes:
+            await anyio.sleep(0.01)
+    await anyio.sleep(STALL_S + 0.05)
+
+
+async def test_a_burst_of_fresh_connections_is_not_a_slowloris(net: Net) -> None:
+    """Issue 32: npm 9 opens some 40 connections at once, each sending its request within
+    milliseconds; a cap on connections that have not sent theirs *yet* refused the burst (and the
+    install). Silent connections count only once overdue: the burst is served whole."""
+    port = net.http.port
+    request = f"GET http://good.test:{port}/ HTTP/1.1\r\nHost: good.test:{port}\r\n\r\n".encode()
+    async with net.proxy(on(port, "good.test")) as proxy:
+        burst = await _idle_connections(proxy, HANDSHAKES * 3 // 2)
+        try:
+            await _settled_fresh(proxy, len(burst))
+            for stream in burst:
+                await stream.send(request)
+            for stream in burst:
+                reader = BufferedByteReceiveStream(stream)
+                assert (await within(reader.receive_until(b"ok", 4096))).startswith(b"HTTP/1.1 200")
+        finally:
+            for stream in burst:
+                await stream.aclose()
+    assert reasons(net) == []
+
+
+async def _settled_fresh(proxy: EgressProxy, handshakes: int) -> None:
+    """Until ``handshakes`` connections are pending (admitted, none yet overdue)."""
     with anyio.fail_after(WAIT):
         while _pending(proxy) < handshakes:
             await anyio.sleep(0.01)
@@ -430,7 +476,7 @@ async def test_socks_past_the_cap_gets_a_socks_failure(net: Net) -> None:
 
 async def test_connections_past_the_cap_are_refused_while_tunnels_are_relayed(net: Net) -> None:
     target = f"good.test:{net.echo_port}"
-    async with net.proxy(on(net.echo_port, "good.test"), max_connections=3) as proxy:
+    async with net.proxy(on(net.echo_port, "good.test"), max_connections=3, queue_wait=0.2) as proxy:
         tunnels = []
         try:
             tunnels.extend([await _tunnel(proxy, target) for _ in range(3)])
@@ -442,6 +488,34 @@ async def test_connections_past_the_cap_are_refused_while_tunnels_are_relayed(ne
             for stream in tunnels:
                 await stream.aclose()
     assert reasons(net) == [("(connection limit)", "over-limit")]
+
+
+async def test_a_burst_past_the_connection_cap_waits_its_turn(net: Net) -> None:
+    """Issue 32: npm 9 through a proxy opens one connection per request, hundreds at once. Past
+    the cap a connection waits in the listener's backlog (costing no descriptor here) for a place,
+    and is served when one frees; only a cap still full after ``queue_wait`` refuses."""
+    port = net.http.port
+    request = f"GET http://good.test:{port}/ HTTP/1.1\r\nHost: good.test:{port}\r\n\r\n".encode()
+    answers: list[bytes] = []
+
+    async def one(proxy: EgressProxy) -> None:
+        answers.append(await _answer(proxy, request))
+
+    async with net.proxy(on(port, "good.test"), max_connections=3) as proxy, anyio.create_task_group() as tg:
+        for _ in range(12):
+            tg.start_soon(one, proxy)
+    assert len(answers) == 12 and all(answer.startswith(b"HTTP/1.1 200") for answer in answers), answers
+    assert reasons(net) == []
+
+
+async def _answer(proxy: EgressProxy, request: bytes) -> bytes:
+    """The head and body of the answer to ``request`` (the keep-alive server never closes), then close."""
+    address = proxy.tcp_address
+    assert address is not None
+    async with await anyio.connect_tcp(*address) as stream:
+        await stream.send(request)
+        reader = BufferedByteReceiveStream(stream)
+        return await within(reader.receive_until(b"ok", 4096))
 
 
 async def _tunnel(proxy: EgressProxy, target: str) -> anyio.abc.SocketStream:
