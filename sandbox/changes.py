@@ -544,7 +544,7 @@ def _all() -> list[Kept]:
 
 
 def _pruned(kept: Kept, why: str) -> Pruned:
-    return Pruned(kept.id, kept.state, kept.created, _tree_bytes(kept.path), why)
+    return Pruned(kept.id, kept.state, kept.created, datadir.tree_bytes(kept.path), why)
 
 
 # -- keeping --------------------------------------------------------------------------------------
@@ -628,16 +628,7 @@ class _Budget:
 
 def _store_bytes() -> int:
     """The bytes of every file in the store: kept changesets and keeps under way."""
-    return _tree_bytes(store())
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+    return datadir.tree_bytes(store())
 
 
 def _make_room(limit: int, needed: int) -> list[Pruned]:

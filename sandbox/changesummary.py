@@ -116,7 +116,7 @@ def _gitignore_rule(pattern: str) -> tuple[bool, re.Pattern[str]]:
 
 def _gitignore(workspace: Path) -> tuple[str, ...]:
     try:
-        fd = os.open(workspace / ".gitignore", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+        fd = os.open(workspace / ".gitignore", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return ()
     with os.fdopen(fd, "rb") as fh:
@@ -399,7 +399,7 @@ def _stat(change: Change, workspace: Path, kept_tree: Path, deadline: float) -> 
 def _lines(path: Path) -> list[str] | None:
     """A text file's lines (its last component not followed); ``None`` when binary or large, or gone."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > _STAT_MAX:

@@ -12,6 +12,7 @@ an apply writes back); the ``0700`` directory above it is what keeps it ours.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -57,3 +58,14 @@ def _narrow(path: Path, what: str) -> None:
         raise ToolFailed(f"{what} {path} belongs to uid {st.st_uid}, not to us: refused", path=str(path))
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, stat.S_IMODE(st.st_mode) & PRIVATE)  # keep the owner's bits (a read-only mask dir)
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of every file below ``root`` (what a store of the data directory holds); an entry
+    that vanishes while it is counted counts nothing."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total

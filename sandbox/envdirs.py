@@ -331,7 +331,7 @@ def prune(limit: int = CACHE_LIMIT) -> list[Path]:
         for ws in cache_root().iterdir():
             for entry in ws.iterdir():
                 used = _mtime(entry / "meta.json")
-                entries.append((used, _bytes(entry), entry))
+                entries.append((used, datadir.tree_bytes(entry), entry))
     total = sum(size for _used, size, _entry in entries)
     removed = []
     for _used, size, entry in sorted(entries):
@@ -348,15 +348,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0  # a partial or broken entry: the first to go
-
-
-def _bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def _cp(source: Path, target: Path) -> str:

@@ -66,6 +66,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sandbox.backends.environment import CA_VARIABLES  # a machine's own settings would outrank --cacert
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -81,16 +83,6 @@ SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 NETNS_PREFIX = "sbxlab-"
 NETNS_DIR = Path("/var/run/netns")
 LOCK_FILE = Path("/run/lock/sandbox-netlab.lock")
-# The variables through which common clients take a CA bundle; a machine's own settings of them
-# (CI sets several to the system bundle) would outrank a tool's --cert/--cacert option.
-CA_VARIABLES = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-    "NODE_EXTRA_CA_CERTS",
-)
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 

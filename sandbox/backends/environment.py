@@ -41,6 +41,16 @@ SANDBOX_GID = 1000
 PASSTHROUGH = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TZ", "COLORTERM", "NO_COLOR")
 # The jail sets these itself; the caller's values would point at the host (its home, its PATH).
 FIXED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "SANDBOX")
+# The variables through which common clients take a CA bundle (OpenSSL and Python, requests, curl,
+# pip, git, Node): what names a bundle to every tool at once, a jail's or a test's.
+CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+)
 # Under the caller's home: credentials, keys and tokens, refused with everything below them.
 SECRET_DIRS = (
     ".ssh",

@@ -193,11 +193,13 @@ def _watch_network(jail: base.Jail, prof: profiles.Profile) -> None:
     import uuid
 
     from sandbox.audit import AuditLog
-    from sandbox.policy.approvals import ApprovalRequest, TerminalApprover
 
     run_id, log = f"run-{uuid.uuid4().hex[:12]}", AuditLog()
     egress.listeners.append(lambda denial: log.record_denial(run_id, "", dataclasses.asdict(denial)))
     if prof.network.ask and sys.stdin.isatty():
+        # Only here: the policy package loads the shell parser (0.2 s of a run that asks nobody).
+        from sandbox.policy.approvals import ApprovalRequest, TerminalApprover
+
         terminal = TerminalApprover()
         egress.ask_with(lambda host, port: terminal.prompt(ApprovalRequest.for_connection(run_id, host, port)))
 

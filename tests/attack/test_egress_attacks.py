@@ -562,7 +562,7 @@ import socket, sys, time
 def talk(data, n=1):
     conns = [socket.create_connection(("127.0.0.1", 3128)) for _ in range(n - 1)]
     if conns:
-        time.sleep(1)  # the forwarder hands connections over in threads: let the idle ones arrive first
+        time.sleep(float(sys.argv[3]))  # the idle ones arrive (the forwarder's threads) and fall overdue
     s = socket.create_connection(("127.0.0.1", 3128))
     conns.append(s)
     s.sendall(data)
@@ -590,7 +590,7 @@ async def test_a_jail_cannot_smuggle_requests_nor_flood_its_proxy(open_jail: Jai
     port = net.http.port
     profile = mode_profile("ro", **{"network.mode": "allowlist", "network.allow": [f"127.0.0.1:{port}"]})
     jail = await open_jail(profile)
-    script = ["python3", "-c", JAIL_CLIENT, str(port), str(HANDSHAKES)]
+    script = ["python3", "-c", JAIL_CLIENT, str(port), str(HANDSHAKES), str(STALL_S + 1.0)]
     result = await executor.run(jail, script, timeout=60)
     assert result.exit_code == 0, result
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())

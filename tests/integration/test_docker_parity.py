@@ -21,10 +21,11 @@ import pytest
 
 from sandbox import calls, image
 from sandbox import exec as executor
+from sandbox.backends.environment import CA_VARIABLES
 from sandbox.errors import InvalidArgument
 from tests.conftest import make_profile, own_like_a_checkout
 from tests.integration._docker import docker_or_skip
-from tests.netlab import CA_VARIABLES, HELLO, NetLab
+from tests.netlab import HELLO, NetLab
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

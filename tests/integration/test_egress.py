@@ -24,12 +24,13 @@ import pytest
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog
+from sandbox.backends.environment import CA_VARIABLES
 from sandbox.errors import BackendUnavailable
 from sandbox.policy.approvals import CallbackApprover
 from sandbox.session import Sandbox
 from tests import rpc_client
 from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
-from tests.netlab import CA_VARIABLES, HELLO, NetLab
+from tests.netlab import HELLO, NetLab
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping

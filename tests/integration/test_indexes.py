@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from sandbox.backends.environment import CA_VARIABLES
 from tests.conftest import own_like_a_checkout, profile_or_skip
 from tests.integration._cli import sandbox
 from tests.netlab import NetLab
@@ -71,8 +72,10 @@ def test_one_allow_index_makes_a_bare_pip_use_the_mirror_and_nothing_else(
     if cli_backend == "docker":
         own_like_a_checkout(workspace)
     address = f"{lab.address}:{lab.https_port}"
+    # Every CA variable: under Docker untrusted-deps names the host's bundle in them (ca_certificates = "host").
+    trust = "".join(f"export {name}=$PWD/lab-ca.crt; " for name in CA_VARIABLES)
     script = (
-        f"PIP_CERT=$PWD/lab-ca.crt {PIP} labpkg && ls /tmp/dl && echo PIP_INDEX_URL=$PIP_INDEX_URL; "
+        f"{trust}{PIP} labpkg && ls /tmp/dl && echo PIP_INDEX_URL=$PIP_INDEX_URL; "
         f"curl -sS --cacert lab-ca.crt {lab.https_url('other.test', '/hello.txt')} || echo other-refused"
     )
     code, out, err = run(

@@ -25,6 +25,7 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
+from sandbox.backends.environment import CA_VARIABLES
 from tests import netlab
 from tests.netlab import NetLab
 
@@ -44,7 +45,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[NetLab]:
 def direct_env() -> dict[str, str]:
     """The environment without proxy variables (these checks talk to the lab itself) and without
     CA-bundle variables (the machine's own outrank pip's ``--cert``)."""
-    drop = {*netlab.CA_VARIABLES, "SSL_CERT_DIR"}
+    drop = {*CA_VARIABLES, "SSL_CERT_DIR"}
     return {key: value for key, value in os.environ.items() if not key.lower().endswith("_proxy") and key not in drop}
 
 

@@ -27,7 +27,7 @@ from sandbox.backends import jailpython, seal, seccomp
 from sandbox.backends.agentlink import AGENT_PROGRAM
 from sandbox.backends.bwrap_argv import empty_dir, empty_file, tmp_inodes
 from sandbox.backends.docker.client import image_ref
-from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
+from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -41,14 +41,6 @@ KEEPER_USER = "65534:65534"
 # default), the variables that name it to the others, and where distributions keep theirs (Debian
 # and Ubuntu, Fedora and RHEL, openSUSE, the extracted p11-kit bundle, Alpine).
 JAIL_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-CA_VARIABLES = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-    "NODE_EXTRA_CA_CERTS",
-)
 HOST_CA_BUNDLES = (
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
