@@ -208,6 +208,8 @@ def test_no_daemon_names_the_package_for_an_ordinary_user(monkeypatch: pytest.Mo
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     monkeypatch.setattr(image, "is_root", lambda: False)
     monkeypatch.setattr(image, "_try_connect", lambda: (None, "connection refused"))
+    monkeypatch.setattr(image, "DOCKER_SOCKET", "/nonexistent/docker.sock")  # no socket a user could be refused
+    monkeypatch.setattr(image, "ENGINE_DIRS", "/nonexistent")  # nor an engine outside the user's PATH
     _hide(monkeypatch, "dockerd")
     with pytest.raises(image.BuildError, match=r"no Docker daemon answers .*sudo apt-get install docker\.io"):
         image.connect()
