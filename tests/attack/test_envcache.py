@@ -9,7 +9,7 @@ held back from ``apply`` until it is named (``--only .venv``) or included explic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -99,14 +99,7 @@ async def test_an_environment_dir_reaches_the_host_only_with_consent(
         assert result.exit_code == 0, result.stderr
         changeset = await jail.changes()
         assert changeset is not None
-        kept = await changes.keep(
-            jail.tree,
-            changeset,
-            source="run",
-            profile="test",
-            backend=jail.backend,
-            environment=prof.mount.environment,
-        )
+        kept = await _keep(jail, changeset, prof)
     finally:
         await jail.aclose()
     report = await kept.apply(include_flagged=True)  # consent to flagged entries is not consent to .venv
@@ -118,6 +111,14 @@ async def test_an_environment_dir_reaches_the_host_only_with_consent(
     report = await changes.load(kept.id).apply([".venv"])
     assert (workspace / ".venv" / "bin" / "pytest").read_text() == "#!/bin/sh\necho planted\n"
     assert ".venv/bin/pytest" in report.applied
+
+
+async def _keep(jail: base.Jail, changeset: Any, prof: profiles.Profile) -> changes.Kept:
+    """Keep ``changeset`` as ``sandbox run`` does, with the profile's environment directories."""
+    assert jail.tree is not None
+    return await changes.keep(
+        jail.tree, changeset, source="run", profile="test", backend=jail.backend, environment=prof.mount.environment
+    )
 
 
 async def test_a_seeded_dir_is_added_and_held_back(open_jail: JailFactory, workspace: Path) -> None:
@@ -132,14 +133,7 @@ async def test_a_seeded_dir_is_added_and_held_back(open_jail: JailFactory, works
         assert changeset is not None
         added = {c.path for c in changeset.changes if c.status == "added"}
         assert ".venv/bin/pytest" in added  # the host has no .venv: what the cache gave is shown
-        kept = await changes.keep(
-            jail.tree,
-            changeset,
-            source="run",
-            profile="test",
-            backend=jail.backend,
-            environment=prof.mount.environment,
-        )
+        kept = await _keep(jail, changeset, prof)
     finally:
         await jail.aclose()
     await kept.apply(include_flagged=True)
