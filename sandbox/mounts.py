@@ -894,11 +894,21 @@ def _owner_for(pfd: int, name: str) -> tuple[int, int] | None:
 
 
 def run_command(argv: list[str]) -> str:
-    """Run ``argv`` to its end: ``""`` when it succeeded, else why not (its stderr, or its status)."""
-    import subprocess
+    """Run ``argv`` to its end: ``""`` when it succeeded, else why not (its stderr, or its status).
 
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+    Its stderr goes to a file, not a pipe: the call returns when the command exits, not when every
+    holder of a pipe's write end has closed it (a process another thread starts at the wrong moment
+    can hold one; a full suite once saw a finished ``cp`` waited on for minutes)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as errors:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, check=False)
+        if done.returncode == 0:
+            return ""
+        errors.seek(0)
+        said = errors.read(64 * 1024).decode(errors="replace").strip()
+    return said or f"exit {done.returncode}"
 
 
 _run = run_command
