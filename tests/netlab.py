@@ -642,3 +642,12 @@ def child_main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     child_main(sys.argv[1:])
+
+
+def resolve_in(lab: NetLab, monkeypatch: Any, *, drop: tuple[str, ...] = ()) -> None:
+    """The proxy resolves with ``lab``'s DNS and chains to no proxy of this machine; the variables
+    in ``drop`` (a test's CA variables) are unset too. ``monkeypatch``: pytest's, undone after the test."""
+    monkeypatch.setenv("SANDBOX_NET_RESOLVER", f"{lab.dns[0]}:{lab.dns[1]}")
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy") or name in drop:
+            monkeypatch.delenv(name)

@@ -23,6 +23,7 @@ from sandbox import calls, image
 from sandbox import exec as executor
 from sandbox.backends.environment import CA_VARIABLES
 from sandbox.errors import InvalidArgument
+from tests import netlab
 from tests.conftest import make_profile, own_like_a_checkout
 from tests.integration._docker import docker_or_skip
 from tests.netlab import HELLO, NetLab
@@ -82,10 +83,7 @@ def lab() -> Iterator[NetLab]:
 def lab_dns(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy resolves with the lab's DNS, chains to no proxy of this machine, and no CA
     variable of ours (CI sets some) reaches the jail by another way."""
-    monkeypatch.setenv("SANDBOX_NET_RESOLVER", f"{lab.dns[0]}:{lab.dns[1]}")
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy") or name in CA_VARIABLES:
-            monkeypatch.delenv(name)
+    netlab.resolve_in(lab, monkeypatch, drop=CA_VARIABLES)
 
 
 def _trust_store(tmp_path: Path, lab: NetLab, with_lab: bool) -> Path:

@@ -13,7 +13,6 @@ address explicitly besides the names: a name resolving to a private address is o
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -28,7 +27,7 @@ from sandbox.backends.environment import CA_VARIABLES
 from sandbox.errors import BackendUnavailable
 from sandbox.policy.approvals import CallbackApprover
 from sandbox.session import Sandbox
-from tests import rpc_client
+from tests import netlab, rpc_client
 from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
 from tests.netlab import HELLO, NetLab
 
@@ -52,10 +51,7 @@ def lab() -> Iterator[NetLab]:
 @pytest.fixture(autouse=True)
 def lab_dns(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy resolves with the lab's DNS and chains to no upstream proxy of this machine."""
-    monkeypatch.setenv("SANDBOX_NET_RESOLVER", f"{lab.dns[0]}:{lab.dns[1]}")
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    netlab.resolve_in(lab, monkeypatch)
 
 
 @pytest.fixture(params=BACKENDS)

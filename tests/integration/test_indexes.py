@@ -11,13 +11,13 @@ its address needs no more). Without network, a failed install ends with one line
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sandbox.backends.environment import CA_VARIABLES
+from tests import netlab
 from tests.conftest import own_like_a_checkout, profile_or_skip
 from tests.integration._cli import sandbox
 from tests.netlab import NetLab
@@ -40,10 +40,7 @@ def lab() -> Iterator[NetLab]:
 @pytest.fixture
 def lab_dns(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy resolves with the lab's DNS and chains to no upstream proxy of this machine."""
-    monkeypatch.setenv("SANDBOX_NET_RESOLVER", f"{lab.dns[0]}:{lab.dns[1]}")
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
+    netlab.resolve_in(lab, monkeypatch)
 
 
 @pytest.fixture(params=BACKENDS)
