@@ -261,6 +261,9 @@ async def test_the_proxy_dying_mid_call_fails_the_call_and_opens_nothing(
         "import sys, urllib.request as u\n"
         f"r = u.urlopen({lab.http_url('allowed.test', '/big.bin')!r})\n"
         "got = len(r.read(1 << 16)); print('started', flush=True)\n"
+        # The rest waits until the proxy is surely stopped: 64 MiB over loopback outruns a stop
+        # (CI once saw the whole download arrive first), and the buffers hold far less than that.
+        "import time; time.sleep(3)\n"
         "try:\n"
         "    while chunk := r.read(1 << 16): got += len(chunk)\n"
         "except Exception as e: print('broken', type(e).__name__, flush=True); sys.exit(3)\n"
