@@ -10,11 +10,13 @@ index of tests/registries.py on loopback. Each round times, in one run:
   the whole command (copy-in, the allowlist proxy, the changeset at the end included);
 
 each **cold** (an empty pip download cache) and **warm** (pip's cache already holding every
-download, as a second install of the project finds it). The cache lives in the workspace
-(``PIP_CACHE_DIR=.pip-cache``) for both, so the jail's copy-in carries it as a real project's
-would; a fresh copy of the project for every run. Medians of ``BENCH_DEPS_REPS`` (3) rounds,
-host and jail alternating. Targets: jail/host <= 1.15x cold, <= 1.05x warm; exit 1 if missed,
-exit 0 with a reason if bubblewrap or the fixtures are missing.
+download, as a second install of the project finds it). The cache is outside the workspace on both
+sides, as a user's is: the host's in a directory of its own (``PIP_CACHE_DIR``), the jail's the
+project's download cache of the data directory (``--download-cache project``, bound into the jail;
+seeded for a warm run with a copy of the same cache, untimed). A fresh copy of the project for every
+run. Medians of ``BENCH_DEPS_REPS`` (3) rounds, host and jail alternating. Targets: jail/host <=
+1.15x cold, <= 1.05x warm; exit 1 if missed, exit 0 with a reason if bubblewrap or the fixtures
+are missing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from sandbox import downloads  # noqa: E402
 from tests import registries  # noqa: E402 (the checkout's tests/ package, beside bench/)
 
 PROJECT = os.environ.get("BENCH_DEPS_PROJECT", "more-itertools")
@@ -50,13 +53,17 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def workspace(sdist: Path, scratch: Path, cache: Path | None) -> Path:
-    """A fresh copy of the project, with a copy of the warm pip cache when one is given."""
-    where = Path(tempfile.mkdtemp(dir=scratch))
-    project = registries.unpack(sdist, where)
-    if cache is not None:
-        shutil.copytree(cache, project / ".pip-cache", symlinks=True)
-    return project
+def workspace(sdist: Path, scratch: Path) -> Path:
+    """A fresh copy of the project."""
+    return registries.unpack(sdist, Path(tempfile.mkdtemp(dir=scratch)))
+
+
+def fresh_cache(scratch: Path, seed: Path | None) -> Path:
+    """An empty pip cache, or a copy of ``seed``."""
+    where = Path(tempfile.mkdtemp(dir=scratch)) / "pip"
+    if seed is not None:
+        shutil.copytree(seed, where, symlinks=True)
+    return where
 
 
 def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -68,34 +75,43 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     return elapsed
 
 
-def host_run(project: Path, index: str) -> float:
+def host_run(project: Path, index: str, cache: Path) -> float:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(project), "LANG": "C.UTF-8", "PIP_INDEX_URL": index}
-    env["PIP_CACHE_DIR"] = str(project / ".pip-cache")
+    env["PIP_CACHE_DIR"] = str(cache)
     return timed(["sh", "-c", RECIPE], project, env)
 
 
-def jail_run(project: Path, index: str, data: Path, recipe: str = RECIPE) -> float:
+def jail_run(project: Path, index: str, data: Path, seed: Path | None = None, recipe: str = RECIPE) -> float:
+    """``sandbox run`` of the recipe with the project's download cache (a copy of ``seed`` in it)."""
     env = dict(os.environ, SANDBOX_DATA_DIR=str(data))
-    script = f"PIP_CACHE_DIR=$PWD/.pip-cache {recipe}"
+    if seed is not None:
+        os.environ["SANDBOX_DATA_DIR"] = str(data)  # where downloads.host_dir looks, as the run will
+        try:
+            entry = downloads.host_dir(project, "bwrap")
+        finally:
+            del os.environ["SANDBOX_DATA_DIR"]
+        shutil.copytree(seed, entry / "cache" / "pip", symlinks=True)
     argv = [SANDBOX, "run", "--profile", "untrusted-deps", "--backend", "bwrap", "--allow-index", f"pypi={index}"]
-    return timed([*argv, "--workspace", str(project), "--", "sh", "-c", script], project, env)
+    argv += ["--download-cache", "project", "--workspace", str(project)]
+    return timed([*argv, "--", "sh", "-c", recipe], project, env)
 
 
 def warm_cache(sdist: Path, scratch: Path, index: str) -> Path:
     """pip's download cache after one install of the project: what every warm run starts from."""
-    project = workspace(sdist, scratch, None)
-    host_run(project, index)
-    return project / ".pip-cache"
+    cache = fresh_cache(scratch, None)
+    host_run(workspace(sdist, scratch), index, cache)
+    return cache
 
 
 def measure(sdist: Path, scratch: Path, index: str) -> dict[str, dict[str, list[float]]]:
-    cache = warm_cache(sdist, scratch, index)
+    warm = warm_cache(sdist, scratch, index)
     times: dict[str, dict[str, list[float]]] = {kind: {"host": [], "jail": []} for kind in TARGETS}
     for rep in range(REPS):
         for kind in TARGETS:
-            seed = cache if kind == "warm" else None
-            times[kind]["host"].append(host_run(workspace(sdist, scratch, seed), index))
-            times[kind]["jail"].append(jail_run(workspace(sdist, scratch, seed), index, scratch / f"data{rep}{kind}"))
+            seed = warm if kind == "warm" else None
+            times[kind]["host"].append(host_run(workspace(sdist, scratch), index, fresh_cache(scratch, seed)))
+            data = scratch / f"data{rep}{kind}"
+            times[kind]["jail"].append(jail_run(workspace(sdist, scratch), index, data, seed))
             say(f"  round {rep + 1} {kind}: host {times[kind]['host'][-1]:.2f} s, jail {times[kind]['jail'][-1]:.2f} s")
     return times
 
@@ -127,7 +143,7 @@ def main() -> int:
     with registries.running(root) as served, tempfile.TemporaryDirectory(prefix="bench-deps-") as scratch:
         times = measure(sdist, Path(scratch), served.pypi_url)
         # What the jail costs whatever the work: the same command with nothing to do (`true`).
-        fixed = jail_run(workspace(sdist, Path(scratch), None), served.pypi_url, Path(scratch) / "data-true", "true")
+        fixed = jail_run(workspace(sdist, Path(scratch)), served.pypi_url, Path(scratch) / "data-true", recipe="true")
     missed = report(times)
     say(f"sandbox run -- true on the same workspace: {fixed:.2f} s (the fixed part of the jail's time)")
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -69,3 +70,44 @@ def tree_bytes(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` (a tree a jail wrote, maybe still writing) as :func:`remove_tree_at` does."""
+    fd = os.open(path.parent, _DIR_FLAGS)
+    try:
+        st = os.lstat(path.name, dir_fd=fd)
+        if stat.S_ISDIR(st.st_mode):
+            remove_tree_at(fd, path.name)
+        else:
+            os.unlink(path.name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_tree_at(pfd: int, name: str) -> None:
+    """Remove the directory ``name`` of the directory open as ``pfd``, following no link at any
+    step (``rmtree`` by descriptors), and opening up the directories a jail left without write
+    permission (by descriptor too: a directory swapped for a link meanwhile is not followed)."""
+    try:
+        shutil.rmtree(name, dir_fd=pfd)
+    except PermissionError:
+        _open_up(pfd, name)
+        for _path, dirs, _files, fd in os.fwalk(name, dir_fd=pfd):
+            for sub in dirs:
+                with contextlib.suppress(OSError):
+                    _open_up(fd, sub)
+        shutil.rmtree(name, dir_fd=pfd)
+
+
+def _open_up(pfd: int, name: str) -> None:
+    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # the inode opened, whatever the name means now
+    finally:
+        os.close(fd)

@@ -51,7 +51,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import signal
 import stat
 import uuid
@@ -406,23 +405,10 @@ def _remove_any(pfd: int, name: str) -> None:
     if st is None:
         return
     if stat.S_ISDIR(st.st_mode):
-        _rmtree(pfd, name)
+        datadir.remove_tree_at(pfd, name)
     else:
         os.unlink(name, dir_fd=pfd)
     _hook.tick()
-
-
-def _rmtree(pfd: int, name: str) -> None:
-    """A staged or backed-up tree may hold directories without write permission: open them up."""
-    try:
-        shutil.rmtree(name, dir_fd=pfd)
-    except PermissionError:
-        _fchmod_dir(pfd, name, 0o700)
-        for _path, dirs, _files, fd in os.fwalk(name, dir_fd=pfd):
-            for sub in dirs:
-                with contextlib.suppress(OSError):
-                    _fchmod_dir(fd, sub, 0o700)
-        shutil.rmtree(name, dir_fd=pfd)
 
 
 def _fchmod_dir(pfd: int, name: str, mode: int) -> None:

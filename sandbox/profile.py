@@ -120,7 +120,7 @@ class Mount(_Model):
     so the jail can use it but not change it, and the changeset lists it as untracked. A path
     missing from the workspace is skipped. ``ro`` and ``rw`` bind the workspace itself: nothing
     is copied there, so they ignore it. ``environment`` and ``environment_cache``: see
-    :mod:`sandbox.envdirs`.
+    :mod:`sandbox.envdirs`; ``download_cache``: :mod:`sandbox.downloads`.
     """
 
     strategy: MountStrategy = "rw"
@@ -129,6 +129,9 @@ class Mount(_Model):
     # Copied like the rest; in a changeset one consent group each, applied only when asked.
     environment: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
     environment_cache: CacheMode = "off"  # "project": reuse them across copy runs, keyed by the lock files
+    # "project": installers' download caches kept per workspace in the data dir, bound into the jail
+    # (sandbox.downloads); any mount strategy, never the host's home.
+    download_cache: CacheMode = "off"
     # Review only (sandbox.changesummary): gitignore-style globs of changes that are noise, summed
     # up in one line instead of listed; they are kept and applied like the rest.
     ignore: tuple[Annotated[str, Field(min_length=1)], ...] = ()

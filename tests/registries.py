@@ -49,7 +49,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -227,6 +227,12 @@ class Registries:
         self.pypi_url = f"http://{self.address}/simple/"
         self.npm_url = f"http://{self.address}/npm/"
 
+    def downloads(self) -> dict[str, int]:
+        """The package files and tarballs served so far, by path (how many times each)."""
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy of ours
+        with direct.open(f"http://{self.address}/_lab/downloads", timeout=10) as answer:
+            return dict(json.loads(answer.read()))
+
     def close(self) -> None:
         if self._process.poll() is None:
             self._process.terminate()
@@ -292,6 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
     store: _Store
     protocol_version = "HTTP/1.1"
 
+    served: ClassVar[dict[str, int]] = {}  # downloads (package files, tarballs) answered, by path
+
     def do_GET(self) -> None:
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         try:
@@ -303,6 +311,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
+        if status == 200 and path.startswith(_DOWNLOADS):
+            self.served[path] = self.served.get(path, 0) + 1
+            self.send_header("Cache-Control", "max-age=365000000, immutable, public")  # as PyPI's files say
+        elif status == 200 and not path.startswith("/_lab/"):
+            self.send_header("Cache-Control", "max-age=600, public")  # as PyPI's simple pages say
         if self.headers.get("Connection", "").lower() == "close":
             # What real registries answer: the allowlist proxy asks the server to close after each
             # response, and a client must be told, or it sends its next request into a closing socket.
@@ -312,6 +325,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, path: str) -> tuple[bytes, str]:
         base = f"http://{self.headers['Host']}/npm/"
+        if path == "/_lab/downloads":
+            return json.dumps(self.served).encode(), "application/json"
         if path in ("/simple", "/simple/"):
             links = "".join(f'<a href="/simple/{name}/">{name}</a>\n' for name in sorted(self.store.projects))
             return _page(links), "text/html"
@@ -329,6 +344,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a test's output is the jail's, not the registry's access log."""
+
+
+_DOWNLOADS = ("/files/", "/npm/-/tarballs/")
 
 
 def quoted(name: str) -> str:

@@ -109,6 +109,7 @@ class Jail(ABC):
     tree: CopyTree | None = None  # the private copy or overlay (copy/overlay mounts)
     egress: Egress | None = None  # the filtering proxy (network.mode = "allowlist")
     scratch: Path | None = None  # the session's scratch directory, shown read-write (set by open_jail)
+    downloads: Path | None = None  # the project's download cache (sandbox.downloads), shown read-write
     # The interpreter of our programs in the jail (runner, forwarder), by an absolute path no mount
     # the jail writes can shadow, never by PATH: a backend that isolates sets its verified one
     # (sandbox.backends.jailpython); this default serves those that do not (host, fake).
@@ -123,7 +124,7 @@ class Jail(ABC):
         """Host directories whose disk this jail's calls fill (:mod:`sandbox.diskguard` watches them):
         the private copy's (an overlay's upper dir sits beside its merged view), the workspace in
         ``rw``, the scratch directory. The jail's ``/tmp`` and home are tmpfs: memory, capped."""
-        areas = [self.scratch] if self.scratch is not None else []
+        areas = [area for area in (self.scratch, self.downloads) if area is not None]
         if self.tree is not None:
             areas.append(self.tree.root.parent)  # the tree's own directory: a copy's, an overlay's base
         elif self.mount == "rw":
@@ -215,6 +216,7 @@ class Jail(ABC):
 
 class Backend(ABC):
     name: ClassVar[str]
+    binds_downloads: ClassVar[bool] = False  # can show a host directory at a jail path of its own
     _probed: Report | None = None
 
     def probe(self) -> Report:
@@ -255,9 +257,10 @@ class Backend(ABC):
         dirs = shared_dirs(shared)
         ws = check_workspace(workspace)
         await self._recover(ws)
+        downloads = await self._downloads(ws, profile)
         if profile.network.mode != "allowlist":
-            jail = await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs)
-            jail.scratch = scratch
+            jail = await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs, downloads=downloads)
+            jail.scratch, jail.downloads = scratch, downloads
             return jail
         from sandbox.network.egress import Egress
         from sandbox.network.policy import for_profile
@@ -266,13 +269,29 @@ class Backend(ABC):
         # its allowlist is the profile's with the trusted domains merged (seed 004).
         egress = await off_loop(Egress.start, for_profile(profile), profile.policy.approval_timeout_s + 10)
         try:
-            jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs)
+            jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs, downloads=downloads)
         except BaseException:
             egress.close()
             raise
         jail.egress = egress  # the jail closes it
-        jail.scratch = scratch
+        jail.scratch, jail.downloads = scratch, downloads
         return jail
+
+    async def _downloads(self, workspace: Path, profile: Profile) -> Path | None:
+        """The project's download cache to bind (``mount.download_cache``), made; refused where
+        this backend cannot bind it."""
+        from sandbox import downloads
+
+        if not downloads.enabled(profile):
+            return None
+        if not self.binds_downloads:
+            raise InvalidArgument(
+                f"mount.download_cache = 'project' needs a backend that binds a directory into its jails "
+                f"(bwrap, docker, podman); the {self.name} backend does not: set it to 'off' for this backend",
+                backend=self.name,
+                setting="mount.download_cache",
+            )
+        return await off_loop(downloads.prepare, workspace, profile, self.name)
 
     async def _recover(self, workspace: Path) -> None:
         """Finish or undo an apply a crash interrupted in ``workspace``, before a jail shows it."""
@@ -289,10 +308,12 @@ class Backend(ABC):
         scratch: Path | None,
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,
     ) -> Jail:
         """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical,
         ``egress`` the running proxy of an allowlist profile (its socket directory to bind),
-        ``shared`` the read-only directories, checked."""
+        ``shared`` the read-only directories, checked, ``downloads`` the project's download cache
+        to show read-write at :data:`sandbox.downloads.JAIL_DIR` (only where ``binds_downloads``)."""
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""

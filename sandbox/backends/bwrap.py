@@ -24,6 +24,7 @@ from sandbox.backends.base import Backend, off_loop, soon
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
+from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.errors import BackendUnavailable
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, overlay_support
@@ -55,18 +56,22 @@ class BwrapJail(local.LocalJail):
         egress_dir: Path | None = None,
         sealed: Seal | None = None,
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,
     ) -> None:
         super().__init__(workspace, profile, tree)
         untracked = tree.untracked if tree is not None else ()
         sealed = sealed if sealed is not None else bwrap_argv.find_sealed(profile, workspace)
         # The seal is searched again before each call (seal.Watch): the arguments are rebuilt when it moved.
         self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
-        self._jail_args = functools.partial(jail_args, profile, workspace, source, scratch, untracked, egress_dir)
+        self._jail_args = functools.partial(
+            jail_args, profile, workspace, source, scratch, untracked, egress_dir, downloads=downloads
+        )
         self._shared = tuple(shared)
         self._sealing = anyio.Lock()  # per-call jails run calls side by side: one search and rebuild at a time
         self._prefix = [*bwrap_argv.command_prefix(profile), *self._jail_args(sealed, self._shared)]
         # Our programs' interpreter: the host's, verified, with no mount of this jail at or above it.
         writable = [str(workspace), "/tmp", *([str(scratch)] if scratch is not None else [])]
+        writable += [downloads_jail_dir] if downloads is not None else []
         self.python = jailpython.bwrap_python([*writable, *(target for _, target in shared)])
         self._seccomp = seccomp.availability() is None  # absent: `check` says so, a requiring profile is refused
 
@@ -202,6 +207,7 @@ async def _read_init_pid(fd: int, proc: Child) -> int:
 
 class BwrapBackend(Backend):
     name = "bwrap"
+    binds_downloads = True
 
     def _probe(self) -> Report:
         return _report()
@@ -214,6 +220,7 @@ class BwrapBackend(Backend):
         scratch: Path | None,
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,
     ) -> BwrapJail:
         host_files(profile)  # a file that became a secret is refused before a copy exists
         tree: CopyTree | None = None
@@ -231,10 +238,10 @@ class BwrapBackend(Backend):
                 await off_loop(tree.hand_to, os.geteuid(), os.getegid())
         args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed, shared)
         if profile.bwrap.lifecycle == "call":
-            return BwrapJail(*args)
+            return BwrapJail(*args, downloads=downloads)
         from sandbox.backends.bwrap_warm import WarmBwrapJail
 
-        jail = WarmBwrapJail(*args)
+        jail = WarmBwrapJail(*args, downloads=downloads)
         jail.egress = egress  # the transparent mode's veth goes to the jail at its start
         try:
             await jail.start()

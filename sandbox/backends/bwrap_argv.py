@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sandbox import datadir
 from sandbox.backends import seal
 from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, bwrap_args
+from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
@@ -229,6 +230,8 @@ def jail_args(
     egress_dir: Path | None = None,
     sealed: seal.Seal | None = None,
     shared: Sequence[tuple[str, str]] = (),
+    *,
+    downloads: Path | None = None,
 ) -> list[str]:
     """The bwrap arguments shared by every call of a jail (everything but fds, env and argv).
 
@@ -236,6 +239,7 @@ def jail_args(
     ``egress_dir``: the filtering proxy's socket directory (allowlist), bound at its jail path.
     ``sealed``: the workspace's secrets to mask (found now when not given; see :mod:`.seal`).
     ``shared``: host directories shown read-only (a session's plugins; checked by the caller).
+    ``downloads``: the project's download cache, read-write at :data:`sandbox.downloads.JAIL_DIR`.
     """
     from sandbox.network.egress import JAIL_DIR
 
@@ -276,6 +280,7 @@ def jail_args(
         *seal.bwrap_args(ws, sealed, empty_dir(), empty_file(), rw=profile.mount.strategy == "rw"),
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         *(["--ro-bind", str(egress_dir), JAIL_DIR] if egress_dir is not None else []),
+        *(["--bind", str(downloads), downloads_jail_dir] if downloads is not None else []),
         "--remount-ro",
         "/",
     ]

@@ -27,6 +27,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from sandbox import downloads
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ def base_env(
         value = os.environ.get(name)
         if value is not None:
             env[name] = value
+    env.update(downloads.environment(profile))  # the installers' caches, when the profile keeps them
     env.update(profile.env.set)
     env.update(extra or {})
     return env

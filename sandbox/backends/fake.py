@@ -414,6 +414,7 @@ class FakeBackend(Backend):
         scratch: Path | None,
         egress: Egress | None,  # noqa: ARG002 - the toy shell has no network to filter
         shared: Sequence[tuple[str, str]] = (),  # noqa: ARG002 - the toy shell runs no plugin
+        downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
     ) -> FakeJail:
         jail = FakeJail(workspace, profile, self.script_for, scratch)
         self.jails.append(jail)

@@ -84,6 +84,7 @@ class HostBackend(Backend):
         scratch: Path | None,  # noqa: ARG002 - shown where it is, as every host path
         egress: Egress | None,  # noqa: ARG002 - the host shares our network: check refuses allowlist
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
     ) -> HostJail:
         # ``scratch`` needs no binding: the host shows every path where it is, scratch included.
         if shared:

@@ -919,6 +919,7 @@ class WinJobBackend(Backend):
         scratch: Path | None,  # noqa: ARG002 - shown where it is, as every host path
         egress: Egress | None,  # noqa: ARG002 - check refuses allowlist: net-allowlist is not granted
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
     ) -> WinJobJail:
         if shared:
             raise GuaranteeUnavailable(

@@ -91,6 +91,7 @@ def _key(args: argparse.Namespace) -> str | None:
         return None
     how = {name: [e.how, e.scope] for name, e in confine.enforcement("bwrap").items()}
     flags = [args.mount, args.memory, args.pids, args.network, args.allow_host, args.allow_index, args.backend]
+    flags.append(args.download_cache)
     return json.dumps(
         [
             __version__,
@@ -116,6 +117,8 @@ def remember(args: argparse.Namespace, profile: Profile) -> None:
     if profile.mount.strategy not in FAST_MOUNTS or "overlay" in profile.requires:
         return
     if profile.network.mode == "allowlist":  # the proxy and its forwarder: the full path's
+        return
+    if profile.mount.download_cache != "off":  # the cache's directory is made and bound by the full path
         return
     key = _key(args)
     if key is None:

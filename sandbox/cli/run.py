@@ -51,6 +51,7 @@ _FLAGS = {
     "network.indexes": "--allow-index",
     "backend": "--backend",
     "docker.image": "--image",
+    "mount.download_cache": "--download-cache",
 }
 
 
@@ -68,6 +69,12 @@ def register(sub: Subparsers) -> None:
     )
     run.add_argument("--memory", help="memory limit, binary units as Docker reads them: 512m, 2g = 2GiB")
     run.add_argument("--pids", type=int, help="process limit (at least 8)")
+    run.add_argument(
+        "--download-cache",
+        choices=("off", "project"),
+        help="project: keep pip's, npm's, uv's, Go's and cargo's downloads across runs of this workspace, in the "
+        "data directory (never the host's home), bound into the jail (default: the profile's mount.download_cache)",
+    )
     options.add_network(run)
     options.add_json(run, help="one JSON object on stdout at the end")
     run.add_argument(
@@ -105,6 +112,7 @@ def _load_profile(args: argparse.Namespace) -> profiles.Profile:
         "network.indexes": [*prof.network.indexes, *args.allow_index] if args.allow_index else None,
         "backend": args.backend,
         "docker.image": args.image,
+        "mount.download_cache": args.download_cache,
         "bwrap.lifecycle": "call",  # one call: a warm jail would only add its agent's start
     }
     implied = options.network_flag(args) if args.network is None else None  # who asked for the allowlist

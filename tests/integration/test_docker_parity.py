@@ -174,6 +174,14 @@ def test_a_remote_engine_refuses_to_bind_the_hosts_bundle() -> None:
         _check_remote(profile, "tcp://engine")
 
 
+def test_a_remote_engine_refuses_the_download_cache() -> None:
+    from sandbox.backends.docker import _check_remote
+
+    profile = make_profile("default", backend="docker", **{"mount.strategy": "copy", "mount.download_cache": "project"})
+    with pytest.raises(InvalidArgument, match=r"download_cache = 'project' .* a remote engine cannot do"):
+        _check_remote(profile, "tcp://engine")
+
+
 def test_a_bundle_needs_ca_certificates_host() -> None:
     with pytest.raises(InvalidArgument, match='needs docker.ca_certificates = "host"'):
         make_profile("default", **{"docker.ca_bundle": "/etc/ssl/certs/ca-certificates.crt"})

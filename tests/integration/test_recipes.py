@@ -129,6 +129,30 @@ def test_pip_recipe(backend: str, project: str, indexes: registries.Registries, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_install_takes_its_downloads_from_the_project_cache(
+    backend: str, indexes: registries.Registries, tmp_path: Path
+) -> None:
+    """``--download-cache project``: pip's downloads stay in the data directory across runs of the
+    workspace, so the second install fetches no package file from the index; the workspace's
+    changeset never holds the cache."""
+    workspace = _project(registries.sdist(indexes.root, "six"), tmp_path, backend)
+    index, cached = f"pypi={indexes.pypi_url}", ("--download-cache", "project")
+    before = indexes.downloads()
+    _recipe(backend, workspace, index, PIP_RECIPE, *cached)
+    first = _fetched(before, indexes.downloads())
+    assert any(path.endswith(".whl") for path in first), first  # pytest and its dependencies, from the index
+    again = indexes.downloads()
+    changeset = _recipe(backend, workspace, index, PIP_RECIPE, *cached)
+    assert _fetched(again, indexes.downloads()) == {}, "the second install downloaded again"
+    stat = sandbox("changes", "show", changeset, "--stat", text=True)
+    assert "pip" not in {line.split()[0].split("/")[0] for line in stat.stdout.splitlines() if line.strip()}
+
+
+def _fetched(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {path: count - before.get(path, 0) for path, count in after.items() if count > before.get(path, 0)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_npm_recipe(backend: str, indexes: registries.Registries, tmp_path: Path) -> None:
     workspace = _project(indexes.root / "npm" / "minimist-1.2.8.tgz", tmp_path, backend)
     image = ["--image", NODE_IMAGE] if backend == "docker" else []

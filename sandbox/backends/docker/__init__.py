@@ -119,6 +119,7 @@ __all__ = [
 
 class DockerBackend(Backend):
     name = "docker"
+    binds_downloads = True
 
     def _probe(self) -> Report:
         return _report()
@@ -131,6 +132,7 @@ class DockerBackend(Backend):
         scratch: Path | None,
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,
     ) -> DockerJail:
         if profile.mount.strategy == "overlay":
             raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
@@ -140,14 +142,15 @@ class DockerBackend(Backend):
         user = exec_user(profile, workspace)
         uid_gid(user)
         host_files(profile)  # a refused env.files entry fails here, before a client or a copy exists
-        jail = await _new_jail(workspace, profile, user, scratch, egress, engine, shared)
+        jail = await _new_jail(workspace, profile, user, scratch, egress, engine, shared, downloads)
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             # The jail owns the client and the copy now; its aclose shields itself from cancellation.
             cleanup_on_fail.push_async_callback(jail.aclose)
             if jail.tree is not None:
                 await anyio.to_thread.run_sync(_own_tree, jail.tree, user)
-            if scratch is not None and engine.remote is None:
-                await anyio.to_thread.run_sync(_own_dir, scratch, user)
+            for area in (scratch, downloads):
+                if area is not None and engine.remote is None:
+                    await anyio.to_thread.run_sync(_own_dir, area, user)
             if isinstance(jail.tree, RemoteTree):
                 await _to_remote(jail, jail.tree, engine, scratch)
             await jail.start()
@@ -181,6 +184,13 @@ def _check_remote(profile: Profile, why: str, shared: Sequence[tuple[str, str]] 
             else ("plugin tools bind their directories into the jail")
         )
         raise InvalidArgument(f"{what}, which a remote engine cannot do ({why})", backend="docker", remote=why)
+    if profile.mount.download_cache == "project":
+        raise InvalidArgument(
+            f"mount.download_cache = 'project' binds a directory of this host into the container, which a "
+            f"remote engine cannot do ({why}); set it to 'off'",
+            backend="docker",
+            remote=why,
+        )
     if profile.docker.ca_certificates == "host":
         raise InvalidArgument(
             f'docker.ca_certificates = "host" binds this host\'s CA bundle into the container, which a remote '
@@ -198,6 +208,7 @@ async def _new_jail(
     egress: Egress | None,
     engine: Engine,
     shared: Sequence[tuple[str, str]] = (),
+    downloads: Path | None = None,
 ) -> DockerJail:
     """A jail of the profile's lifecycle, with its client and its private copy; nothing started."""
     client = await anyio.to_thread.run_sync(functools.partial(connect, engine=engine))
@@ -215,7 +226,7 @@ async def _new_jail(
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         source = tree.root if tree else workspace
-        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed, shared)
+        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed, shared, downloads)
         cleanup_on_fail.pop_all()
     return jail
 

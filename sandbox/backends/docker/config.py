@@ -28,6 +28,7 @@ from sandbox.backends.agentlink import AGENT_PROGRAM
 from sandbox.backends.bwrap_argv import empty_dir, empty_file, tmp_inodes
 from sandbox.backends.docker.client import image_ref
 from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
+from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ def container_config(
     egress_dir: Path | None = None,
     sealed: seal.Seal | None = None,
     shared: Sequence[tuple[str, str]] = (),
+    downloads: Path | None = None,
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -134,6 +136,8 @@ def container_config(
     mounts += [Mount(target=target, source=src, type="bind", read_only=ro) for src, target, ro in sealing]
     if scratch is not None:
         mounts.append(Mount(target=str(scratch), source=str(scratch), type="bind"))
+    if downloads is not None:  # the project's download cache (sandbox.downloads), at the jail's own path
+        mounts.append(Mount(target=downloads_jail_dir, source=str(downloads), type="bind"))
     if egress_dir is not None:  # allowlist: the filtering proxy's socket, the only way out
         from sandbox.network.egress import JAIL_DIR
 

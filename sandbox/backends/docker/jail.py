@@ -54,6 +54,7 @@ class DockerJail(Jail):
         egress: Egress | None = None,
         sealed: Seal | None = None,
         shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,
     ) -> None:
         self.client = client
         self.workspace = workspace
@@ -74,6 +75,7 @@ class DockerJail(Jail):
             untracked=tree.untracked if tree is not None else (),
             egress_dir=egress.socket_dir if egress is not None else None,
             shared=shared,
+            downloads=downloads,
         )
         self._config = self._configure(sealed=sealed)
         # The seal is searched again before each call (seal.Watch): the config is rebuilt when it moved.
