@@ -63,7 +63,7 @@ import stat
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -81,9 +81,9 @@ from sandbox.mounts import (
     Change,
     Changeset,
     CopyTree,
+    OverlayTree,
     Stamp,
     _apply_order,
-    _open_parent,
     needs_consent,
     open_unfollowed,
     sha256_file,
@@ -409,13 +409,18 @@ async def keep(
     backend: str,
     limit: int = STORE_LIMIT,
     environment: Sequence[str] = (),
+    giving_up: bool = False,
 ) -> Kept:
     """Keep ``changeset`` (read from ``tree``, still present) under a new id; returns it.
+
+    ``giving_up``: the caller removes ``tree`` right after, nothing running in it (``sandbox
+    run``): its files are moved into the store instead of copied (a file with other links is
+    still copied), so a keep costs a rename per file, not a copy.
 
     ``limit`` bounds every kept changeset's content together (``limits.kept_changes``): a keep
     that would pass it is refused whole with TOOL_FAILED (``errno`` ENOSPC), and nothing is kept.
     """
-    return await off_loop(_keep, tree, changeset, source, profile, backend, limit, tuple(environment))
+    return await off_loop(_keep, tree, changeset, source, profile, backend, limit, tuple(environment), giving_up)
 
 
 def load(changeset_id: str) -> Kept:
@@ -558,6 +563,7 @@ def _keep(
     backend: str,
     limit: int,
     environment: tuple[str, ...] = (),
+    giving_up: bool = False,
 ) -> Kept:
     sweep()
     budget = _Budget.of_store(limit, changeset)
@@ -568,7 +574,8 @@ def _keep(
         partial.mkdir(mode=0o700)
         try:
             (partial / "tree").mkdir(mode=0o700)
-            entries = [_keep_entry(tree, partial / "tree", change, budget) for change in changeset.changes]
+            with _SourceDirs(tree, giving_up=giving_up) as sources:
+                entries = [_keep_entry(sources, partial / "tree", change, budget) for change in changeset.changes]
             git = gitreview.summarise(tree.workspace, partial / "tree", [e.change for e in entries])
             kept = Kept(
                 changeset_id,
@@ -651,12 +658,12 @@ def _make_room(limit: int, needed: int) -> list[Pruned]:
     return pruned
 
 
-def _keep_entry(tree: CopyTree, kept_root: Path, change: Change, budget: _Budget) -> Entry:
-    entry = Entry(Change.from_dict(change.to_dict()), tree.host.get(change.path))
+def _keep_entry(sources: _SourceDirs, kept_root: Path, change: Change, budget: _Budget) -> Entry:
+    entry = Entry(replace(change, flags=list(change.flags)), sources.host.get(change.path))
     if not (_has_content(change) and change.applicable):
         return entry
     try:
-        digest = _copy_out(tree.root, kept_root, change.path, budget)
+        digest = _copy_out(sources, kept_root, change.path, budget)
     except (OSError, Conflict) as exc:
         reason = exc.message if isinstance(exc, Conflict) else exc.strerror or str(exc)
         entry.change.applicable, entry.change.reason = False, f"could not be kept: {reason}"
@@ -667,13 +674,16 @@ def _keep_entry(tree: CopyTree, kept_root: Path, change: Change, budget: _Budget
     return entry
 
 
-def _copy_out(root: Path, kept_root: Path, rel: str, budget: _Budget) -> str:
-    """Copy the file ``root/rel`` (reached without following a symlink) to ``kept_root/rel``; its hash."""
+def _copy_out(sources: _SourceDirs, kept_root: Path, rel: str, budget: _Budget) -> str:
+    """Copy the private tree's file ``rel`` (no link followed) to ``kept_root/rel``; its hash."""
     parts = PurePosixPath(rel).parts
     target = kept_root.joinpath(*parts)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     digest = hashlib.sha256()
-    src = _open_kept_source(root, parts)
+    taken = sources.take(parts, target)
+    if taken is not None:
+        return _hash(taken, digest, budget)
+    src = sources.open(parts)
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
             raise OSError(0, "no longer a regular file")
@@ -690,18 +700,106 @@ def _copy_out(root: Path, kept_root: Path, rel: str, budget: _Budget) -> str:
     return digest.hexdigest()
 
 
-def _open_kept_source(root: Path, parts: tuple[str, ...]) -> int:
-    """An fd of ``root/parts``, no component followed (POSIX: a directory fd at a time)."""
-    if WINDOWS:
-        path = root
-        for part in parts[:-1]:
-            path = path / part
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or getattr(st, "st_file_attributes", 0) & 0x400:
-                raise Conflict(f"parent {part!r} is not a directory inside the private tree")
-        return open_unfollowed(path / parts[-1])
-    with _open_parent(root, parts[:-1], create=False) as pfd:
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+def _hash(fd: int, digest: Any, budget: _Budget) -> str:
+    """The SHA-256 of the file open as ``fd`` (closed here), counted against the store's budget."""
+    try:
+        while chunk := os.read(fd, _CHUNK):
+            budget.take(len(chunk))
+            digest.update(chunk)
+    finally:
+        os.close(fd)
+    return str(digest.hexdigest())
+
+
+class _SourceDirs:
+    """The private tree's files, each opened without following a link at any component (POSIX: a
+    directory fd at a time). The directory fds along the last file's path are kept for the next
+    (a changeset lists a directory's files together): a keep of 2,000 files in a deep ``.venv``
+    opens each directory once, not each component of each file's path again.
+
+    ``giving_up``: the tree is removed right after the keep (``sandbox run``: its call is over, its
+    tree killed): a file is moved into the store rather than copied (:meth:`take`)."""
+
+    def __init__(self, tree: CopyTree, *, giving_up: bool = False) -> None:
+        self.root, self.host = tree.root, tree.host
+        self.giving_up = giving_up and not WINDOWS and not isinstance(tree, OverlayTree)
+        self._names: list[str] = []
+        self._fds: list[int] = []
+
+    def take(self, parts: tuple[str, ...], target: Path) -> int | None:
+        """Move the file ``parts`` to ``target`` in the store and return an fd of it there (ours,
+        ``0600``); ``None`` when it must be copied instead: the tree is kept, the file has other
+        links (one of them could still change it), another filesystem, or not ours to make private."""
+        if not self.giving_up:
+            return None
+        pfd = self._parent(parts[:-1])
+        try:
+            st = os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                return None
+            if st.st_uid != os.geteuid() and os.geteuid() != 0:
+                return None  # not ours to make private (a rootless engine's subordinate uid)
+            os.rename(parts[-1], target, src_dir_fd=pfd)
+        except OSError:
+            return None  # EXDEV, a vanished file: the copy says what is wrong
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(0, "it gained another link while it was kept")
+            if st.st_uid != os.geteuid():
+                os.fchown(fd, os.geteuid(), os.getegid())  # root: a Docker jail's file becomes ours
+            os.fchmod(fd, 0o600)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def open(self, parts: tuple[str, ...]) -> int:
+        """An fd of the file ``parts``, read-only."""
+        if WINDOWS:
+            return _open_windows_source(self.root, parts)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._parent(parts[:-1]))
+
+    def _parent(self, parts: tuple[str, ...]) -> int:
+        if not self._fds:
+            self._fds.append(os.open(self.root, _DIR_FLAGS))
+        common = 0
+        while common < min(len(parts), len(self._names)) and parts[common] == self._names[common]:
+            common += 1
+        for fd in self._fds[common + 1 :]:
+            os.close(fd)
+        del self._fds[common + 1 :], self._names[common:]
+        for part in parts[common:]:
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+            except OSError as exc:
+                raise Conflict(f"parent {part!r} is not a directory inside the private tree") from exc
+            self._fds.append(fd)
+            self._names.append(part)
+        return self._fds[-1]
+
+    def __enter__(self) -> _SourceDirs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        self._names.clear()
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_windows_source(root: Path, parts: tuple[str, ...]) -> int:
+    path = root
+    for part in parts[:-1]:
+        path = path / part
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or getattr(st, "st_file_attributes", 0) & 0x400:
+            raise Conflict(f"parent {part!r} is not a directory inside the private tree")
+    return open_unfollowed(path / parts[-1])
 
 
 def _new_file_flags() -> int:
@@ -750,7 +848,7 @@ def _from_manifest(data: dict[str, Any]) -> Kept:
 def _write_manifest(directory: Path, kept: Kept) -> None:
     tmp = directory / f".{MANIFEST}.{uuid.uuid4().hex[:8]}"
     with open(tmp, "x", encoding="utf-8") as fh:
-        json.dump(kept.to_dict(), fh, indent=1)
+        fh.write(json.dumps(kept.to_dict()))  # dumps, not dump: the C encoder (a 14,000-entry manifest)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, directory / MANIFEST)

@@ -96,7 +96,7 @@ def prune(limit: int = LIMIT, keep: Path | None = None) -> list[Path]:
     with contextlib.suppress(OSError):
         for entry in root().iterdir():
             if entry.is_dir() and not entry.is_symlink():
-                entries.append((_used(entry), datadir.tree_bytes(entry), entry))  # noqa: PERF401 -- in a suppress
+                entries.append((_used(entry), datadir.opened_up_bytes(entry), entry))  # noqa: PERF401 -- in a suppress
     total = sum(size for _used_at, size, _entry in entries)
     removed = []
     for _used_at, size, entry in sorted(entries):

@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -331,7 +330,7 @@ def prune(limit: int = CACHE_LIMIT) -> list[Path]:
         for ws in cache_root().iterdir():
             for entry in ws.iterdir():
                 used = _mtime(entry / "meta.json")
-                entries.append((used, datadir.tree_bytes(entry), entry))
+                entries.append((used, datadir.opened_up_bytes(entry), entry))
     total = sum(size for _used, size, _entry in entries)
     removed = []
     for _used, size, entry in sorted(entries):
@@ -357,7 +356,5 @@ def _cp(source: Path, target: Path) -> str:
 
 
 def _remove(path: Path) -> None:
-    for dirpath, _dirs, _files in os.walk(path):
-        with contextlib.suppress(OSError):
-            os.chmod(dirpath, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        datadir.remove_tree(path)

@@ -40,7 +40,7 @@ import posixpath
 import shutil
 import stat
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -244,7 +244,8 @@ class Change:
     note: str = ""  # for the reviewer: a system link to a file this host lacks
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copy of plain values
+        data["flags"] = list(self.flags)
         for key in ("mode_before", "mode_after"):
             if data[key] is not None:
                 data[key] = oct(data[key])

@@ -326,13 +326,14 @@ class Server:
         send, receive = anyio.create_memory_object_stream[Any](1)
         self.pending[rid] = send
         try:
-            await self.writer.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
             with receive:
+                await self.writer.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
                 reply = await receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
             raise ApprovalUnavailable("the client closed the connection") from exc
         finally:
             self.pending.pop(rid, None)
+            send.close()  # unanswered (cancelled, timed out): both ends closed, none left to the collector
         if "error" in reply:
             raise ApprovalUnavailable(f"the client answered with an error: {reply['error']}")
         return reply.get("result")

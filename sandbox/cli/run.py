@@ -240,6 +240,7 @@ async def _keep(jail: base.Jail, changes: Any, prof: profiles.Profile) -> kept_c
         backend=jail.backend,
         limit=limit,
         environment=prof.mount.environment,
+        giving_up=True,  # the call is over and its tree killed; the jail's close removes the copy next
     )
 
 
