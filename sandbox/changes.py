@@ -423,6 +423,35 @@ async def keep(
     return await off_loop(_keep, tree, changeset, source, profile, backend, limit, tuple(environment), giving_up)
 
 
+def recover(root: Path) -> Kept | None:
+    """Keep the work in ``root``, the private copy of an executor that is gone (killed), as a
+    changeset of source ``recovered``; ``None`` when there is none to keep (no baseline was saved:
+    no jail ran on it; nothing changed; another sweeper holds it). The copy is left for the caller
+    to remove. Its files are moved, as ``sandbox run`` does: nothing runs in it any more."""
+    if WINDOWS:
+        return None
+    baseline = CopyTree.baseline_file(root)
+    try:
+        fd = os.open(baseline, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # one sweeper at a time (gc, a session opening)
+        except BlockingIOError:
+            return None
+        tree = CopyTree.recovered(root)
+        if tree is None or not root.is_dir() or not os.path.exists(baseline):
+            return None  # removed by a sweeper that held it before us
+        changeset = tree._untracked_out(tree._changes())
+        if not changeset.changes:
+            return None
+        env = tree.environment
+        return _keep(tree, changeset, "recovered", "(unknown)", "(unknown)", STORE_LIMIT, env, giving_up=True)
+    finally:
+        os.close(fd)
+
+
 def load(changeset_id: str) -> Kept:
     """The kept changeset ``changeset_id``; INVALID_ARGUMENT when there is none."""
     sweep()

@@ -78,6 +78,7 @@ class Swept:
         self.copies: list[str] = []
         self.scratch: list[str] = []
         self.reviews: list[str] = []  # review-changes/<session> of sessions that no longer exist
+        self.recovered: list[str] = []  # changesets kept from a killed executor's private copy
         self.kept: list[str] = []  # a dead executor's, but could not be removed (why)
 
 
@@ -139,19 +140,42 @@ def _remove_cgroup(path: Path, swept: Swept) -> None:
         swept.cgroups.append(str(path))
 
 
+def sweep_copies() -> Swept:
+    """Recover and remove the private copies of executors that are gone (what ``sandbox gc`` does
+    to them); a server runs it as it starts, so a killed server's work is kept by the next one."""
+    swept = Swept()
+    _sweep_copies(swept)
+    return swept
+
+
 def _sweep_copies(swept: Swept) -> None:
-    from sandbox import datadir, mounts
+    from sandbox import changes, datadir, mounts
+    from sandbox.errors import SandboxError
 
     root = datadir.data_dir() / "copies"
     with contextlib.suppress(OSError):
         for entry in sorted(root.iterdir()):
-            if not _dead_owner(entry.name):
+            if not _dead_owner(entry.name) or not entry.is_dir():
                 continue
+            if entry.name.startswith("copy-"):  # the work of a killed executor: kept before it goes
+                try:
+                    kept = changes.recover(entry)
+                except (SandboxError, OSError) as exc:
+                    why = exc.message if isinstance(exc, SandboxError) else str(exc)
+                    swept.kept.append(f"{entry}: its work could not be kept as a changeset ({why}); left in place")
+                    continue
+                if kept is not None:
+                    swept.recovered.append(f"{kept.id} ({kept.workspace}, {len(kept.entries)} changes)")
             problem = mounts.remove_private_tree(entry)
             if problem:
                 swept.kept.append(f"{entry}: {problem}")
             else:
                 swept.copies.append(str(entry))
+    for baseline in _listing(datadir.data_dir() / "baselines", "*.json"):  # a copy gone, its baselines left
+        name = baseline.name.removesuffix(".json")
+        if _dead_owner(name) and not (root / name).exists():
+            with contextlib.suppress(OSError):
+                baseline.unlink()
 
 
 def _sweep_sessions(swept: Swept, *, keep: str | None, cutoff: float | None) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import posixpath
 import shutil
@@ -89,6 +90,20 @@ class Stamp:
     ctime_ns: int
     nlink: int
     target: str | None = None
+
+    def values(self) -> list[Any]:
+        """The fields in order, for ``Stamp(*values)`` (a flat copy: no ``astuple`` deep copy)."""
+        return [
+            self.kind,
+            self.mode,
+            self.size,
+            self.dev,
+            self.ino,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.nlink,
+            self.target,
+        ]
 
     @classmethod
     def of(cls, path: str | Path, st: os.stat_result | None = None, dir_fd: int | None = None) -> Stamp:
@@ -565,7 +580,13 @@ def _same_content(a: Path, b: Path) -> bool:
 
 
 class CopyTree:
-    """A private copy of a workspace that a jail writes to instead of the workspace."""
+    """A private copy of a workspace that a jail writes to instead of the workspace.
+
+    Its baselines (the workspace's and the copy's stamps as copied in) are also written to the data
+    directory (:meth:`baseline_file`, outside the copy: no jail reaches it), so the work of an executor that
+    was killed can still be read as a changeset (:meth:`recovered`, ``sandbox gc``)."""
+
+    recoverable = True  # a copy whose tree here is what the jail wrote (not a remote engine's)
 
     def __init__(self, workspace: Path, root: Path, exclude: Iterable[str] = ()) -> None:
         self.workspace = workspace
@@ -577,6 +598,7 @@ class CopyTree:
         self.bytes_copied = 0
         self.environment_cache = False  # seed environment directories from sandbox.envdirs' cache
         self.seeded: list[str] = []  # the directories seeded: not in the baseline (the host has none)
+        self.environment: tuple[str, ...] = ()  # the profile's mount.environment, for a recovered changeset
 
     @classmethod
     async def prepare(
@@ -586,10 +608,12 @@ class CopyTree:
         exclude: Iterable[str] = (),
         *,
         environment_cache: bool = False,
+        environment: Iterable[str] = (),
     ) -> CopyTree:
         base = parent or datadir.subdir("copies")
         tree = cls(workspace, base / private_tree_name("copy"), exclude)
         tree.environment_cache = environment_cache
+        tree.environment = tuple(environment)
         return await _set_up(tree, "_copy_in")
 
     def _copy_in(self) -> None:
@@ -605,6 +629,44 @@ class CopyTree:
             self.bytes_copied = sum(s.size for s in self.copy.values() if s.kind == "file")
             if self.environment_cache:  # after the baseline: what is seeded is added, as the host sees it
                 self.seeded = envdirs.seed(self.workspace, self.root)
+            self._save_baseline()
+
+    @staticmethod
+    def baseline_file(root: Path) -> Path:
+        """Where the baselines of the copy ``root`` are kept: ``baselines/<its name>.json`` in the
+        data directory (the names are unique), where no jail reaches and no sweep of copies looks."""
+        return datadir.subdir("baselines") / f"{root.name}.json"
+
+    def _save_baseline(self) -> None:
+        if not self.recoverable:
+            return
+        data = {
+            "workspace": str(self.workspace),
+            "exclude": list(self.exclude),
+            "untracked": self.untracked,
+            "seeded": self.seeded,
+            "environment": list(self.environment),
+            "host": {rel: st.values() for rel, st in self.host.items()},
+            "copy": {rel: st.values() for rel, st in self.copy.items()},
+        }
+        path = self.baseline_file(self.root)
+        temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        temp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(temp, path)
+
+    @classmethod
+    def recovered(cls, root: Path) -> CopyTree | None:
+        """The copy at ``root`` with its saved baselines; ``None`` when there are none."""
+        try:
+            data = json.loads(cls.baseline_file(root).read_text(encoding="utf-8"))
+            tree = cls(Path(data["workspace"]), root, data["exclude"])
+            tree.untracked, tree.seeded = list(data["untracked"]), list(data["seeded"])
+            tree.environment = tuple(data["environment"])
+            tree.host = {rel: Stamp(*values) for rel, values in data["host"].items()}
+            tree.copy = {rel: Stamp(*values) for rel, values in data["copy"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return tree
 
     def _copy_level(self, rel: str, untracked: set[str]) -> str:
         """Copy ``rel``'s entries; ``""`` when done, else why not.
@@ -649,6 +711,7 @@ class CopyTree:
             for rel, _stamp in walk(self.root):
                 os.chown(self.root / rel, uid, gid, follow_symlinks=False)
             self.copy = {rel: st for rel, st in walk(self.root) if not _under(rel, self.seeded)}
+            self._save_baseline()
 
     async def changes(self) -> Changeset:
         return self._untracked_out(await off_loop(self._changes))
@@ -814,6 +877,8 @@ def remove_private_tree(path: Path) -> str | None:
     An overlay still mounted (its executor was killed) is unmounted first, and nothing is removed
     below a mount point that stays: ``rmtree`` must never walk into a workspace.
     """
+    with contextlib.suppress(OSError):
+        CopyTree.baseline_file(path).unlink()
     merged = path / "merged"
     if os.path.ismount(merged) and _run(["umount", str(merged)]) and _run(["umount", "-l", str(merged)]):
         return "its overlay is still mounted and cannot be unmounted"
@@ -995,6 +1060,8 @@ class OverlayTree(CopyTree):
     the changeset was computed: a file the host changes after review is refused with CONFLICT.
     """
 
+    recoverable = False  # its changes are an upper directory's, read against the mounted view
+
     def __init__(self, workspace: Path, base: Path) -> None:
         super().__init__(workspace, base / "merged")
         self.base = base
@@ -1009,8 +1076,9 @@ class OverlayTree(CopyTree):
         exclude: Iterable[str] = (),
         *,
         environment_cache: bool = False,
+        environment: Iterable[str] = (),
     ) -> OverlayTree:
-        del environment_cache  # the cache seeds copies only: an overlay's upper dir is its changeset
+        del environment_cache, environment  # copies only: an overlay's upper dir is its changeset, never recovered
         reason = overlay_support()
         if reason:
             raise InvalidArgument(f"overlay mount unavailable: {reason}")

@@ -97,6 +97,17 @@ _WRAPPERS = frozenset({"sudo", "doas", "env", "command", "exec", "time", "nice",
 _PATCH_LINE = re.compile(r"(?:^|[;&|(]|\bsudo)\s*(?:apply_patch|patch|git(?:\s+-[Cc]\s*\S+)*\s+apply)(?:\s|$)")
 
 
+def _recovered_notice(line: str) -> dict[str, str]:
+    """What a session says of the work of a killed executor it kept as a changeset as it opened."""
+    changeset = line.split()[0]
+    return {
+        "code": "changes.recovered",
+        "message": f"the work of a sandbox that was killed was kept as changeset {line}: "
+        f"review it with `sandbox changes show {changeset}`, apply it with `sandbox changes apply {changeset}`",
+        "changeset_id": changeset,
+    }
+
+
 def sweep_scratch(keep: str | None = None, max_age_s: float = SCRATCH_MAX_AGE_S) -> list[str]:
     """Remove the scratch and review-changes directories of sessions that no longer exist: their
     executor is gone, or, unclaimed, they were untouched for ``max_age_s``. The sessions' ids."""
@@ -242,6 +253,7 @@ class Sandbox:
         ws = check_workspace(Path(workspace))
         sid = _session_id(options.get("session_id"))
         await anyio.to_thread.run_sync(sweep_scratch, sid)
+        recovered = (await anyio.to_thread.run_sync(leftovers.sweep_copies)).recovered
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
@@ -281,6 +293,7 @@ class Sandbox:
                 mode=options.get("mode"),
             )
             sandbox.notices = [notice] if notice is not None else []
+            sandbox.notices += [_recovered_notice(line) for line in recovered]
             sandbox.classifier = _classifier(options.get("classifier"), prof)
             sandbox.plugins = plugin_tools.PluginHost(declared)
             gate.tools = sandbox.plugins.lookup

@@ -147,8 +147,9 @@ EntryKind = Literal["file", "dir", "symlink", "special"]
 ChangesetState = Literal["kept", "partial", "applied"]
 """A kept changeset (:mod:`sandbox.changes`): nothing applied yet, some entries applied (others
 held back or refused), every applicable entry applied."""
-ChangesetSource = Literal["run", "session"]
-"""What kept a changeset: ``sandbox run``, or a server session's copy mount."""
+ChangesetSource = Literal["run", "session", "recovered"]
+"""What kept a changeset: ``sandbox run``, a server session's copy mount, or ``recovered`` from the
+private copy of an executor that was killed (``sandbox gc``, or the next session to open)."""
 ReviewOperation = Literal["write", "edit", "delete"]
 """The tool call a review snapshot was kept for (Write or Edit, in the workspace); ``delete``, a
 deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""

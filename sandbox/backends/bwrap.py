@@ -231,7 +231,9 @@ class BwrapBackend(Backend):
             # A copy leaves the masked secrets out: the jail masks their (empty) mount points.
             exclude = (*profile.mount.exclude, *sealed.masked_paths)
             cache = profile.mount.environment_cache == "project"
-            tree = await kind.prepare(workspace, exclude=exclude, environment_cache=cache)
+            tree = await kind.prepare(
+                workspace, exclude=exclude, environment_cache=cache, environment=profile.mount.environment
+            )
             source = tree.root
             if profile.mount.strategy == "copy" and os.geteuid() == 0:
                 # The jail writes with our uid and no capabilities: the copy must be ours to write.

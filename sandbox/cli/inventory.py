@@ -101,17 +101,20 @@ def _docker_gc(everything: bool) -> list[str]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """What crashed executors left: call cgroups, private copies, scratch dirs, then containers."""
+    """What crashed executors left: containers, then call cgroups, private copies (their work kept
+    as changesets first), scratch dirs."""
     from sandbox import leftovers
 
+    removed = _docker_gc(args.all)  # first: a dead executor's container stops writing its copy
+    for name in removed:
+        print(name)
     swept = leftovers.sweep(legacy_cgroups=args.all)
     for path in (*swept.cgroups, *swept.copies, *swept.scratch, *swept.reviews):
         print(path)
+    for line in swept.recovered:
+        say(f"recovered the work of a killed executor as {line}: sandbox changes show {line.split()[0]}")
     for line in swept.kept:
         say(f"kept {line}")
-    removed = _docker_gc(args.all)
-    for name in removed:
-        print(name)
     say(
         f"removed {len(swept.cgroups)} cgroup(s), {len(swept.copies)} private copies, "
         f"{len(swept.scratch)} scratch dir(s), {len(swept.reviews)} review dir(s), {len(removed)} container(s)"

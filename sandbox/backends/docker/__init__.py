@@ -222,7 +222,12 @@ async def _new_jail(
         exclude = (*profile.mount.exclude, *sealed.masked_paths)
         tree_kind = CopyTree if engine.remote is None else RemoteTree
         cache = profile.mount.environment_cache == "project"
-        tree = await tree_kind.prepare(workspace, exclude=exclude, environment_cache=cache) if copy else None
+        environment = profile.mount.environment
+        tree = (
+            await tree_kind.prepare(workspace, exclude=exclude, environment_cache=cache, environment=environment)
+            if copy
+            else None
+        )
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         source = tree.root if tree else workspace
