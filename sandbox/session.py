@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -39,7 +40,7 @@ from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
 from sandbox.backends import base
 from sandbox.calls import check_workspace
-from sandbox.errors import Conflict, InvalidArgument, SandboxError, ToolDenied
+from sandbox.errors import Aborted, Conflict, InvalidArgument, SandboxError, ToolDenied
 from sandbox.policy import live_rules, shell
 from sandbox.policy.approvals import (
     NO_ONE_ASKED,
@@ -400,6 +401,11 @@ class Sandbox:
         self._in_flight += 1
         try:
             result = await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
+        except anyio.get_cancelled_exc_class():
+            # The client cancelled the request itself (MCP's notifications/cancelled): the call's
+            # tree is killed by the cancellation; the audit still says how it ended.
+            self._audit_ended(call, Aborted("the client cancelled the call"), started, "cancelled")
+            raise
         finally:
             self._in_flight -= 1
         if resolved is not None and resolved.warnings:
@@ -417,7 +423,11 @@ class Sandbox:
     ) -> ToolResult:
         """Boundaries 3 to 5 of a call whose tool and arguments passed 1 and 2."""
         params = call.params
-        auth = await authorize(self.gate, self.state, call, self.approver, classifier=self.classifier)  # 3, 4
+        auth = await self._authorize(call, abort)  # 3, 4
+        if auth is None:
+            exc = Aborted("the call was cancelled while it waited for approval: nothing ran", tool=call.name)
+            self._audit_ended(call, exc, started, "cancelled")
+            return _error(exc)
         ran_at = time.monotonic()
         try:
             auth.raise_if_denied()
@@ -436,6 +446,30 @@ class Sandbox:
             # The call already happened: lose neither its result nor the fact that it went unrecorded.
             result.details["audit_error"] = exc.to_dict()
         return result
+
+    async def _authorize(self, call: ToolCall, abort: anyio.Event | None) -> Authorization | None:
+        """The gate's and, when it asks, the approver's word; ``None`` when the call is aborted
+        first (``tool.cancel``, pi's abort): a pending question is then withdrawn at once, not
+        left to be answered."""
+        judge = functools.partial(authorize, self.gate, self.state, call, self.approver, classifier=self.classifier)
+        if abort is None:
+            return await judge()
+        if abort.is_set():
+            return None
+        decided: list[Authorization] = []
+        async with anyio.create_task_group() as tg:
+
+            async def asked() -> None:
+                decided.append(await judge())
+                tg.cancel_scope.cancel()
+
+            async def aborted() -> None:
+                await abort.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(asked)
+            tg.start_soon(aborted)
+        return decided[0] if decided else None
 
     async def _execute(
         self,
@@ -738,12 +772,35 @@ class Sandbox:
             record = dataclasses.replace(record, quarantined=json.dumps(result.details["quarantined"]))
         self.audit.record(record)
 
+    def _audit_ended(self, call: ToolCall, exc: SandboxError, started: float, decided_by: DecidedBy) -> None:
+        """A call that ended before it ran (cancelled while asked, or its request cancelled)."""
+        with contextlib.suppress(SandboxError):
+            self._audit_rejected(
+                call.name,
+                call.params.model_dump(),
+                call.tool_call_id,
+                call.turn_id,
+                exc,
+                started,
+                decided_by=decided_by,
+            )
+
     def _audit_rejected(
-        self, name: str, args: Any, call_id: str, turn_id: str, exc: SandboxError, started: float
+        self,
+        name: str,
+        args: Any,
+        call_id: str,
+        turn_id: str,
+        exc: SandboxError,
+        started: float,
+        *,
+        decided_by: DecidedBy = "rule",
     ) -> None:
         data = args if isinstance(args, dict) else {"args": repr(args)}
         total = round((time.monotonic() - started) * 1000, 3)
         rule = "capability.unknown-tool" if isinstance(exc, ToolDenied) else "capability.params"
+        if isinstance(exc, Aborted):
+            rule = "call.cancelled"
         self.audit.record(
             AuditRecord(
                 self.session_id,
@@ -757,7 +814,7 @@ class Sandbox:
                 "none",
                 "deny",
                 "deny",
-                "rule",
+                decided_by,
                 rule,
                 self.gate.mode_for(self.state),
                 False,
