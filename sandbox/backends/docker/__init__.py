@@ -170,34 +170,31 @@ def _check_remote(profile: Profile, why: str, shared: Sequence[tuple[str, str]] 
             mount=mount,
             remote=why,
         )
-    if profile.network.mode == "allowlist":
-        raise InvalidArgument(
-            f"network 'allowlist' binds the filtering proxy's socket into the container, which a remote "
-            f"engine cannot do ({why}); use network 'none' or 'host'",
-            backend="docker",
-            remote=why,
-        )
-    if host_files(profile) or shared:
-        what = (
-            "env.files binds host files into the jail's home"
-            if host_files(profile)
-            else ("plugin tools bind their directories into the jail")
-        )
-        raise InvalidArgument(f"{what}, which a remote engine cannot do ({why})", backend="docker", remote=why)
-    if profile.mount.download_cache == "project":
-        raise InvalidArgument(
-            f"mount.download_cache = 'project' binds a directory of this host into the container, which a "
-            f"remote engine cannot do ({why}); set it to 'off'",
-            backend="docker",
-            remote=why,
-        )
-    if profile.docker.ca_certificates == "host":
-        raise InvalidArgument(
-            f'docker.ca_certificates = "host" binds this host\'s CA bundle into the container, which a remote '
-            f'engine cannot do ({why}); use an image that trusts them, or docker.ca_certificates = "image"',
-            backend="docker",
-            remote=why,
-        )
+    refusals = (  # what binds something of this host into the container, and what to do instead
+        (
+            profile.network.mode == "allowlist",
+            "network 'allowlist' binds the filtering proxy's socket into the container",
+            "use network 'none' or 'host'",
+        ),
+        (bool(host_files(profile)), "env.files binds host files into the jail's home", ""),
+        (bool(shared), "plugin tools bind their directories into the jail", ""),
+        (
+            profile.mount.download_cache == "project",
+            "mount.download_cache = 'project' binds a directory of this host into the container",
+            "set it to 'off'",
+        ),
+        (
+            profile.docker.ca_certificates == "host",
+            'docker.ca_certificates = "host" binds this host\'s CA bundle into the container',
+            'use an image that trusts them, or docker.ca_certificates = "image"',
+        ),
+    )
+    for refused, what, instead in refusals:
+        if refused:
+            remedy = f"; {instead}" if instead else ""
+            raise InvalidArgument(
+                f"{what}, which a remote engine cannot do ({why}){remedy}", backend="docker", remote=why
+            )
 
 
 async def _new_jail(
