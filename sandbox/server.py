@@ -34,6 +34,7 @@ from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
 from sandbox.backends.base import off_loop
 from sandbox.backends.child import PIPE_SIZE, FdReceiveStream
+from sandbox.ending import end_on_signal
 from sandbox.errors import InvalidArgument, SandboxError, ToolFailed
 from sandbox.live import LiveOutput
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
@@ -656,6 +657,11 @@ class Server:
             for sandbox in list(self.sessions.values()):
                 with contextlib.suppress(SandboxError):
                     await sandbox.aclose()
+                if sandbox.changeset_id is not None:  # no session.close answered it: say it where a user looks
+                    sys.stderr.write(
+                        f"sandbox serve: session {sandbox.session_id}'s changes are kept as {sandbox.changeset_id}: "
+                        f"sandbox changes show {sandbox.changeset_id}; sandbox changes apply {sandbox.changeset_id}\n"
+                    )
             self.sessions.clear()
 
 
@@ -744,6 +750,7 @@ async def serve(
                 server.client_gone()
 
             tg.start_soon(read_lines)
+            tg.start_soon(end_on_signal, server.stop.set)  # SIGTERM, SIGHUP, SIGINT: as a shutdown
             await server.stop.wait()
             tg.cancel_scope.cancel()
     finally:

@@ -31,6 +31,7 @@ from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
+from sandbox.ending import end_on_signal
 from sandbox.errors import InvalidArgument
 from sandbox.mcp.server import Connections, McpOptions, build_server
 
@@ -54,7 +55,12 @@ async def serve_stdio(options: McpOptions) -> None:
     server = build_server(options, connections)
     async with anyio.create_task_group() as connections.closing, stdio_server() as (read, write):
         init = server.create_initialization_options()
-        await serve_loop(server, read, write, lifespan_state={}, init_options=init)
+        async with anyio.create_task_group() as serving:
+            # SIGTERM, SIGHUP, SIGINT end the connection as a closed stdin does: its session closes
+            # (in connections.closing, which outlives this), a copy session's work is kept.
+            serving.start_soon(end_on_signal, serving.cancel_scope.cancel)
+            await serve_loop(server, read, write, lifespan_state={}, init_options=init)
+            serving.cancel_scope.cancel()
 
 
 class BearerGuard:
