@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps mcp-inspector demo test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps mcp-inspector agents demo test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -61,7 +61,7 @@ test-fixtures: setup node-deps
 # The whole suite, as users meet the product: the checkout's suite as root, then the installed
 # wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
 # suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
-test: setup mcp-inspector test-fixtures
+test: setup mcp-inspector agents test-fixtures
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
@@ -92,6 +92,13 @@ node-deps:
 # The MCP Inspector's command-line mode (npm), a second real client for tests/integration/test_mcp_inspector.py.
 mcp-inspector: node-deps
 	@cd tests/mcp-inspector && npm ci --no-audit --no-fund --loglevel=error
+
+# The agents people use (Claude Code, Codex CLI, Gemini CLI, opencode) at the versions the lock pins,
+# for tests/integration/test_agents.py: about 1.3 GB of native binaries, 25 s cold, 3 s when current.
+# `npm install` honours the lock (and leaves it unchanged); `npm ci` refuses it here because the
+# registry serves only some of opencode-ai's per-platform optional packages at its pinned version.
+agents: node-deps
+	@cd tests/agents && npm install --no-audit --no-fund --loglevel=error
 
 # The pi extension, tested against pi's own tool code with the real server.
 test-pi: setup node-deps

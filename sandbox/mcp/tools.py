@@ -3,9 +3,16 @@
 Input schemas are the pydantic parameter models' own JSON Schemas (:mod:`sandbox.tools.params`),
 so MCP validates nothing the session would not: the session validates again and answers a bad
 argument as an ``isError`` result naming each problem. Every result carries ``structuredContent``
-(``ok``, ``error_code``, the tool, its call id) and, for Bash, the exit status and both streams
-apart with their byte counts and truncation; whatever else the result's details hold (a review
-record, network denials, a private copy's note) is under ``details``.
+(``text``, ``ok``, ``error_code``, the tool, its call id) and, for Bash, the exit status and both
+streams apart with their byte counts and truncation; whatever else the result's details hold (a
+review record, network denials, a private copy's note) is under ``details``.
+
+``text`` is the very text of ``content``, first in the object: clients differ in which part they
+show the model. Claude Code (2.1) and Codex CLI (0.171) send the model only ``structuredContent``,
+serialised as JSON, whenever a result has one; Gemini CLI (0.61) and opencode (1.18) send only
+``content``'s text (Gemini CLI also quotes the raw result, both parts, for an error). Without
+``text`` a Read under the first two would reach the model as metadata without the file, and a
+refusal as a code without its reason (tests/integration/test_agents.py drives all four).
 """
 
 from __future__ import annotations
@@ -95,10 +102,16 @@ def definitions() -> list[types.Tool]:
     ]
 
 
+def text(result: ToolResult) -> str:
+    """What the model reads: the result's text, a failure's prefixed with its error code."""
+    return result.content if result.ok or not result.error_code else f"[{result.error_code}] {result.content}"
+
+
 def structured(name: str, call_id: str, result: ToolResult) -> dict[str, Any]:
-    """``structuredContent`` of a result: the error code, and for Bash both streams apart."""
+    """``structuredContent`` of a result: its text, the error code, and for Bash both streams apart."""
     details = dict(result.details)
     body: dict[str, Any] = {
+        "text": text(result),
         "ok": result.ok,
         "error_code": result.error_code,
         "tool": name,
@@ -118,19 +131,20 @@ def structured(name: str, call_id: str, result: ToolResult) -> dict[str, Any]:
 
 def call_result(name: str, call_id: str, result: ToolResult) -> types.CallToolResult:
     """A sandbox result as MCP's: its text for the model, its data structured, ``isError`` unless ok."""
-    text = result.content if result.ok or not result.error_code else f"[{result.error_code}] {result.content}"
+    body = structured(name, call_id, result)
     return types.CallToolResult(
-        content=[types.TextContent(text=text)],
-        structured_content=structured(name, call_id, result),
+        content=[types.TextContent(text=body["text"])],
+        structured_content=body,
         is_error=not result.ok,
     )
 
 
 def error_result(name: str, code: ErrorCode, message: str, **data: Any) -> types.CallToolResult:
     """A refusal before any session call (the session could not open, an unknown extra tool)."""
-    body = {"ok": False, "error_code": code, "tool": name, "details": data}
+    said = f"[{code}] {message}"
+    body = {"text": said, "ok": False, "error_code": code, "tool": name, "details": data}
     return types.CallToolResult(
-        content=[types.TextContent(text=f"[{code}] {message}")],
+        content=[types.TextContent(text=said)],
         structured_content=dict(json.loads(json.dumps(body, default=str))),
         is_error=True,
     )

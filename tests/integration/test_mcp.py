@@ -75,6 +75,8 @@ async def test_each_tool_round_trips_in_the_jail(workspace: Path) -> None:
         bash = await s.call_tool("Bash", {"command": "cat notes/a.txt; pwd"})
     for result in (wrote, edited, read, globbed, grepped, listed, bash):
         assert not result.is_error and data(result)["ok"] and data(result)["error_code"] is None, result
+        assert data(result)["text"] == text(result), result  # a client reading either part reads the same
+    assert "     1\talpha\n     2\tgamma" in data(read)["text"]  # the file itself, lines numbered
     assert (workspace / "notes" / "a.txt").read_text() == "alpha\ngamma\n"
     assert data(wrote)["review"]["status"] == "added" and data(edited)["review"]["status"] == "modified"
     assert "gamma" in text(read) and "notes/a.txt" in text(globbed) and "gamma" in text(grepped)
@@ -192,6 +194,7 @@ async def test_errors_are_tool_results_never_protocol_errors(workspace: Path) ->
         too_long = await s.call_tool("Bash", {"command": "true", "timeout": 10**9})
         alive = await s.call_tool("LS", {})
     assert unknown.is_error and data(unknown)["error_code"] == "TOOL_DENIED" and "Explode" in text(unknown)
+    assert all(data(r)["text"] == text(r) for r in (unknown, invalid, too_long, alive))
     assert invalid.is_error and data(invalid)["error_code"] == "INVALID_ARGUMENT"
     assert {p["field"] for p in data(invalid)["details"]["problems"]} == {"path", "pathx"}
     assert too_long.is_error and data(too_long)["error_code"] == "INVALID_ARGUMENT"
@@ -211,6 +214,8 @@ async def test_a_path_outside_the_workspace_through_every_file_tool(workspace: P
         refused = {name: await s.call_tool(name, args) for name, args in outside.items()}
     for name, result in refused.items():
         assert result.is_error and data(result)["error_code"] == "TOOL_DENIED", (name, result)
+        assert data(result)["text"] == text(result) and "[TOOL_DENIED] " in text(result), (name, result)
+        assert len(text(result)) > len("[TOOL_DENIED] ") + 20, (name, result)  # a readable reason
     assert not os.path.exists("/etc/evil")
 
 
