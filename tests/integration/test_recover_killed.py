@@ -71,7 +71,8 @@ def test_gc_keeps_a_killed_runs_work_as_a_changeset(cli_backend: str, workspace:
 @pytest.mark.anyio
 async def test_the_next_session_keeps_it_and_says_so(cli_backend: str, workspace: Path, data_dir: Path) -> None:
     _killed_mid_command(cli_backend, workspace, data_dir)
-    async with Sandbox.open(workspace, backend=cli_backend) as session:
+    backend = "docker" if cli_backend == "docker" else "bwrap"
+    async with Sandbox.open(workspace, backend=backend) as session:
         [notice] = [n for n in session.notices if n["code"] == "changes.recovered"]
     assert "sandbox changes show" in notice["message"]
     _assert_kept(notice["changeset_id"], workspace)
