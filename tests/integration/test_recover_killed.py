@@ -24,6 +24,8 @@ from tests.integration.test_changes_cli import SANDBOX, cli_backend, sandbox
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from sandbox.vocabulary import BackendChoice
+
 __all__ = ["cli_backend"]  # the fixture, shared
 RECOVERED = re.compile(r"recovered the work of a killed executor as (ch-[0-9a-f]{12})")
 
@@ -71,7 +73,7 @@ def test_gc_keeps_a_killed_runs_work_as_a_changeset(cli_backend: str, workspace:
 @pytest.mark.anyio
 async def test_the_next_session_keeps_it_and_says_so(cli_backend: str, workspace: Path, data_dir: Path) -> None:
     _killed_mid_command(cli_backend, workspace, data_dir)
-    backend = "docker" if cli_backend == "docker" else "bwrap"
+    backend: BackendChoice = "docker" if cli_backend == "docker" else "bwrap"
     async with Sandbox.open(workspace, backend=backend) as session:
         [notice] = [n for n in session.notices if n["code"] == "changes.recovered"]
     assert "sandbox changes show" in notice["message"]
