@@ -72,11 +72,16 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# POSIX flags (absent on Windows, where the data directory's trees are removed by path).
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def remove_tree(path: Path) -> None:
     """Remove ``path`` (a tree a jail wrote, maybe still writing) as :func:`remove_tree_at` does."""
+    if os.name == "nt":  # no directory descriptors: by path (Windows' rmtree does not follow junctions)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        return
     fd = os.open(path.parent, _DIR_FLAGS)
     try:
         st = os.lstat(path.name, dir_fd=fd)
@@ -104,6 +109,8 @@ def remove_tree_at(pfd: int, name: str) -> None:
 def opened_up_bytes(path: Path) -> int:
     """The bytes of every file below ``path``, a tree a jail wrote: a directory it closed (``000``)
     is opened up to us first, so nothing it holds is hidden from the count. No link is followed."""
+    if os.name == "nt":
+        return tree_bytes(path)
     fd = os.open(path.parent, _DIR_FLAGS)
     try:
         return _opened_up_bytes(fd, path.name)
