@@ -2,7 +2,9 @@
 
 Each snippet follows a ``<!-- mcp-snippet: NAME -->`` marker: Claude Code's ``.mcp.json`` and
 Gemini CLI's ``settings.json`` (JSON, ``mcpServers``), Codex CLI's ``config.toml`` (TOML,
-``[mcp_servers.*]``) and the Python agent (compiled, and checked to use the SDK's stdio client).
+``[mcp_servers.*]``), opencode's ``opencode.json`` (JSON, ``mcp``), the headless command lines and
+the Python agent (compiled, and checked to use the SDK's stdio client). test_agents.py runs the
+four clients from these very snippets.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -41,7 +44,7 @@ def assert_http(server: dict[str, Any], url_key: str) -> None:
 
 
 def test_every_client_has_a_snippet() -> None:
-    assert set(snippets()) == {"claude-code", "codex", "gemini", "python"}
+    assert set(snippets()) == {"claude-code", "codex", "gemini", "opencode", "headless", "python"}
 
 
 def test_claude_code_mcp_json() -> None:
@@ -69,6 +72,19 @@ def test_gemini_settings_json() -> None:
     assert lang == "json"
     assert_starts_sandbox_mcp(servers["sandbox"])
     assert_http(servers["sandbox-http"], "httpUrl")
+
+
+def test_opencode_json() -> None:
+    lang, body = snippets()["opencode"]
+    local = json.loads(body)["mcp"]["sandbox"]
+    assert lang == "json" and local["type"] == "local" and local["enabled"] is True
+    assert_starts_sandbox_mcp({"command": local["command"][0], "args": local["command"][1:]})
+
+
+def test_headless_command_lines() -> None:
+    lang, body = snippets()["headless"]
+    assert lang == "sh"
+    assert [shlex.split(line)[0] for line in body.splitlines()] == ["claude", "codex", "gemini", "opencode"]
 
 
 @pytest.mark.parametrize("needed", ["stdio_client", "ClientSession", "elicitation_callback", "call_tool"])
