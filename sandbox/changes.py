@@ -792,7 +792,7 @@ class _SourceDirs:
 
     def _parent(self, parts: tuple[str, ...]) -> int:
         if not self._fds:
-            self._fds.append(os.open(self.root, _DIR_FLAGS))
+            self._fds.append(os.open(self.root, datadir.DIR_FLAGS))
         common = 0
         while common < min(len(parts), len(self._names)) and parts[common] == self._names[common]:
             common += 1
@@ -801,7 +801,7 @@ class _SourceDirs:
         del self._fds[common + 1 :], self._names[common:]
         for part in parts[common:]:
             try:
-                fd = os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+                fd = os.open(part, datadir.DIR_FLAGS, dir_fd=self._fds[-1])
             except OSError as exc:
                 raise Conflict(f"parent {part!r} is not a directory inside the private tree") from exc
             self._fds.append(fd)
@@ -816,9 +816,6 @@ class _SourceDirs:
             os.close(fd)
         self._fds.clear()
         self._names.clear()
-
-
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def _open_windows_source(root: Path, parts: tuple[str, ...]) -> int:

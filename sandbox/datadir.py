@@ -73,7 +73,7 @@ def tree_bytes(root: Path) -> int:
 
 
 # POSIX flags (absent on Windows, where the data directory's trees are removed by path).
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def remove_tree(path: Path) -> None:
@@ -82,7 +82,7 @@ def remove_tree(path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         return
-    fd = os.open(path.parent, _DIR_FLAGS)
+    fd = os.open(path.parent, DIR_FLAGS)
     try:
         st = os.lstat(path.name, dir_fd=fd)
         if stat.S_ISDIR(st.st_mode):
@@ -111,7 +111,7 @@ def opened_up_bytes(path: Path) -> int:
     is opened up to us first, so nothing it holds is hidden from the count. No link is followed."""
     if os.name == "nt":
         return tree_bytes(path)
-    fd = os.open(path.parent, _DIR_FLAGS)
+    fd = os.open(path.parent, DIR_FLAGS)
     try:
         return _opened_up_bytes(fd, path.name)
     except OSError:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -96,6 +95,39 @@ _WRAPPERS = frozenset({"sudo", "doas", "env", "command", "exec", "time", "nice",
 # Only for a command the shell parser cannot read (bashlex reads no quoted here-document, the usual
 # form of apply_patch): its first line, before any here-document body.
 _PATCH_LINE = re.compile(r"(?:^|[;&|(]|\bsudo)\s*(?:apply_patch|patch|git(?:\s+-[Cc]\s*\S+)*\s+apply)(?:\s|$)")
+
+
+class _Withdrawn(BaseException):
+    """The call was aborted while its question was open (a BaseException: ``decide`` must not turn
+    it into a denial; ``Sandbox._authorize`` ends the call as ABORTED)."""
+
+
+class _Withdrawable(Approver):
+    """``approver``, its question withdrawn when ``abort`` is set before it is answered."""
+
+    def __init__(self, approver: Approver, abort: anyio.Event) -> None:
+        self.approver, self.abort = approver, abort
+        self.who = approver.who
+
+    async def ask(self, request: ApprovalRequest) -> Answer:
+        outcome: list[Answer | Exception] = []
+        async with anyio.create_task_group() as tg:
+
+            async def withdraw_on_abort() -> None:
+                await self.abort.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(withdraw_on_abort)
+            try:
+                outcome.append(await self.approver.ask(request))
+            except Exception as exc:  # decide() judges it, outside the task group (no exception group)
+                outcome.append(exc)
+            tg.cancel_scope.cancel()
+        if not outcome:
+            raise _Withdrawn
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
 
 
 def _recovered_notice(line: str) -> dict[str, str]:
@@ -450,26 +482,14 @@ class Sandbox:
     async def _authorize(self, call: ToolCall, abort: anyio.Event | None) -> Authorization | None:
         """The gate's and, when it asks, the approver's word; ``None`` when the call is aborted
         first (``tool.cancel``, pi's abort): a pending question is then withdrawn at once, not
-        left to be answered."""
-        judge = functools.partial(authorize, self.gate, self.state, call, self.approver, classifier=self.classifier)
-        if abort is None:
-            return await judge()
-        if abort.is_set():
+        left to be answered. Only a call that asks pays for watching the abort."""
+        if abort is not None and abort.is_set():
             return None
-        decided: list[Authorization] = []
-        async with anyio.create_task_group() as tg:
-
-            async def asked() -> None:
-                decided.append(await judge())
-                tg.cancel_scope.cancel()
-
-            async def aborted() -> None:
-                await abort.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(asked)
-            tg.start_soon(aborted)
-        return decided[0] if decided else None
+        approver = self.approver if abort is None else _Withdrawable(self.approver, abort)
+        try:
+            return await authorize(self.gate, self.state, call, approver, classifier=self.classifier)
+        except _Withdrawn:
+            return None
 
     async def _execute(
         self,
