@@ -128,7 +128,11 @@ Answer = Literal["allow-once", "allow-session", "deny"]
 Decision = Literal["allow", "allow-once", "allow-session", "deny"]
 """The final word on a call, as the audit records it."""
 GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial", "classifier"]
-ApprovalDecidedBy = Literal["user", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
+ApprovalDecidedBy = Literal[
+    "user", "client", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"
+]
+"""``client``: the client program answered for the user, faster than anyone could read the question
+(``codex exec`` declines every elicitation, Claude Code's ``-p`` dismisses it): no one was asked."""
 DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]
 Risk = Literal["read", "write", "execute"]
 Operation = Literal["read", "write", "execute", "connect", "register"]
@@ -150,6 +154,11 @@ held back or refused), every applicable entry applied."""
 ChangesetSource = Literal["run", "session", "recovered"]
 """What kept a changeset: ``sandbox run``, a server session's copy mount, or ``recovered`` from the
 private copy of an executor that was killed (``sandbox gc``, or the next session to open)."""
+NoticeCode = Literal["policy.project-ignored", "changes.recovered", "changes.private-copy", "changes.waiting"]
+"""What a session says as it opens (``session.open``'s ``notices``, MCP log messages and the first
+result's trailer): the project's policy file ignored (not trusted), a killed executor's work kept as
+a changeset, this session's writes going to a private copy, kept changesets of the workspace waiting
+for review."""
 ReviewOperation = Literal["write", "edit", "delete"]
 """The tool call a review snapshot was kept for (Write or Edit, in the workspace); ``delete``, a
 deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""

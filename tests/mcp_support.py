@@ -27,13 +27,15 @@ Answer = types.ElicitResult | str
 class Asker:
     """An elicitation callback answering from a script; it records each question."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer, reading_s: float = 0.0) -> None:
         self.answers = list(answers)
         self.asked: list[types.ElicitRequestParams] = []
+        self.reading_s = reading_s  # how long the "user" reads the question: 0 is a client answering itself
 
     async def __call__(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
         del context  # the question is all a script reads
         self.asked.append(params)
+        await anyio.sleep(self.reading_s)
         answer = self.answers.pop(0) if self.answers else "deny"
         if isinstance(answer, types.ElicitResult):
             return answer

@@ -2,8 +2,10 @@
 
 The question rides the tool call's own request (``related_request_id``), so over streamable HTTP
 it reaches the client on that call's stream. What comes back: ``accept`` with a decision is that
-decision; ``decline`` is the user's deny. Everything else is a denial
-:func:`sandbox.policy.approvals.decide` explains to the model: a client that did not declare
+decision; ``decline`` is the user's deny, unless it came back before anyone could have read the
+question (:data:`UNREAD_S`): then the client refused by itself (``codex exec`` declines every
+question, Claude Code's ``-p`` dismisses it), recorded as ``decided_by: client``. Everything else
+is a denial :func:`sandbox.policy.approvals.decide` explains to the model: a client that did not declare
 elicitation (no one to ask), a dismissed form (``cancel``), an error answer, a closed connection,
 the MCP request cancelled while the question was open, and silence past the profile's
 ``policy.approval_timeout_s``.
@@ -11,12 +13,13 @@ the MCP request cancelled while the question was open, and silence past the prof
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 
-from sandbox.policy.approvals import ApprovalUnavailable, Approver, NoOneToAsk
+from sandbox.policy.approvals import ApprovalUnavailable, Approver, ClientAnswered, NoOneToAsk
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import Answer
 
 ELICITATION = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+# A refusal sooner than this after the question went out was the client program's, not a person's:
+# nobody reads the card (tool, resource, reason) and answers within a quarter of a second.
+UNREAD_S = 0.25
+_REFUSALS = {"decline": "declined", "cancel": "dismissed"}
 _CHOICES: dict[Answer, str] = {
     "allow-once": "Allow once",
     "allow-session": "Allow for this session",
@@ -52,7 +59,14 @@ class ElicitationApprover(Approver):
             raise NoOneToAsk("no MCP request is waiting on this question")
         if not pending.ctx.session.check_client_capability(ELICITATION):
             raise NoOneToAsk("the MCP client did not declare the elicitation capability")
+        asked = time.monotonic()
         result = await self._elicit(pending, request)
+        waited = time.monotonic() - asked
+        if result.action in _REFUSALS and waited < UNREAD_S:
+            refused = _REFUSALS[result.action]
+            raise ClientAnswered(
+                f"the MCP client {refused} the question itself, {waited * 1000:.0f} ms after it was sent"
+            )
         if result.action == "decline":
             return "deny"
         if result.action != "accept":

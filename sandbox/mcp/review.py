@@ -6,7 +6,8 @@ left, else CONFLICT), ``SandboxChanges`` shows what a ``copy``/``overlay`` sessi
 private tree so far. The same listing is the resource ``sandbox://snapshots``.
 
 The changesets a copy session keeps when its connection ends (:mod:`sandbox.changes`) are listed
-and shown (``SandboxChangesets``, ``SandboxChangesetShow``), only this workspace's. Applying or
+and shown (``SandboxChangesets``, ``SandboxChangesetShow``, the resource ``sandbox://changesets``),
+only this workspace's; the first result of a session says which wait (:func:`opening_notices`). Applying or
 discarding one is the user's decision every time: ``SandboxChangesetApply`` and
 ``SandboxChangesetDiscard`` ask through elicitation (never "for the session") and are refused
 when no one answers; a model that could apply its own private changes unasked would make the
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from sandbox.vocabulary import Operation
 
 SNAPSHOTS_URI = "sandbox://snapshots"
+CHANGESETS_URI = "sandbox://changesets"
 DIFF_CHARS = 64 * 1024
 RESOURCE_NOT_FOUND = -32002
 
@@ -282,6 +284,37 @@ async def call(
     return call_result(name, "", result)
 
 
+def opening_notices(sandbox: Sandbox) -> list[dict[str, str]]:
+    """What the user should hear as the session opens: its own notices, that its writes go to a
+    private copy kept when the connection ends, and the workspace's kept changesets still waiting.
+
+    A client shows the model a tool's result but not the server's stderr, so these ride the
+    first result (and a log message, for clients that show those)."""
+    notices = list(sandbox.notices)
+    workspace = sandbox.workspace
+    if sandbox.jail.tree is not None:
+        notices.append(
+            {
+                "code": "changes.private-copy",
+                "message": f"this session writes to a private copy of {workspace}; the workspace is untouched. "
+                "When the connection ends the changes are kept as a changeset: SandboxChangesets lists it, "
+                f"and on the host `sandbox changes list --workspace {workspace}`",
+            }
+        )
+    recovered = {n.get("changeset_id") for n in notices}
+    waiting = [k.id for k in kept_changes.listing(workspace) if k.state != "applied" and k.id not in recovered]
+    if waiting:
+        shown = ", ".join(waiting[-5:]) + (f" and {len(waiting) - 5} older" if len(waiting) > 5 else "")
+        notices.append(
+            {
+                "code": "changes.waiting",
+                "message": f"{len(waiting)} kept changeset(s) of this workspace wait for review: {shown} "
+                "(SandboxChangesetShow; on the host `sandbox changes show ID`, `sandbox changes apply ID`)",
+            }
+        )
+    return notices
+
+
 def resources() -> list[types.Resource]:
     return [
         types.Resource(
@@ -289,14 +322,25 @@ def resources() -> list[types.Resource]:
             name="snapshots",
             description="This session's review snapshots (JSON): what SandboxRollback can undo",
             mime_type="application/json",
-        )
+        ),
+        types.Resource(
+            uri=CHANGESETS_URI,
+            name="changesets",
+            description="The kept changesets of this workspace (JSON): what SandboxChangesetApply can apply",
+            mime_type="application/json",
+        ),
     ]
 
 
-def read_resource(sandbox: Sandbox | None, uri: str) -> types.ReadResourceResult:
-    if uri != SNAPSHOTS_URI:
-        raise MCPError(code=RESOURCE_NOT_FOUND, message=f"unknown resource {uri!r}; resources: {SNAPSHOTS_URI}")
-    text = json.dumps({"snapshots": snapshots(sandbox)}, indent=2)
+async def read_resource(sandbox: Sandbox | None, workspace: Path, uri: str) -> types.ReadResourceResult:
+    if uri == SNAPSHOTS_URI:
+        body: dict[str, Any] = {"snapshots": snapshots(sandbox)}
+    elif uri == CHANGESETS_URI:
+        body = {"changesets": [k.summary() for k in await off_loop(kept_changes.listing, workspace)]}
+    else:
+        known = f"{SNAPSHOTS_URI}, {CHANGESETS_URI}"
+        raise MCPError(code=RESOURCE_NOT_FOUND, message=f"unknown resource {uri!r}; resources: {known}")
+    text = json.dumps(body, indent=2)
     return types.ReadResourceResult(
-        contents=[types.TextResourceContents(uri=SNAPSHOTS_URI, mime_type="application/json", text=text)]
+        contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)]
     )

@@ -18,15 +18,18 @@ import dataclasses
 import hashlib
 import itertools
 import sys
+import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox import __version__
+from sandbox.backends.base import off_loop
 from sandbox.errors import SandboxError
 from sandbox.live import LiveOutput
 from sandbox.mcp import review, tools
@@ -57,6 +60,7 @@ _METHOD_NOT_FOUND = -32601
 # In the request's _meta, which the client program sets, never in the arguments, which the model
 # writes: an authorisation the model could type for itself would authorise nothing.
 USER_MESSAGE_META = "sandbox/userMessage"
+_NOTICES = "sandbox.notices"  # the opening notices, until the first result carries them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,16 @@ class Connections:
                 sandbox = await Sandbox.create(self.options.workspace, **self.options.session(approver))
                 connection.exit_stack.push_async_callback(self._close, sandbox)
                 opened = connection.state["sandbox"] = (sandbox, approver)
+                connection.state[_NOTICES] = await off_loop(review.opening_notices, sandbox)
         return opened
+
+    async def announce(self, ctx: Ctx, result: types.CallToolResult) -> types.CallToolResult:
+        """The first result after the session opened, with its opening notices (each also a log
+        message: a client may show those to the user); every later result as it is."""
+        notices: list[dict[str, str]] = _connection(ctx).state.pop(_NOTICES, None) or []
+        for notice in notices:
+            await _log(ctx, notice)
+        return tools.with_notices(result, notices) if notices else result
 
     async def _close(self, sandbox: Sandbox) -> None:
         if self.closing is None:
@@ -119,6 +132,15 @@ async def _shielded_close(sandbox: Sandbox) -> None:
             f"(sandbox changes show {sandbox.changeset_id}; sandbox changes apply {sandbox.changeset_id})\n"
         )
         sys.stderr.flush()
+
+
+async def _log(ctx: Ctx, notice: dict[str, str]) -> None:
+    """A notice as a ``notifications/message`` on the call's stream. The 2026-07-28 protocol drops
+    logging, which this server does not speak (:func:`_handshake_era_only`); the SDK warns of it."""
+    level: types.LoggingLevel = "warning" if notice["code"] == "changes.recovered" else "notice"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await ctx.session.send_log_message(level, notice, logger="sandbox", related_request_id=ctx.request_id)
 
 
 def _connection(ctx: Ctx) -> Connection:
@@ -142,29 +164,36 @@ def build_server(options: McpOptions, connections: Connections | None = None) ->
         except SandboxError as exc:
             return tools.error_result(name, exc.code, f"the sandbox session could not open: {exc.message}", **exc.data)
         if name in review.HANDLERS:
-            return await review.call(sandbox, approver, ctx, name, args)
+            return await connections.announce(ctx, await review.call(sandbox, approver, ctx, name, args))
         message = (ctx.meta or {}).get(USER_MESSAGE_META)
         if message is not None and not isinstance(message, str):
             what = f"_meta[{USER_MESSAGE_META!r}] must be the user's latest message as a string"
             return tools.error_result(name, "INVALID_ARGUMENT", what, meta=USER_MESSAGE_META)
-        return await _run_tool(sandbox, approver, ctx, connections.call_id(ctx), name, args, message or None)
+        result = await _run_tool(sandbox, approver, ctx, connections.call_id(ctx), name, args, message or None)
+        return await connections.announce(ctx, result)
 
     async def list_resources(_ctx: Ctx, _params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=review.resources())
 
     async def read_resource(ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         opened = _connection(ctx).state.get("sandbox")
-        return review.read_resource(opened[0] if opened else None, str(params.uri))
+        return await review.read_resource(opened[0] if opened else None, Path(options.workspace), str(params.uri))
 
-    server: Server[Any] = Server(
-        "sandbox",
-        version=__version__,
-        instructions=INSTRUCTIONS,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_resources=list_resources,
-        on_read_resource=read_resource,
-    )
+    async def set_logging_level(_ctx: Ctx, _params: types.SetLevelRequestParams) -> types.EmptyResult:
+        return types.EmptyResult()  # a few notices a session: every one is sent whatever the level
+
+    with warnings.catch_warnings():  # the logging capability, deprecated by the 2026-07-28 protocol only
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        server: Server[Any] = Server(
+            "sandbox",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=list_tools,
+            on_call_tool=call_tool,
+            on_list_resources=list_resources,
+            on_read_resource=read_resource,
+            on_set_logging_level=set_logging_level,
+        )
     server.middleware.append(_handshake_era_only)
     return server
 

@@ -139,6 +139,19 @@ def call_result(name: str, call_id: str, result: ToolResult) -> types.CallToolRe
     )
 
 
+def with_notices(result: types.CallToolResult, notices: list[dict[str, str]]) -> types.CallToolResult:
+    """``result`` with the session's opening notices after its text, in both parts alike."""
+    trailer = "".join(f"\n[sandbox: {notice['message']}]" for notice in notices)
+    said = result.content[0]
+    assert isinstance(said, types.TextContent)  # every result of ours is one text block
+    structured = dict(result.structured_content or {})
+    structured["text"] = said.text + trailer
+    structured["notices"] = notices
+    return result.model_copy(
+        update={"content": [types.TextContent(text=said.text + trailer)], "structured_content": structured}
+    )
+
+
 def error_result(name: str, code: ErrorCode, message: str, **data: Any) -> types.CallToolResult:
     """A refusal before any session call (the session could not open, an unknown extra tool)."""
     said = f"[{code}] {message}"

@@ -40,6 +40,11 @@ class NoOneToAsk(ApprovalUnavailable):
     """Raised by an approver whose channel works but has no one behind it (a client with no UI)."""
 
 
+class ClientAnswered(ApprovalUnavailable):
+    """Raised by an approver whose client program refused the question itself, unread (a headless
+    client that declines or dismisses every question at once): the client's refusal, not the user's."""
+
+
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
     """What the user sees: the tool, the operation, the canonical resource and why we ask."""
@@ -176,6 +181,8 @@ async def decide(approver: Approver, request: ApprovalRequest, timeout: float) -
         return _denied("cancelled", "the approval was cancelled; the call was denied", start)
     except NoOneToAsk as exc:
         return _denied("unattended", f"{NO_ONE_ASKED} ({exc})", start)
+    except ClientAnswered as exc:
+        return _denied("client", f"{NO_ONE_ASKED} ({exc})", start)
     except (ApprovalUnavailable, EOFError, ConnectionError) as exc:
         return _denied("disconnected", f"no one could approve the call ({exc or type(exc).__name__}); denied", start)
     except Exception as exc:  # fail closed: an approver bug must not become a permission

@@ -473,6 +473,9 @@ def sandbox_cli(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_copy_session_ends_with_the_client_and_its_work_is_kept(copy_run: Run) -> None:
     assert copy_run.done.returncode == 0, (copy_run.done.stdout[-3000:], copy_run.done.stderr[-3000:])
     assert "wrote 8 bytes" in copy_run.shown(0)
+    # The model, and through it the user, learns where the work goes and how to find it afterwards.
+    assert "this session writes to a private copy" in copy_run.shown(0)
+    assert f"sandbox changes list --workspace {copy_run.workspace}" in copy_run.shown(0)
     assert not (copy_run.workspace / "new.txt").exists()
     changesets = kept(copy_run)
     assert len(changesets) == 1, changesets
@@ -487,20 +490,24 @@ def test_a_kept_changeset_reaches_the_workspace_when_applied(copy_run: Run) -> N
 
 # -- --mode ask: the approval path each client supports, its answer reaching the model
 
-REFUSAL = {
-    "claude-code": "the user dismissed the approval request",  # -p dismisses the elicitation form
-    "codex": "the user denied permission",  # codex exec declines every elicitation
-    "gemini-cli": "no one could be asked",  # no elicitation capability
-    "opencode": "no one could be asked",
+REFUSAL = {  # what the model reads, and who the audit says refused
+    "claude-code": ("the MCP client dismissed the question itself", "client"),  # -p dismisses the form
+    "codex": ("the MCP client declined the question itself", "client"),  # codex exec declines every question
+    "gemini-cli": ("the MCP client did not declare the elicitation capability", "unattended"),
+    "opencode": ("the MCP client did not declare the elicitation capability", "unattended"),
 }
 
 
 def test_under_ask_the_clients_answer_reaches_the_model(ask_run: Run) -> None:
     assert ask_run.done.returncode == 0, (ask_run.done.stdout[-3000:], ask_run.done.stderr[-3000:])
     shown = ask_run.shown(0)
-    assert "[TOOL_DENIED]" in shown and REFUSAL[ask_run.client] in shown, shown
+    said, decided_by = REFUSAL[ask_run.client]
+    assert "[TOOL_DENIED]" in shown and said in shown, shown
     assert not (ask_run.workspace / "new.txt").exists()
     assert models.DONE_TEXT in ask_run.done.stdout
+    exported = sandbox_cli(ask_run, "audit", "export", "--jsonl")
+    rows = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [r["decided_by"] for r in rows if r["tool"] == "Write"] == [decided_by], rows
 
 
 # -- the client stopped mid-call: nothing of the call survives

@@ -11,6 +11,7 @@ capability), errors as ``isError`` results, review snapshots and rollback.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from importlib.resources import files
@@ -39,12 +40,25 @@ pytestmark = [pytest.mark.anyio, pytest.mark.bwrap]
 
 @contextlib.asynccontextmanager
 async def connect(
-    workspace: Path, *args: str, elicit: Asker | None = None, mode: str = "auto", backend: str = "bwrap"
+    workspace: Path,
+    *args: str,
+    elicit: Asker | None = None,
+    mode: str = "auto",
+    backend: str = "bwrap",
+    logged: list[types.LoggingMessageNotificationParams] | None = None,
 ) -> AsyncIterator[ClientSession]:
     backend_or_skip(backend)
     argv = ["mcp", "--workspace", str(workspace), "--backend", backend, "--mode", mode, *args]
     server = StdioServerParameters(command=SANDBOX, args=argv, env=dict(os.environ))
-    async with stdio_client(server) as (read, write), ClientSession(read, write, elicitation_callback=elicit) as s:
+
+    async def log(params: types.LoggingMessageNotificationParams) -> None:
+        if logged is not None:
+            logged.append(params)
+
+    async with (
+        stdio_client(server) as (read, write),
+        ClientSession(read, write, elicitation_callback=elicit, logging_callback=log) as s,
+    ):
         await s.initialize()
         yield s
 
@@ -164,19 +178,29 @@ async def test_elicitation_allow_for_the_session_asks_once(workspace: Path) -> N
     assert not first.is_error and not second.is_error and len(asker.asked) == 1
 
 
+HUMAN_S = 0.6  # a person reading the card before answering
+
+
 @pytest.mark.parametrize(
-    ("answer", "reason"),
+    ("answer", "reading_s", "reason", "decided_by"),
     [
-        (types.ElicitResult(action="decline"), "the user denied permission"),
-        (types.ElicitResult(action="cancel"), "dismissed the approval request"),
-        ("maybe", "not one of the offered choices"),
+        (types.ElicitResult(action="decline"), HUMAN_S, "the user denied permission", "user"),
+        (types.ElicitResult(action="cancel"), HUMAN_S, "the user dismissed the approval request", "disconnected"),
+        ("maybe", 0.0, "not one of the offered choices", "disconnected"),
+        # codex exec declines every question, Claude Code's -p dismisses it: the client's refusal, unread
+        (types.ElicitResult(action="decline"), 0.0, "the MCP client declined the question itself", "client"),
+        (types.ElicitResult(action="cancel"), 0.0, "the MCP client dismissed the question itself", "client"),
     ],
 )
-async def test_elicitation_refused_denies_with_a_reason(workspace: Path, answer: Answer, reason: str) -> None:
-    async with connect(workspace, elicit=Asker(answer), mode="ask") as s:
-        result = await s.call_tool("Bash", {"command": "touch made.txt"})
+async def test_elicitation_refused_denies_with_a_reason(
+    workspace: Path, marker: str, answer: Answer, reading_s: float, reason: str, decided_by: str
+) -> None:
+    async with connect(workspace, elicit=Asker(answer, reading_s=reading_s), mode="ask") as s:
+        result = await s.call_tool("Bash", {"command": f"touch made.txt # {marker}"})
     assert result.is_error and data(result)["error_code"] == "TOOL_DENIED" and reason in text(result)
     assert not (workspace / "made.txt").exists()
+    (row,) = [r for r in AuditLog().rows() if marker in r["args_preview"]]
+    assert row["decided_by"] == decided_by and row["error_code"] == "TOOL_DENIED"
 
 
 async def test_no_elicitation_capability_denies(workspace: Path) -> None:
@@ -295,16 +319,29 @@ async def test_the_sdks_auto_mode_client_falls_back_to_the_handshake(workspace: 
 
 
 async def test_kept_changesets_are_applied_only_with_the_users_consent(workspace: Path) -> None:
-    async with connect(workspace, "--mount", "copy") as s:
-        await s.call_tool("Write", {"path": "new.txt", "content": "private\n"})
-    async with connect(workspace) as s:  # no elicitation: applying is refused
+    copying: list[types.LoggingMessageNotificationParams] = []
+    async with connect(workspace, "--mount", "copy", logged=copying) as s:
+        wrote = await s.call_tool("Write", {"path": "new.txt", "content": "private\n"})
+        again = await s.call_tool("Write", {"path": "other.txt", "content": "private\n"})
+    # The first result says where the writes go and how to find them later; the client hears it too.
+    assert "[sandbox: this session writes to a private copy" in text(wrote) and data(wrote)["text"] == text(wrote)
+    assert f"sandbox changes list --workspace {workspace}" in text(wrote) and "[sandbox:" not in text(again)
+    assert [(m.level, m.data["code"]) for m in copying] == [("notice", "changes.private-copy")]
+    waiting: list[types.LoggingMessageNotificationParams] = []
+    async with connect(workspace, logged=waiting) as s:  # no elicitation: applying is refused
+        resource = await s.read_resource("sandbox://changesets")
         listed = await s.call_tool("SandboxChangesets", {})
         changeset = data(listed)["details"]["changesets"][0]["id"]
         shown = await s.call_tool("SandboxChangesetShow", {"changeset_id": changeset})
         refused = await s.call_tool("SandboxChangesetApply", {"changeset_id": changeset})
     assert "new.txt" in text(shown) and "+private" in text(shown)
+    assert f"1 kept changeset(s) of this workspace wait for review: {changeset}" in text(listed)
+    assert [(m.level, m.data["code"]) for m in waiting] == [("notice", "changes.waiting")]
+    block = resource.contents[0]
+    assert isinstance(block, types.TextResourceContents)
+    assert [c["id"] for c in json.loads(block.text)["changesets"]] == [changeset]
     assert refused.is_error and data(refused)["error_code"] == "TOOL_DENIED" and not (workspace / "new.txt").exists()
-    asker = Asker(types.ElicitResult(action="decline"), "allow-once", "allow-once")
+    asker = Asker(types.ElicitResult(action="decline"), "allow-once", "allow-once", reading_s=HUMAN_S)
     async with connect(workspace, elicit=asker) as s:
         declined = await s.call_tool("SandboxChangesetDiscard", {"changeset_id": changeset})
         applied = await s.call_tool("SandboxChangesetApply", {"changeset_id": changeset})

@@ -17,6 +17,8 @@ from sandbox.policy.approvals import (
     ApprovalUnavailable,
     Approver,
     CallbackApprover,
+    ClientAnswered,
+    NoOneToAsk,
     TerminalApprover,
     UnattendedApprover,
     decide,
@@ -86,6 +88,8 @@ async def test_timeout_denies() -> None:
     [
         (RuntimeError("boom"), "error"),
         (ApprovalUnavailable("ui closed"), "disconnected"),
+        (ClientAnswered("declined unread"), "client"),
+        (NoOneToAsk("no ui"), "unattended"),
         (EOFError(), "disconnected"),
         (ConnectionResetError(), "disconnected"),
         (asyncio.CancelledError(), "cancelled"),
