@@ -31,7 +31,7 @@ import psutil
 
 from sandbox import exec as executor
 from sandbox import profile as profiles
-from sandbox.backends import base, bwrap
+from sandbox.backends import base, bwrap_argv
 from sandbox.backends.environment import base_env
 
 CALLS = int(os.environ.get("BENCH_CALLS", "40"))
@@ -47,8 +47,8 @@ TREE = (
 def raw_cmd(prof: profiles.Profile, ws: Path, argv: list[str]) -> list[str]:
     env = [a for k, v in base_env(prof).items() for a in ("--setenv", k, v)]
     return [
-        bwrap.bwrap_path() or "bwrap",
-        *bwrap.jail_args(prof, ws, ws),
+        bwrap_argv.bwrap_path() or "bwrap",
+        *bwrap_argv.jail_args(prof, ws, ws),
         "--chdir",
         str(ws),
         "--clearenv",

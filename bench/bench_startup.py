@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sandbox import __version__
 from sandbox import profile as profiles
-from sandbox.backends import bwrap
+from sandbox.backends import bwrap_argv
 from sandbox.backends.environment import base_env
 
 if TYPE_CHECKING:
@@ -178,10 +178,10 @@ def bare_bwrap_argv(ws: Path) -> list[str]:
     # block fds, cgroup placement, rlimits, capture) is the cost the ratio shows.
     prof = profiles.load("default")
     env = [a for k, v in base_env(prof).items() for a in ("--setenv", k, v)]
-    path = bwrap.bwrap_path()
+    path = bwrap_argv.bwrap_path()
     if path is None:
         raise Unavailable("bubblewrap is not installed (apt-get install bubblewrap)")
-    return [path, *bwrap.jail_args(prof, ws, ws), "--chdir", str(ws), "--clearenv", *env, "--", "true"]
+    return [path, *bwrap_argv.jail_args(prof, ws, ws), "--chdir", str(ws), "--clearenv", *env, "--", "true"]
 
 
 class ServeCase:

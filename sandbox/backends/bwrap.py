@@ -1,208 +1,33 @@
-"""The bubblewrap jail: the embedded default, no daemon.
+"""The bubblewrap backend: the embedded default, no daemon.
 
-Each call runs in fresh user, pid, net, ipc, uts and cgroup namespaces. bwrap is asked to
-report the host pid of the namespace's init (``--info-fd``) and to hold the command
-(``--block-fd``) until that init has been placed in the call's cgroups and given its rlimits,
-so no process of the call ever runs unconfined. Killing that init makes the kernel kill every
-process of the namespace, which is what catches setsid'd, double-forked and TERM-ignoring
-children; a process-group kill would not.
+It opens a jail per session: a warm one (:mod:`~sandbox.backends.bwrap_warm`, the default: one
+pid namespace and an agent for the session, each call still in its own cgroup) or one whose
+every call is a fresh bwrap (:mod:`~sandbox.backends.bwrap_jail`, ``[bwrap] lifecycle =
+"call"``); both start bwrap through :mod:`~sandbox.backends.bwrap_start`. ``check`` runs one
+real jail (its verdict cached, :func:`_smoke_verdict`) and reports what it enforces here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
-
-from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, local, seal, seccomp
-from sandbox.backends.base import Backend, off_loop, soon
+from sandbox.backends import bwrap_argv, cgroups, local, seccomp
+from sandbox.backends.base import Backend, off_loop
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args
-from sandbox.backends.child import Child
-from sandbox.backends.environment import base_env, host_files
-from sandbox.downloads import JAIL_DIR as downloads_jail_dir
-from sandbox.errors import BackendUnavailable
+from sandbox.backends.bwrap_jail import BwrapJail
+from sandbox.backends.bwrap_warm import WarmBwrapJail
+from sandbox.backends.environment import host_files
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, overlay_support
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
-    from sandbox.backends.seal import Seal
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
-
-START_TIMEOUT_S = 30.0
-
-
-class BwrapJail(local.LocalJail):
-    backend = "bwrap"
-
-    @property
-    def host_paths_shown(self) -> tuple[str, ...]:
-        return bwrap_argv.host_paths_shown(self.workspace)
-
-    def __init__(
-        self,
-        workspace: Path,
-        profile: Profile,
-        source: Path,
-        tree: CopyTree | None,
-        scratch: Path | None = None,
-        egress_dir: Path | None = None,
-        sealed: Seal | None = None,
-        shared: Sequence[tuple[str, str]] = (),
-        downloads: Path | None = None,
-    ) -> None:
-        super().__init__(workspace, profile, tree)
-        untracked = tree.untracked if tree is not None else ()
-        sealed = sealed if sealed is not None else bwrap_argv.find_sealed(profile, workspace)
-        # The seal is searched again before each call (seal.Watch): the arguments are rebuilt when it moved.
-        self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
-        self._jail_args = functools.partial(
-            jail_args, profile, workspace, source, scratch, untracked, egress_dir, downloads=downloads
-        )
-        self._shared = tuple(shared)
-        self._sealing = anyio.Lock()  # per-call jails run calls side by side: one search and rebuild at a time
-        self._prefix = [*bwrap_argv.command_prefix(profile), *self._jail_args(sealed, self._shared)]
-        # Our programs' interpreter: the host's, verified, with no mount of this jail at or above it.
-        writable = [str(workspace), "/tmp", *([str(scratch)] if scratch is not None else [])]
-        writable += [downloads_jail_dir] if downloads is not None else []
-        self.python = jailpython.bwrap_python([*writable, *(target for _, target in shared)])
-        self._seccomp = seccomp.availability() is None  # absent: `check` says so, a requiring profile is refused
-
-    async def _resealed(self) -> bool:
-        """Search the seal again before a call (cached: a ``stat`` per directory when nothing moved);
-        when a mask moved, rebuild the jail's arguments and say so (a warm jail is then replaced)."""
-        async with self._sealing:  # a call that waited here then reads the arguments rebuilt
-            sealed = await soon(self._watch.changed, inline=self._watch.quick)
-            if sealed is None:
-                return False
-            self._prefix = [*bwrap_argv.command_prefix(self.profile), *self._jail_args(sealed, self._shared)]
-            return True
-
-    async def _launch(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        group: cgroups.CallCgroup | None,
-        *,
-        stdin: bool,
-    ) -> local.LocalProcess:
-        await self._resealed()  # a secret that appeared since the last call is masked for this one
-        with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
-            with confine.starting("cannot start bwrap"):
-                info_r, info_w = _pipe(ours, theirs)
-                block_r, block_w = _pipe(theirs, ours)
-            fds = [info_w, block_r]
-            if self._seccomp:
-                with confine.starting("cannot read the seccomp filter"):
-                    fds.append(seccomp.open_filter())
-                theirs.callback(os.close, fds[-1])
-            cmd = self._command(argv, env, cwd, *fds)
-            with confine.starting("cannot start bwrap"):
-                proc = Child(cmd, pass_fds=tuple(fds), stdin=stdin)
-            theirs.close()  # bwrap holds them now: end of file on info_r means it is gone
-            return await self._release_held(proc, info_r, block_w, group)
-
-    def _command(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        info_w: int,
-        block_r: int,
-        seccomp_fd: int | None = None,
-    ) -> list[str]:
-        env_args = [
-            a for k, v in base_env(self.profile, env, workspace=self.workspace).items() for a in ("--setenv", k, v)
-        ]
-        return [
-            *self._prefix,
-            "--chdir",
-            cwd or str(self.workspace),
-            "--clearenv",
-            *env_args,
-            "--info-fd",
-            str(info_w),
-            "--block-fd",
-            str(block_r),
-            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
-            "--",
-            *argv,
-        ]
-
-    async def _release_held(
-        self, proc: Child, info_r: int, block_w: int, group: cgroups.CallCgroup | None
-    ) -> local.LocalProcess:
-        """Confine bwrap's init while it waits on the block fd, then let it run the command.
-
-        Closing the block fd unconfined would let the command run too, outside the call's
-        cgroups and beyond our reach once bwrap itself is killed: so a start is never cancelled
-        half-way (it takes milliseconds), and on any failure the held init is killed first.
-        """
-        async with contextlib.AsyncExitStack() as cleanup_on_fail:
-            cleanup_on_fail.push_async_callback(_kill_bwrap, proc)
-            try:
-                with anyio.CancelScope(shield=True), anyio.fail_after(START_TIMEOUT_S):
-                    init_pid = await _read_init_pid(info_r, proc)
-            except TimeoutError as exc:
-                raise BackendUnavailable(
-                    f"bwrap did not start the jail within {START_TIMEOUT_S:g} s", backend="bwrap"
-                ) from exc
-            # While bwrap waits on the block fd its init cannot exit: its pid is still its own.
-            child = local.LocalProcess(proc, init_pid, group, self._released, kernel_reaps=True)
-            cleanup_on_fail.callback(child.forget_root)
-            cleanup_on_fail.callback(child.kill_root)
-            confine.confine(init_pid, self.profile, group, "bwrap")
-            if self.egress is not None and self.egress.transparent:
-                # Its one way out, before its command runs: the veth pair, routes and rules.
-                with anyio.CancelScope(shield=True):
-                    await off_loop(self.egress.attach, init_pid)
-            os.write(block_w, b"1")
-            cleanup_on_fail.pop_all()
-        return child
-
-
-def _pipe(read_end: contextlib.ExitStack, write_end: contextlib.ExitStack) -> tuple[int, int]:
-    """A pipe whose ends are closed with the given stacks."""
-    r, w = os.pipe()
-    read_end.callback(os.close, r)
-    write_end.callback(os.close, w)
-    return r, w
-
-
-async def _kill_bwrap(proc: Child) -> None:
-    """Kill a bwrap that failed to start a call (its held init, if any, is killed already)."""
-    with anyio.CancelScope(shield=True):
-        proc.kill()
-        await proc.wait()
-        await proc.aclose()
-
-
-async def _read_init_pid(fd: int, proc: Child) -> int:
-    info = bwrap_argv.InfoReader(fd)
-    while not info.done:
-        await anyio.wait_readable(fd)
-        info.read()
-    pid = info.init_pid()
-    if pid is not None:
-        return pid
-    await proc.wait()
-    err = b""
-    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
-        while len(err) < 4096:
-            err += await proc.stderr.receive()
-    raise BackendUnavailable(
-        f"bwrap failed to start the jail: {err.decode(errors='replace').strip() or 'no reason given'}",
-        backend="bwrap",
-        exit_code=proc.returncode,
-    )
 
 
 class BwrapBackend(Backend):
@@ -241,8 +66,6 @@ class BwrapBackend(Backend):
         args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed, shared)
         if profile.bwrap.lifecycle == "call":
             return BwrapJail(*args, downloads=downloads)
-        from sandbox.backends.bwrap_warm import WarmBwrapJail
-
         jail = WarmBwrapJail(*args, downloads=downloads)
         jail.egress = egress  # the transparent mode's veth goes to the jail at its start
         try:

@@ -64,7 +64,6 @@ call's memory/pids/cpu; the agent itself (one Python process) sits in the execut
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import select
 import socket
@@ -77,9 +76,10 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from sandbox.backends import bwrap, cgroups, confine, seccomp
+from sandbox.backends import bwrap_start, cgroups, confine, seccomp
 from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
 from sandbox.backends.base import Process, off_loop
+from sandbox.backends.bwrap_jail import BwrapJail, kill_bwrap, read_init_pid
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable
@@ -137,7 +137,7 @@ class Agent:
         return f"exit status {code}{why}" if code is not None else f"still running{why}"
 
 
-class WarmBwrapJail(bwrap.BwrapJail):
+class WarmBwrapJail(BwrapJail):
     """One bwrap for the session's calls, one call at a time, through its agent."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -194,59 +194,44 @@ class WarmBwrapJail(bwrap.BwrapJail):
             raise
 
     async def _start_agent(self, host_end: socket.socket, jail_end: socket.socket) -> Agent:
-        with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
+        with contextlib.ExitStack() as theirs:
             theirs.callback(jail_end.close)
-            with confine.starting("cannot start bwrap"):
-                info_r, info_w = bwrap._pipe(ours, theirs)
-            fds = [info_w, jail_end.fileno()]
             seccomp_fd = None
             if self._seccomp:
                 with confine.starting("cannot read the seccomp filter"):
                     seccomp_fd = seccomp.open_filter()
-                theirs.callback(os.close, seccomp_fd)
-                fds.append(seccomp_fd)
-            cmd = self._agent_command(info_w, seccomp_fd, jail_end.fileno())
             with confine.starting("cannot start bwrap"):
-                proc = Child(cmd, pass_fds=tuple(fds))
-            theirs.close()
-            async with contextlib.AsyncExitStack() as cleanup_on_fail:
-                cleanup_on_fail.push_async_callback(bwrap._kill_bwrap, proc)
-                try:
-                    with anyio.CancelScope(shield=True), anyio.fail_after(bwrap.START_TIMEOUT_S):
-                        init_pid = await bwrap._read_init_pid(info_r, proc)
-                except TimeoutError as exc:
-                    raise BackendUnavailable(
-                        f"bwrap did not start the jail within {bwrap.START_TIMEOUT_S:g} s", backend="bwrap"
-                    ) from exc
-                if self.egress is not None and self.egress.transparent:
-                    with anyio.CancelScope(shield=True):
-                        await off_loop(self.egress.attach, init_pid)
-                link = FdLink(host_end, "bwrap-agent")
-                agent = Agent(proc, init_pid, link)
-                cleanup_on_fail.push_async_callback(agent.kill)
-                seen = await anyio.to_thread.run_sync(link.hello.wait, bwrap.START_TIMEOUT_S, abandon_on_cancel=True)
-                if not seen or link.dead:
-                    raise BackendUnavailable(
-                        f"the jail's agent did not start ({await agent.diagnostics()})", backend="bwrap"
+                fds = bwrap_start.StartFds(block=False, seccomp_fd=seccomp_fd)
+            with fds:
+                cmd = self._agent_command(fds, jail_end.fileno())
+                with confine.starting("cannot start bwrap"):
+                    proc = Child(cmd, pass_fds=(*fds.theirs, jail_end.fileno()))
+                fds.handed_over()
+                theirs.close()
+                async with contextlib.AsyncExitStack() as cleanup_on_fail:
+                    cleanup_on_fail.push_async_callback(kill_bwrap, proc)
+                    init_pid = await read_init_pid(fds.info_r, proc)
+                    if self.egress is not None and self.egress.transparent:
+                        with anyio.CancelScope(shield=True):
+                            await off_loop(self.egress.attach, init_pid)
+                    link = FdLink(host_end, "bwrap-agent")
+                    agent = Agent(proc, init_pid, link)
+                    cleanup_on_fail.push_async_callback(agent.kill)
+                    seen = await anyio.to_thread.run_sync(
+                        link.hello.wait, bwrap_start.START_TIMEOUT_S, abandon_on_cancel=True
                     )
-                cleanup_on_fail.pop_all()
+                    if not seen or link.dead:
+                        raise BackendUnavailable(
+                            f"the jail's agent did not start ({await agent.diagnostics()})", backend="bwrap"
+                        )
+                    cleanup_on_fail.pop_all()
         return agent
 
-    def _agent_command(self, info_w: int, seccomp_fd: int | None, sock_fd: int) -> list[str]:
+    def _agent_command(self, fds: bwrap_start.StartFds, sock_fd: int) -> list[str]:
         # The agent's own PATH is the system's: each call brings its own environment (the
         # workspace's tool directories first, for the user's commands), never the agent.
-        env_args = [a for k, v in base_env(self.profile, None, workspace=None).items() for a in ("--setenv", k, v)]
-        return [
-            *self._prefix,
-            "--as-pid-1",
-            "--chdir",
-            "/",
-            "--clearenv",
-            *env_args,
-            "--info-fd",
-            str(info_w),
-            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
-            "--",
+        env = base_env(self.profile, None, workspace=None)
+        program = [
             self.python,  # by its verified absolute path: the PATH above starts with the workspace's
             "-I",
             "-S",
@@ -255,6 +240,7 @@ class WarmBwrapJail(bwrap.BwrapJail):
             "",  # no CPU limit for the agent: the host sets each command's rlimits
             f"fd:{sock_fd}",
         ]
+        return bwrap_start.command(self._prefix, fds, program, chdir="/", env=env, as_pid_1=True)
 
     async def _ready_agent(self) -> Agent:
         agent = self._agent

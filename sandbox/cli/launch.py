@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from sandbox import __version__, calls, datadir, gitsweep, remedy
-from sandbox.backends import bwrap_argv, cgroups, confine, seccomp
+from sandbox.backends import bwrap_argv, bwrap_start, cgroups, confine, seccomp
 from sandbox.backends.environment import base_env, host_files
-from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
     import argparse
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
     from sandbox.profile import Profile
 
-START_TIMEOUT_S = 30.0
 SECTIONS = ("mount", "network", "limits", "timeouts", "env", "docker", "policy")
 FAST_MOUNTS = ("ro", "rw")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -247,17 +245,24 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> Outcome | None:
         return None  # an interrupted apply: the full path finishes or undoes it before the jail opens
     host_files(prof)  # a file that became a secret is refused here too
     shown = _Shown(ws, prof, bwrap_argv.host_paths_shown(ws))
-    env = [a for k, v in base_env(prof, None, workspace=ws).items() for a in ("--setenv", k, v)]
     jail = [*bwrap_argv.command_prefix(prof), *bwrap_argv.jail_args(prof, ws, ws)]
-    prefix = [*jail, "--chdir", str(ws), "--clearenv", *env]
+    started = _Started(jail, str(ws), base_env(prof, None, workspace=ws))
     # rw: what the call leaves that the host's git would obey is moved away (nested repositories: the full path's)
     before = gitsweep.take(str(ws), gitsweep.gitdirs(str(ws), ())) if prof.mount.strategy == "rw" else None
     try:
-        outcome = _Call(prof, args.timeout_s, seccomp_filter).run(prefix, calls.checked_argv(shown, argv), handed)
+        outcome = _Call(prof, args.timeout_s, seccomp_filter).run(started, calls.checked_argv(shown, argv), handed)
     finally:
         moved = gitsweep.quarantine(str(ws), gitsweep.planted(before)) if before is not None else []
     outcome.quarantined = moved or None
     return outcome
+
+
+class _Started(NamedTuple):
+    """What the call's bwrap is given besides its command: the jail, the directory, the environment."""
+
+    jail: list[str]
+    chdir: str
+    env: dict[str, str]
 
 
 class _Call:
@@ -267,12 +272,12 @@ class _Call:
         self.seccomp_filter = seccomp_filter
         self.received: list[int] = []
 
-    def run(self, prefix: list[str], argv: list[str], streams: list[int]) -> Outcome:
+    def run(self, started: _Started, argv: list[str], streams: list[int]) -> Outcome:
         # From here on a signal to us is an abort of the call, even one that comes during the start.
         with _signals_to(self.received) as wakeup:
             group = confine.call_cgroup(self.profile)
             try:
-                proc, tree = self._start(prefix, argv, streams, group)
+                proc, tree = self._start(started, argv, streams, group)
                 try:
                     with _tree_killed(tree):
                         outcome = self._wait(proc, tree, wakeup)
@@ -287,26 +292,22 @@ class _Call:
                         time.sleep(pause)
 
     def _start(
-        self, prefix: list[str], argv: list[str], streams: list[int], group: cgroups.CallCgroup | None
+        self, started: _Started, argv: list[str], streams: list[int], group: cgroups.CallCgroup | None
     ) -> tuple[_Bwrap, confine.Tree]:
         """bwrap started with its init held until it is confined (see ``BwrapJail._release_held``)."""
         with confine.starting("cannot start bwrap"):
-            info_r, info_w = os.pipe()
-            block_r, block_w = os.pipe()
-            filter_fd = os.open(self.seccomp_filter, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            held = ["--info-fd", str(info_w), "--block-fd", str(block_r), "--seccomp", str(filter_fd)]
-            cmd = [*prefix, *held, "--", *argv]
+            seccomp_fd = os.open(self.seccomp_filter, os.O_RDONLY | os.O_CLOEXEC)
+            fds = bwrap_start.StartFds(block=True, seccomp_fd=seccomp_fd)
+        with fds:
+            cmd = bwrap_start.command(started.jail, fds, argv, chdir=started.chdir, env=started.env)
             with confine.starting("cannot start bwrap"):
-                proc = _Bwrap(cmd, streams, (info_w, block_r, filter_fd))
-            for fd in (info_w, block_r, filter_fd):
-                os.close(fd)
-            info_w = block_r = filter_fd = -1
+                proc = _Bwrap(cmd, streams, fds.theirs)
+            fds.handed_over()
             tree = None
             try:
-                tree = confine.Tree(_read_init_pid(info_r, proc), group, kernel_reaps=True)
+                tree = confine.Tree(bwrap_start.wait_init_pid(fds.info_r, proc.wait), group, kernel_reaps=True)
                 confine.confine(tree.root_pid, self.profile, group, "bwrap")
-                os.write(block_w, b"1")
+                fds.release()
             except BaseException:
                 if tree is not None:
                     tree.kill_root()
@@ -315,10 +316,6 @@ class _Call:
                 proc.wait()
                 raise
             return proc, tree
-        finally:
-            for fd in (info_r, info_w, block_r, block_w, filter_fd):
-                if fd >= 0:
-                    os.close(fd)
 
     def _wait(self, proc: _Bwrap, tree: confine.Tree, wakeup: int) -> Outcome:
         """Wait for bwrap, a deadline or a signal to us; on the last two, kill the tree with grace."""
@@ -353,25 +350,6 @@ def _tree_killed(tree: confine.Tree) -> Any:
         for pause in tree.kill_steps(0):
             time.sleep(pause)
         tree.forget_root()
-
-
-def _read_init_pid(fd: int, proc: _Bwrap) -> int:
-    info = bwrap_argv.InfoReader(fd)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    while not info.done:
-        left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(left * 1000):
-            raise BackendUnavailable(f"bwrap did not start the jail within {START_TIMEOUT_S:g} s", backend="bwrap")
-        info.read()
-    pid = info.init_pid()
-    if pid is None:
-        code = proc.wait()
-        raise BackendUnavailable(
-            "bwrap failed to start the jail (its own message is on stderr above)", backend="bwrap", exit_code=code
-        )
-    return pid
 
 
 @contextlib.contextmanager
