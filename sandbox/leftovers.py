@@ -141,9 +141,11 @@ def _remove_cgroup(path: Path, swept: Swept) -> None:
 
 
 def sweep_copies() -> Swept:
-    """Recover and remove the private copies of executors that are gone (what ``sandbox gc`` does
-    to them); a server runs it as it starts, so a killed server's work is kept by the next one."""
+    """Recover and remove the private copies of executors that are gone, and remove their calls'
+    cgroups (what ``sandbox gc`` does to them); a session runs it as it opens, so a killed server's
+    work is kept, and its cgroups go, at the next one."""
     swept = Swept()
+    _sweep_cgroups(swept, legacy=False)
     _sweep_copies(swept)
     return swept
 
