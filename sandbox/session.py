@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from sandbox.exec import OutputCallback
     from sandbox.mounts import Changeset
-    from sandbox.network.proxy import Denial
+    from sandbox.network.denial import Denial
     from sandbox.policy.delegates import ResolvedDelegate
     from sandbox.tools.replies import RunnerReply
     from sandbox.vocabulary import (

@@ -9,7 +9,7 @@ resolved: nothing about it may reach a resolver before the user allows it (and, 
 ever), so its ``A`` answer is :data:`UNRESOLVED`, an address of ours, and its ``AAAA`` answer
 empty; the jail's rules send every TCP 80 and 443 to the proxy whatever the address, and there
 the user is asked before the proxy resolves the name. A name the policy refuses gets ``REFUSED`` and a
-:class:`~sandbox.network.proxy.Denial` on port 53. Other record types for an admitted name get an
+:class:`~sandbox.network.denial.Denial` on port 53. Other record types for an admitted name get an
 empty answer: the jail learns no mail servers, TXT records or anything else DNS could carry out.
 Nothing is forwarded anywhere but to the resolver; a packet that is not a query is dropped.
 
@@ -37,13 +37,15 @@ import dns.rrset
 
 from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 from sandbox.network import netns
-from sandbox.network.proxy import Denial, Service, bind_socket, denial_reason
+from sandbox.network.denial import Denial, denial_reason
+from sandbox.network.service import Service, bind_socket
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
+    from sandbox.network.denial import OnDenial
     from sandbox.network.policy import EgressPolicy, IPAddress
-    from sandbox.network.proxy import EgressProxy, OnDenial
+    from sandbox.network.proxy import EgressProxy
     from sandbox.network.resolve import Resolver
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ command of the jail is started beside the jail-side forwarder (:mod:`sandbox._ja
 which listens on the jail's loopback at :data:`PORT` and relays to that socket; the proxy
 variables point there. A tool that ignores them finds no route: nothing gets out another way.
 
-Every refused connection is a :class:`~sandbox.network.proxy.Denial`, kept in order, so a call
+Every refused connection is a :class:`~sandbox.network.denial.Denial`, kept in order, so a call
 can say which were its own (:meth:`Egress.mark`, :meth:`Egress.denials_since`).
 """
 
@@ -31,7 +31,8 @@ from sandbox.network import netns
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from sandbox.network.proxy import Denial, EgressProxy, ProxyThread
+    from sandbox.network.denial import Denial
+    from sandbox.network.proxy import EgressProxy, ProxyThread
     from sandbox.profile import Network
     from sandbox.vocabulary import Answer
 
@@ -80,8 +81,9 @@ class Egress:
         BACKEND_UNAVAILABLE when it cannot listen. ``ask_timeout``: the proxy's own bound on a
         question to the approver (:meth:`ask_with`), which should outlast the approver's."""
         from sandbox.network.policy import EgressPolicy
-        from sandbox.network.proxy import EgressProxy, upstream_from_env
+        from sandbox.network.proxy import EgressProxy
         from sandbox.network.resolve import CachedResolver, resolver_from_env
+        from sandbox.network.upstream import upstream_from_env
 
         egress = cls(network)
         with map_errors("cannot start the egress proxy", BackendUnavailable):

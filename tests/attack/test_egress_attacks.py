@@ -36,10 +36,13 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from sandbox import exec as executor
 from sandbox.network import proxy as proxy_module
+from sandbox.network.conn import Conn
+from sandbox.network.denial import Denial, Refused
 from sandbox.network.dnsfilter import FilteringDns
 from sandbox.network.egress import Egress
+from sandbox.network.http import speaks_http
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Denial, EgressProxy
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import DnsResolver, StaticResolver
 from tests.attack.conftest import mode_profile
 from tests.integration._loopback import WAIT, Approver, serve, within
@@ -324,15 +327,15 @@ async def test_a_tunnel_to_port_80_must_carry_http() -> None:
     """Port 80 is plain HTTP's: a client there that does not begin a request is refused, not relayed."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        conn = proxy_module._Conn(ours)
+        conn = Conn(ours)
         conn.buffer += b"\r\nSSH-2.0-not-http\r\n"
-        with pytest.raises(proxy_module._Refused) as refused:
-            await proxy_module._speaks_http(conn, "good.test", 80)
+        with pytest.raises(Refused) as refused:
+            await speaks_http(conn, "good.test", 80)
         assert refused.value.denial.reason == "bad-request"
         conn.buffer[:] = b"\r\nGET / HTTP/1.1\r\n"
-        assert await proxy_module._speaks_http(conn, "good.test", 80)
+        assert await speaks_http(conn, "good.test", 80)
         conn.buffer[:] = b"\x00binary"
-        assert not await proxy_module._speaks_http(conn, "good.test", 5432)  # elsewhere: relayed as it comes
+        assert not await speaks_http(conn, "good.test", 5432)  # elsewhere: relayed as it comes
 
 
 async def test_a_protocol_other_than_http_still_passes_a_tunnel_off_port_80(net: Net) -> None:

@@ -12,12 +12,13 @@ import anyio
 import anyio.abc
 
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Connected, Denial, EgressProxy
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import StaticResolver
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
+    from sandbox.network.denial import Connected, Denial
     from sandbox.vocabulary import Answer
 
 WAIT = 10.0

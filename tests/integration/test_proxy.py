@@ -21,8 +21,9 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from sandbox.network.denial import Connected, Denial
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Connected, Denial, EgressProxy
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import DnsResolver, StaticResolver
 from tests.integration._loopback import WAIT, Approver, ProxyLab, on, serve, within
 

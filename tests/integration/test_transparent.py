@@ -32,13 +32,15 @@ from cryptography.x509.oid import NameOID
 
 from sandbox.network.dnsfilter import FilteringDns
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Denial, EgressProxy
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import StaticResolver
 from tests.integration._loopback import WAIT, Approver, ProxyLab, on, serve, within
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
+
+    from sandbox.network.denial import Denial
 
 pytestmark = pytest.mark.anyio
 SILENCE = 0.5

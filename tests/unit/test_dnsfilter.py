@@ -16,10 +16,11 @@ import pytest
 
 from sandbox.network.dnsfilter import TTL, UNRESOLVED, FilteringDns
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import Denial, EgressProxy
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import StaticResolver
 
 if TYPE_CHECKING:
+    from sandbox.network.denial import Denial
     from sandbox.network.policy import IPAddress
 
 pytestmark = pytest.mark.anyio

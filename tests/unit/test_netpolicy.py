@@ -18,8 +18,9 @@ from sandbox.network.policy import (
     special_kind,
     trusted_rule,
 )
-from sandbox.network.proxy import IncompleteHello, NotClientHello, client_hello_sni, upstream_from_env
 from sandbox.network.resolve import CachedResolver, DnsResolver, StaticResolver, SystemResolver, resolver_from_env
+from sandbox.network.tls import IncompleteHello, NotClientHello, client_hello_sni
+from sandbox.network.upstream import upstream_from_env
 from sandbox.profile import Profile
 
 

@@ -17,15 +17,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sandbox.network import proxy as proxy_module
+from sandbox.network.denial import Refused as _Refused
+from sandbox.network.http import HttpRequest as _Request
 from sandbox.network.policy import EgressPolicy
-from sandbox.network.proxy import EgressProxy, client_hello_sni
+from sandbox.network.proxy import EgressProxy
 from sandbox.network.resolve import StaticResolver
+from sandbox.network.tls import IncompleteHello, NotClientHello, client_hello_sni
 
 pytestmark = pytest.mark.anyio
-
-_Request = proxy_module._HttpRequest
-_Refused = proxy_module._Refused
 
 PIECES = st.sampled_from(
     ["GET", "CONNECT", "POST", " ", "\r\n", "\n", "\r", "\0", ":", "Host", "host", "evil.test", "good.test:80",
@@ -59,7 +58,7 @@ def test_the_head_parser_accepts_only_unambiguous_heads(text: str) -> None:
 @given(st.binary(max_size=600))
 @settings(max_examples=300, deadline=None)
 def test_the_client_hello_reader_raises_only_its_own_errors(data: bytes) -> None:
-    with contextlib.suppress(proxy_module.NotClientHello, proxy_module.IncompleteHello, ValueError):
+    with contextlib.suppress(NotClientHello, IncompleteHello, ValueError):
         client_hello_sni(b"\x16\x03" + data)
 
 
@@ -75,7 +74,7 @@ class _Errors(logging.Handler):
 async def _send_to_proxy(data: bytes) -> tuple[bytes, list[str], int]:
     """``data`` to a proxy allowing nothing; its answer, what it logged at WARNING and up, its connects."""
     errors = _Errors()
-    logger = logging.getLogger("sandbox.network.proxy")
+    logger = logging.getLogger("sandbox.network")
     logger.addHandler(errors)
     connects: list[object] = []
     proxy = EgressProxy(
