@@ -188,11 +188,13 @@ async def run(
     stdin: Stdin = None,
     capture_bytes: int | None = None,
     network: bool = True,
+    runner: bool = False,
 ) -> ExecResult:
     """Run ``argv`` in ``jail``; see the module docstring for the guarantees.
 
     ``capture_bytes`` overrides the profile's per-stream capture (for machine-read output).
     ``network=False``: no forwarder to the allowlist proxy beside it (the file tools need none).
+    ``runner``: ``argv`` is the jail's :meth:`~sandbox.backends.base.Jail.runner_argv`.
     In an allowlist jail the result's ``network`` lists the connections refused during the call.
     """
     profile = jail.profile
@@ -206,7 +208,7 @@ async def run(
     guard = diskguard.for_jail(jail.host_writable, profile.limits)
     sweep = gitsweep.Call(jail)  # rw: git's state before the call, swept once its processes are dead
     try:
-        proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network)
+        proc = await jail.spawn(list(argv), env=env, cwd=cwd, stdin=stdin, network=network, runner=runner)
     except BaseException:
         await sweep.end()
         raise

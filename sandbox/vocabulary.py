@@ -128,9 +128,7 @@ Answer = Literal["allow-once", "allow-session", "deny"]
 Decision = Literal["allow", "allow-once", "allow-session", "deny"]
 """The final word on a call, as the audit records it."""
 GateDecidedBy = Literal["rule", "mode", "grant", "turn-denial", "classifier"]
-ApprovalDecidedBy = Literal[
-    "user", "client", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"
-]
+ApprovalDecidedBy = Literal["user", "client", "unattended", "timeout", "error", "disconnected", "cancelled", "invalid"]
 """``client``: the client program answered for the user, faster than anyone could read the question
 (``codex exec`` declines every elicitation, Claude Code's ``-p`` dismisses it): no one was asked."""
 DecidedBy = Literal[GateDecidedBy, ApprovalDecidedBy]

@@ -10,9 +10,9 @@
   agent, ours are read like a local child's (:class:`~sandbox.backends.child.FdReceiveStream`),
   so no byte of output crosses the agent.
 * :func:`run_request`: a call's ``run`` request, the same for every backend. The file tools'
-  runner, started as :mod:`sandbox.tools.run` starts it, is told apart so that the request names
-  the runner the agent carries (``"py": "runner"``) and, when small, carries the runner's request
-  for the agent to serve itself (``"inline"``).
+  runner (spawned with ``runner=True``, :meth:`sandbox.backends.base.Jail.spawn`) is the one the
+  agent carries (``"py": "runner"``), and a small request of it rides the message for the agent to
+  serve itself (``"inline"``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 # The agent's program carries the file tools' runner (and its glob translator), defined once at
 # the jail's start: a Read, Write or LS is then served by the agent, no Python start-up per call.
 AGENT_PROGRAM = _jailside.program("agent", "runner", "glob")
-RUNNER_PROGRAMS = frozenset({_jailside.program("runner", "glob"), _jailside.program("runner")})
 INLINE_REQUEST_BYTES = 64 * 1024  # a larger file tool request (a Write's content) goes to a forked runner
 # The most an inline Edit can write: a file the agent may hold, grown by a request's worth.
 INLINE_WRITE_BYTES = INLINE_BYTES + INLINE_REQUEST_BYTES
@@ -65,7 +64,8 @@ def run_request(
 ) -> tuple[dict[str, Any], bool]:
     """A call's ``run`` request (its ``id`` and ``fds`` are the caller's), and whether it rides inline.
 
-    ``runner``: the agent runs its own runner (it takes the call's pipes: socket mode). ``inline``:
+    ``runner``: ``argv`` is the file tools' runner, which the agent runs as its own (it takes the
+    call's pipes: socket mode; over the attach stream the caller passes ``False``). ``inline``:
     it may also serve a small request in its own process. Inline, the runner's request (``stdin``)
     is in the message and the call has no stdin pipe: the agent serves it, or declines
     (:func:`sandbox._jailside.runner.serve_inline`) and gives the forked runner a copy of it as
@@ -79,10 +79,7 @@ def run_request(
         "cwd": cwd or str(workspace),
         "stdin": stdin is not None,
     }
-    if not (
-        # argv[0] is the jail's interpreter (an absolute path); what marks the runner is its program.
-        runner and len(argv) == 5 and list(argv[1:4]) == ["-I", "-S", "-c"] and argv[4] in RUNNER_PROGRAMS
-    ):
+    if not runner:
         return request, False
     request["py"], request["argv"] = "runner", ["sandbox-runner"]
     file_size = profile.limits.file_size

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar, get_args
 import anyio
 
 from sandbox.backends import AUTO_ORDER, BACKENDS
+from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 from sandbox.vocabulary import BackendName
@@ -100,6 +101,20 @@ class Process(ABC):
         """Free what the call held (cgroups, exec ids) once it is over and its tree is dead."""
 
 
+NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
+# $1 is the command; running bash through sh tells "no bash here" apart from the command's 127.
+# Not `bash -lc` (seed 003 §5): a login shell's job there is to recover the user's profile PATH,
+# but the jail's PATH is the sandbox's own and its HOME holds no profile. Debian's and Alpine's
+# /etc/profile reset PATH, dropping the workspace's .venv/bin and node_modules/.bin, and the host
+# backend's HOME is the workspace, so -l would run the project's own .profile before every command.
+# bash is looked up in the system directories only: the jail's PATH starts with the workspace's
+# .venv/bin and node_modules/.bin (for the command's own use), where a repository could plant one.
+_BASH = (
+    f'b=$(PATH={SYSTEM_BIN} command -v bash) || {{ echo "{NO_BASH}" >&2; exit 127; }}; '
+    'case $b in /*) ;; *) echo "' + NO_BASH + '" >&2; exit 127;; esac; exec "$b" -c "$1"'
+)
+
+
 class Jail(ABC):
     """One workspace under one profile. ``async with`` closes it (and kills what it runs)."""
 
@@ -137,6 +152,17 @@ class Jail(ABC):
         is its image's). Used to explain a command that resolves into what the jail hides."""
         return (str(self.workspace),)
 
+    def shell_argv(self, command: str) -> list[str]:
+        """The Bash tool's ``command`` as this jail runs it: bash, found in the system directories
+        only, through ``/bin/sh`` (a missing bash says :data:`NO_BASH`, apart from the command's 127)."""
+        return ["/bin/sh", "-c", _BASH, "sandbox-bash", command]
+
+    def runner_argv(self, program: str) -> list[str]:
+        """The file tools' runner ``program`` (stdlib Python, its JSON request on stdin) as a
+        command: the jail's own interpreter by its absolute path (by name, PATH would find the
+        workspace's first). Spawn it with ``runner=True``: a jail may serve it its own way."""
+        return [self.python, "-I", "-S", "-c", program]
+
     async def spawn(
         self,
         argv: Sequence[str],
@@ -145,13 +171,16 @@ class Jail(ABC):
         cwd: str | None = None,
         stdin: Stdin = None,
         network: bool = True,
+        runner: bool = False,
     ) -> Process:
         """Start ``argv`` inside the jail. ``env`` is added to the scrubbed base; ``stdin`` is fed
         to the command and then closed (``None``: stdin is closed from the start). A stream is
         copied through a pipe of ours as it arrives, never handed over: the jail gets no host fd.
 
         In an allowlist jail the command starts beside the forwarder to the filtering proxy, with
-        the proxy variables set; ``network=False`` (the file tools) spares it that.
+        the proxy variables set; ``network=False`` (the file tools) spares it that. ``runner``:
+        ``argv`` is :meth:`runner_argv`'s, which a warm jail's agent serves itself and the Windows
+        job runs from a file; every other jail starts it as any command.
         """
         if self._closed:
             raise InvalidArgument("the jail is closed")
@@ -163,11 +192,17 @@ class Jail(ABC):
             if not self.egress.alive:
                 raise BackendUnavailable("the jail's egress proxy has stopped; open a new jail (session)")
             argv, env = self.egress.wrap(argv, self.python), {**proxy_env(), **(env or {})}
-        return await self._start(argv, env=env, cwd=cwd, stdin=stdin)
+        return await self._start(argv, env=env, cwd=cwd, stdin=stdin, runner=runner)
 
     @abstractmethod
     async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: Stdin,
+        runner: bool = False,
     ) -> Process:
         """The backend's part of :meth:`spawn`, once the jail is known open and ``argv`` not empty."""
 

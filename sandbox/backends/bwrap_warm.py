@@ -256,7 +256,7 @@ class WarmBwrapJail(BwrapJail):
         return agent
 
     async def _start(  # type: ignore[override]  # a call through the agent, not a LocalProcess of bwrap's
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False
     ) -> WarmCall:
         await self._slot.acquire()
         with contextlib.ExitStack() as cleanup_on_fail:
@@ -269,7 +269,7 @@ class WarmBwrapJail(BwrapJail):
             # A file tool: served by the agent itself when small, the spare kept for the next call;
             # else by a fork of the agent (the spare), as a command is. Inline needs the spare to decline to.
             request, inline = run_request(
-                self.profile, self.workspace, argv, env, cwd, stdin, runner=True, inline=spare is not None
+                self.profile, self.workspace, argv, env, cwd, stdin, runner=runner, inline=spare is not None
             )
             call = WarmCall(self, agent, group, None if inline else stdin, spare)
             cleanup_on_fail.callback(call.abandon)

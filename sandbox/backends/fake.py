@@ -380,8 +380,9 @@ class FakeJail(Jail):
         self._choose = choose
 
     async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False
     ) -> FakeProcess:
+        del runner  # the fake tells a runner by its argv (Call.is_file_tool), as scripts are written
         call = Call(tuple(argv), dict(env or {}), cwd, stdin if isinstance(stdin, bytes) else None)
         process = FakeProcess(call, self._choose(call), stdin)
         self.processes.append(process)

@@ -647,11 +647,6 @@ def resolve(argv0: str, path: str, cwd: str) -> str | None:
 # -- the file tools' runner and the copy's view ---------------------------------------------------
 
 
-def is_runner(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is the file tools' runner as :mod:`sandbox.tools.run` starts it."""
-    return len(argv) == 5 and list(argv[1:4]) == ["-I", "-S", "-c"]  # argv[0]: the jail's python
-
-
 class View:
     """Where the jail's commands see the workspace: ``root`` (the workspace, or its private copy)."""
 
@@ -774,10 +769,13 @@ class WinJobJail(Jail):
     def host_paths_shown(self) -> tuple[str, ...]:
         return (self.workspace.anchor,)  # no filesystem view of its own: the host's drives as they are
 
+    def shell_argv(self, command: str) -> list[str]:
+        """No bash on Windows: the profile's shell (cmd, PowerShell or Git's bash) runs the command."""
+        return shell_argv(command, self.shell)
+
     async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False
     ) -> WinJobProcess:
-        runner = is_runner(argv)
         op = None
         if runner:
             argv = await off_loop(self._runner_argv, argv[-1])

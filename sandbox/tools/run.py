@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from sandbox import _jailside, remedy
 from sandbox import exec as executor
-from sandbox.backends.jailpython import SYSTEM_BIN
+from sandbox.backends.base import NO_BASH
 from sandbox.errors import BackendUnavailable, ShellNotFound
 from sandbox.tools.params import (
     BashParams,
@@ -41,18 +41,6 @@ _PLAIN_RUNNER_PROGRAM = _jailside.program("runner")
 _GLOB_OPS = frozenset({"glob", "grep"})
 RUNNER_CAPTURE = 48 * 1024 * 1024
 RUNNER_TIMEOUT_S = 120.0
-NO_BASH = "sandbox: SHELL_NOT_FOUND: no bash in the jail"
-# $1 is the command; running bash through sh tells "no bash here" apart from the command's 127.
-# Not `bash -lc` (seed 003 §5): a login shell's job there is to recover the user's profile PATH,
-# but the jail's PATH is the sandbox's own and its HOME holds no profile. Debian's and Alpine's
-# /etc/profile reset PATH, dropping the workspace's .venv/bin and node_modules/.bin, and the host
-# backend's HOME is the workspace, so -l would run the project's own .profile before every command.
-# bash is looked up in the system directories only: the jail's PATH starts with the workspace's
-# .venv/bin and node_modules/.bin (for the command's own use), where a repository could plant one.
-_BASH = (
-    f'b=$(PATH={SYSTEM_BIN} command -v bash) || {{ echo "{NO_BASH}" >&2; exit 127; }}; '
-    'case $b in /*) ;; *) echo "' + NO_BASH + '" >&2; exit 127;; esac; exec "$b" -c "$1"'
-)
 
 
 class ToolResult(BaseModel):
@@ -73,14 +61,9 @@ async def run_bash(
     on_stderr: OutputCallback | None = None,
     abort: anyio.Event | None = None,
 ) -> ToolResult:
-    argv = ["/bin/sh", "-c", _BASH, "sandbox-bash", params.command]
-    if jail.backend == "winjob":  # Windows: no bash; the jail's shell (cmd, or PowerShell) runs the command
-        from sandbox.backends import winjob
-
-        argv = winjob.shell_argv(params.command, getattr(jail, "shell", "cmd"))
     result = await executor.run(
         jail,
-        argv,
+        jail.shell_argv(params.command),
         timeout=params.timeout,
         env=env,
         on_stdout=on_stdout,
@@ -176,15 +159,16 @@ def runner_request(params: BaseModel, target: str) -> dict[str, Any]:
 
 async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> RunnerReply:
     """One runner round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
+    program = RUNNER_PROGRAM if request.get("op") in _GLOB_OPS else _PLAIN_RUNNER_PROGRAM
     result = await executor.run(
         jail,
-        # The jail's own interpreter by its absolute path: by name, PATH would find the workspace's first.
-        [jail.python, "-I", "-S", "-c", RUNNER_PROGRAM if request.get("op") in _GLOB_OPS else _PLAIN_RUNNER_PROGRAM],
+        jail.runner_argv(program),
         stdin=json.dumps(request).encode(),
         timeout=RUNNER_TIMEOUT_S,
         capture_bytes=RUNNER_CAPTURE,
         abort=abort,
         network=False,
+        runner=True,
     )
     if result.aborted:
         return RunnerReply(ok=False, error_code="ABORTED", content="aborted", details={})

@@ -64,7 +64,7 @@ class PerCallJail(AgentJail):
         return Box(runtime, link)
 
     async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False
     ) -> AgentCall:
         async with self._sealing:  # calls run side by side: none takes an old container once the seal moved
             if await self._resealed():  # a secret appeared since the pool's containers were started
@@ -72,7 +72,7 @@ class PerCallJail(AgentJail):
         for retry in (False, True):
             box = await self.pool.take()
             try:
-                proc = await self._send_run(box.runtime, box.link, argv, env, cwd, stdin)
+                proc = await self._send_run(box.runtime, box.link, argv, env, cwd, stdin, runner)
             except BaseException as exc:
                 # Its container died while it waited in the pool (killed from outside, say): not
                 # the call's doing, and nothing of the call ran there; one more try, no more.

@@ -390,13 +390,14 @@ class AgentJail(DockerJail):
         env: Mapping[str, str] | None,
         cwd: str | None,
         stdin: Stdin,
+        runner: bool,
     ) -> AgentCall:
         """One ``run`` request to the agent on ``link``, with the call's pipe ends where it can take them."""
         # Over the attach stream (no fds) the runner is started as a program; over the socket it is
         # the agent's own, and a small request is served by the agent itself.
         sockets = isinstance(link, SocketLink)
         request, inline = run_request(
-            self.profile, self.workspace, argv, env, cwd, stdin, runner=sockets, inline=sockets
+            self.profile, self.workspace, argv, env, cwd, stdin, runner=runner and sockets, inline=sockets
         )
         kind = PipeProcess if sockets else FramedProcess
         proc = kind(self, runtime, link, None if inline else stdin)
@@ -480,21 +481,21 @@ class WarmJail(AgentJail):
         return self._warm
 
     async def _start(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False
     ) -> AgentCall:
         await self._slot.acquire()
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(self._slot.release)
-            proc = await self._run_in_agent(argv, env, cwd, stdin)
+            proc = await self._run_in_agent(argv, env, cwd, stdin, runner)
             cleanup_on_fail.pop_all()
         self._held = proc
         return proc
 
     async def _run_in_agent(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool
     ) -> AgentCall:
         runtime, link = await self._ready_agent()
-        return await self._send_run(runtime, link, argv, env, cwd, stdin)
+        return await self._send_run(runtime, link, argv, env, cwd, stdin, runner)
 
     async def _ready_agent(self) -> tuple[Runtime, Link]:
         """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
