@@ -89,19 +89,22 @@ class BwrapJail(local.LocalJail):
         stdin: bool,
     ) -> local.LocalProcess:
         await self._resealed()  # a secret that appeared since the last call is masked for this one
-        seccomp_fd = None
-        if self._seccomp:
-            with confine.starting("cannot read the seccomp filter"):
-                seccomp_fd = seccomp.open_filter()
-        with confine.starting("cannot start bwrap"):
-            fds = bwrap_start.StartFds(block=True, seccomp_fd=seccomp_fd)
-        with fds:
+        with self._start_fds(block=True) as fds:
             environment = base_env(self.profile, env, workspace=self.workspace)
             cmd = bwrap_start.command(self._prefix, fds, argv, chdir=cwd or str(self.workspace), env=environment)
             with confine.starting("cannot start bwrap"):
                 proc = Child(cmd, pass_fds=fds.theirs, stdin=stdin)
             fds.handed_over()  # end of file on the info pipe now means bwrap is gone
             return await self._release_held(proc, fds, group)
+
+    def _start_fds(self, *, block: bool) -> bwrap_start.StartFds:
+        """A start's descriptors, the seccomp filter's among them where this host has one."""
+        seccomp_fd = None
+        if self._seccomp:
+            with confine.starting("cannot read the seccomp filter"):
+                seccomp_fd = seccomp.open_filter()
+        with confine.starting("cannot start bwrap"):
+            return bwrap_start.StartFds(block=block, seccomp_fd=seccomp_fd)
 
     async def _release_held(
         self, proc: Child, fds: bwrap_start.StartFds, group: cgroups.CallCgroup | None

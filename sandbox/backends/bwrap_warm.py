@@ -76,7 +76,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from sandbox.backends import bwrap_start, cgroups, confine, seccomp
+from sandbox.backends import bwrap_start, cgroups, confine
 from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
 from sandbox.backends.base import Process, off_loop
 from sandbox.backends.bwrap_jail import BwrapJail, kill_bwrap, read_init_pid
@@ -196,13 +196,7 @@ class WarmBwrapJail(BwrapJail):
     async def _start_agent(self, host_end: socket.socket, jail_end: socket.socket) -> Agent:
         with contextlib.ExitStack() as theirs:
             theirs.callback(jail_end.close)
-            seccomp_fd = None
-            if self._seccomp:
-                with confine.starting("cannot read the seccomp filter"):
-                    seccomp_fd = seccomp.open_filter()
-            with confine.starting("cannot start bwrap"):
-                fds = bwrap_start.StartFds(block=False, seccomp_fd=seccomp_fd)
-            with fds:
+            with self._start_fds(block=False) as fds:
                 cmd = self._agent_command(fds, jail_end.fileno())
                 with confine.starting("cannot start bwrap"):
                     proc = Child(cmd, pass_fds=(*fds.theirs, jail_end.fileno()))
