@@ -280,6 +280,23 @@ class Env(_Model):
     )
 
 
+_NUMERIC_USER = re.compile(r"(\d+)(?::(\d+))?")
+
+
+def _not_root(user: str) -> str:
+    """``docker.user``: a numeric ``uid[:gid]``, never uid 0 (the backend's ``non-root`` guarantee
+    holds for every profile, so no profile may run a container's commands as root)."""
+    found = _NUMERIC_USER.fullmatch(user)
+    if found is None:
+        raise ValueError(f"docker.user must be a numeric uid:gid, got {user!r}")
+    if int(found[1]) == 0:
+        raise ValueError(
+            f"docker.user {user!r} would run commands as root; the docker backend never does (its non-root "
+            "guarantee): give another uid, and install what root must in the image (sandbox image build)"
+        )
+    return user
+
+
 class Docker(_Model):
     """The Docker backend's settings, and which engine it talks to.
 
@@ -308,7 +325,7 @@ class Docker(_Model):
 
     image: str | None = None
     lifecycle: Lifecycle = "session"
-    user: str = "1000:1000"
+    user: Annotated[str, AfterValidator(_not_root)] = "1000:1000"
     host: str | None = None
     tls_ca: Path | None = None
     tls_cert: Path | None = None

@@ -192,3 +192,20 @@ def test_the_ci_profiles_commented_allowlist_is_valid() -> None:
     example = "\n".join(line.removeprefix("#") for line in commented)
     network = profiles.Network.model_validate(tomllib.loads(example))
     assert network.mode == "allowlist" and "pypi.org" in network.allow and not network.ask
+
+
+@pytest.mark.parametrize("user", ["0", "0:0", "0:1000", "00:0"])
+def test_a_docker_user_of_uid_0_is_refused(user: str) -> None:
+    """The Docker backend's non-root guarantee holds for every profile: no profile runs its commands as root."""
+    with pytest.raises(InvalidArgument, match="would run commands as root"):
+        profiles.load("default").with_overrides(**{"docker.user": user})
+
+
+@pytest.mark.parametrize("user", ["root", "1000:", ":1000", "1000:1000:1", ""])
+def test_a_docker_user_is_a_numeric_uid_gid(user: str) -> None:
+    with pytest.raises(InvalidArgument, match="numeric uid:gid"):
+        profiles.load("default").with_overrides(**{"docker.user": user})
+
+
+def test_a_docker_user_other_than_root_is_kept() -> None:
+    assert profiles.load("default").with_overrides(**{"docker.user": "1001:1001"}).docker.user == "1001:1001"
