@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps mcp-inspector agents demo test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps mcp-inspector agents demo docs test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -58,10 +58,15 @@ FIXTURES := .cache/fixtures
 test-fixtures: setup node-deps
 	$(BIN)/python tests/registries.py fetch $(FIXTURES)
 
+# The documentation site (mkdocs, Material theme) into site/: strict, so a broken link or anchor, a page
+# missing from the nav or a generated part that cannot be rendered fails (mkdocs.yml; tests/docs runs the blocks).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # The whole suite, as users meet the product: the checkout's suite as root, then the installed
 # wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
 # suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
-test: setup mcp-inspector agents test-fixtures
+test: setup mcp-inspector agents test-fixtures docs
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc

@@ -20,10 +20,10 @@ PLACEHOLDER = "/path/to/project"
 
 def example(readme: Path) -> str:
     text = readme.read_text(encoding="utf-8")
-    section = text.split("## Python API", 1)[1]
+    section = text.split("## Quick start", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     if match is None or PLACEHOLDER not in match.group(1):
-        sys.exit(f"readme example: no python block naming {PLACEHOLDER} under '## Python API'")
+        sys.exit(f"readme example: no python block naming {PLACEHOLDER} under '## Quick start'")
     return match.group(1)
 
 

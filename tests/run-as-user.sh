@@ -34,7 +34,7 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='*/node_modules'
 as_user cp -r "$work/src/tests" "$work/run/tests"
 # Checkout files some tests read beside tests/ (never the package: that is the installed one);
 # .cache/fixtures: the packages `make test-fixtures` fetched, served by tests/registries.py.
-for extra in images README.md integrations/protocol.schema.json integrations/pi/src/protocol.ts .cache/fixtures; do
+for extra in images README.md docs mkdocs.yml integrations/protocol.schema.json integrations/pi/src/protocol.ts .cache/fixtures; do
   if [ -e "$work/src/$extra" ]; then (cd "$work/src" && as_user cp -r --parents "$extra" "$work/run/"); fi
 done
 # The suite's pytest settings, with nothing of the checkout on sys.path.

@@ -3,9 +3,9 @@
 Each client is the real one, installed from npm at a pinned version (``make agents``:
 tests/agents/package.json), run headless against a scripted model on loopback speaking its own API
 (tests/agents/models.py), with ``sandbox mcp`` as its MCP server. Each is configured and started
-from README.md's snippets (its server entry and its headless command line), adding only the
-scripted model as its provider, JSON output and the scenario's ``sandbox mcp`` flags after the
-README's own. The model asks for one tool call a turn, then ends; every request the client sent is
+from the snippets of docs/guides/agent-tools.md (its server entry and its headless command line),
+adding only the scripted model as its provider, JSON output and the scenario's ``sandbox mcp`` flags
+after the snippet's own. The model asks for one tool call a turn, then ends; every request the client sent is
 recorded, so the tests read exactly what the client showed the model after each call.
 
 The scenarios, one run per client each: ``auto`` (Bash, Read, Write in the workspace and outside
@@ -111,7 +111,7 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """What a run adds to the README's ``sandbox mcp`` arguments, and what the model asks for."""
+    """What a run adds to the guide's ``sandbox mcp`` arguments, and what the model asks for."""
 
     flags: tuple[str, ...]
     steps: Callable[[Place], list[models.Step]]
@@ -148,11 +148,11 @@ SCENARIOS = {
 }
 
 
-# How each client is configured and started: from the README's snippet for it (its server entry,
-# with the scenario's flags after the README's own) and the README's headless command line, plus
+# How each client is configured and started: from the guide's snippet for it (its server entry,
+# with the scenario's flags after the snippet's own) and the guide's headless command line, plus
 # only what the test needs: the scripted model as the provider, output as JSON, a private HOME.
 Setup = tuple[list[str], dict[str, str]]
-TASK = "Fix the failing test"  # the README's; the scripted model plays its script whatever it is asked
+TASK = "Fix the failing test"  # the guide's; the scripted model plays its script whatever it is asked
 
 
 def readme_json(name: str) -> dict[str, Any]:
@@ -163,13 +163,13 @@ def readme_json(name: str) -> dict[str, Any]:
 
 
 def headless(executable: str) -> list[str]:
-    """The README's headless command line for ``executable``, the client run from ``BIN``."""
+    """The guide's headless command line for ``executable``, the client run from ``BIN``."""
     for line in snippets()["headless"][1].splitlines():
         words = shlex.split(line)
         if words and words[0] == executable:
             assert TASK in words, (TASK, line)
             return [str(BIN / executable), *words[1:]]
-    raise AssertionError(f"the README's headless snippet has no {executable} line")
+    raise AssertionError(f"the guide's headless snippet has no {executable} line")
 
 
 def with_flags(entry: dict[str, Any], key: str, flags: tuple[str, ...]) -> dict[str, Any]:
@@ -514,7 +514,7 @@ def test_under_ask_the_clients_answer_reaches_the_model(ask_run: Run) -> None:
 
 
 def servers_of(workspace: Path) -> list[int]:
-    """``sandbox mcp`` processes serving ``workspace`` (each runs there: the README gives no --workspace)."""
+    """``sandbox mcp`` processes serving ``workspace`` (each runs there: the guide gives no --workspace)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "cwd", "status"]):
         cmdline = proc.info["cmdline"] or []

@@ -1,4 +1,4 @@
-"""The README's MCP client snippets parse in their clients' formats and start `sandbox mcp`.
+"""The MCP client snippets of docs/guides/agent-tools.md parse in their clients' formats and start `sandbox mcp`.
 
 Each snippet follows a ``<!-- mcp-snippet: NAME -->`` marker: Claude Code's ``.mcp.json`` and
 Gemini CLI's ``settings.json`` (JSON, ``mcpServers``), Codex CLI's ``config.toml`` (TOML,
@@ -25,12 +25,12 @@ import pytest
 from sandbox.cli import build_parser
 from tests.conftest import backend_or_skip
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "agent-tools.md"
 SNIPPET = re.compile(r"<!-- mcp-snippet: (?P<name>[\w-]+) -->\n```(?P<lang>\w+)\n(?P<body>.*?)\n```", re.S)
 
 
 def snippets() -> dict[str, tuple[str, str]]:
-    return {m["name"]: (m["lang"], m["body"]) for m in SNIPPET.finditer(README.read_text())}
+    return {m["name"]: (m["lang"], m["body"]) for m in SNIPPET.finditer(PAGE.read_text())}
 
 
 def assert_starts_sandbox_mcp(server: dict[str, Any]) -> None:
