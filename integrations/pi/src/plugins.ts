@@ -1,7 +1,7 @@
 /**
  * Plugin tools through the sandbox (seed 003 §11) and other extensions' tools through its gate.
  *
- * 1. Plugin manifests (JSON, see the repository README's "Plugin tools") are found in
+ * 1. Plugin manifests (JSON, see the repository's docs/plugins.md) are found in
  *    `$SANDBOX_PLUGINS` (paths separated by `:`), `--sandbox-plugin`, `<project>/.pi/sandbox-plugins/`
  *    and `~/.pi/agent/sandbox-plugins/` (each `*.json` there, and each `<dir>/plugin.json`). They are
  *    declared when the session opens; each is registered only after the user's grant (the server's
