@@ -36,14 +36,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sandbox import datadir
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-CacheMode = Literal["off", "project"]
 GROUP = "environment"
 CACHE_LIMIT = 4 * 2**30  # every cached tree together; the oldest go first past it
 LOCK_FILES = (

@@ -16,34 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from sandbox.profile import Profile
-    from sandbox.vocabulary import Guarantee, LimitScope
-
-DESCRIPTIONS: dict[Guarantee, str] = {
-    "fs-readonly-root": "system directories are mounted read-only",
-    "fs-write-confined": "writes land only in the workspace (per mount strategy) and a private /tmp",
-    "fs-hidden-home": "home directories, /root, /var/run and host secrets are absent",
-    "net-none": "no network but a private loopback",
-    "net-confined": "no network but a private loopback, or only the hosts an allowlist names (network.mode "
-    "none or allowlist, never host)",
-    "net-transparent": "network.transparent: programs that ignore the proxy variables are filtered too (a veth "
-    "pair whose TCP 80/443 and DNS lead only to the proxy and a filtering DNS server; all else dropped)",
-    "net-allowlist": "network.mode = allowlist: no route out but the host-side filtering proxy, which lets "
-    "through only the allowed hosts (checked by name and address, never TLS-intercepted)",
-    "tree-kill": "every process a call starts is killed on timeout, abort or close (pid namespace)",
-    "memory-limit": "the call's memory use is capped as a whole (cgroup)",
-    "pids-limit": "the call's number of processes is capped as a whole (cgroup, or RLIMIT_NPROC in its user namespace)",
-    "cpu-limit": "CPU time (rlimit) and CPU share (cgroup quota) are capped",
-    "fsize-limit": "the size of a written file is capped (rlimit)",
-    "tmp-size-limit": "/tmp is a tmpfs of bounded size",
-    "no-new-privs": "setuid binaries cannot raise privileges (PR_SET_NO_NEW_PRIVS)",
-    "non-root": "commands run as a non-root uid",
-    "no-caps": "commands hold no capabilities",
-    "env-scrubbed": "only allowlisted environment variables reach the command",
-    "new-session": "a new session: no TIOCSTI into the caller's terminal",
-    "seccomp": "a seccomp filter restricts system calls",
-    "overlay": "an overlay (copy-on-write) mount of the workspace is possible",
-}
-
+    from sandbox.vocabulary import LimitScope
 
 LIMITS = ("memory", "pids", "cpus", "cpu_time_s", "file_size", "nofile", "tmp_size")
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from sandbox import envrules
 from sandbox import exec as executor
 from sandbox.backends.environment import SAFE_PATH
 from sandbox.errors import InvalidArgument, ToolDenied
@@ -330,13 +331,12 @@ def _link_refusal(file: Path) -> str | None:
 def _dir_refusal(directory: Path) -> str | None:
     """Why a plugin's directory may not be shown to a jail (it would show a home or a secret), or None."""
     from sandbox import datadir
-    from sandbox.backends.environment import _secret
 
     home = Path(os.path.expanduser("~")).resolve()
     if directory == Path("/") or home.is_relative_to(directory):
         return f"its directory {directory} holds your home; put the plugin in a directory of its own"
     if directory.is_relative_to(home):
-        reason = _secret(PurePosixPath(directory.relative_to(home)))
+        reason = envrules.secret_reason(PurePosixPath(directory.relative_to(home)))
         if reason is not None:
             return f"its directory {directory} is a secret ({reason}); it is never shown to a jail"
     data = datadir.data_dir().resolve()

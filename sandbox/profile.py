@@ -27,11 +27,12 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox.backends import environment
-from sandbox.envdirs import CacheMode
+from sandbox import envrules
 from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import (
+    GUARANTEE_DESCRIPTIONS,
     BackendChoice,
+    CacheMode,
     ClassifierMode,
     Guarantee,
     Lifecycle,
@@ -271,10 +272,10 @@ class Env(_Model):
     when they exist (``[]`` turns that off). See :mod:`sandbox.backends.environment`.
     """
 
-    allow: tuple[Annotated[str, AfterValidator(environment.passable_name)], ...] = ()
+    allow: tuple[Annotated[str, AfterValidator(envrules.passable_name)], ...] = ()
     set: dict[str, str] = Field(default_factory=dict)
-    files: tuple[Annotated[str, AfterValidator(environment.home_file)], ...] = ()
-    workspace_path: tuple[Annotated[str, AfterValidator(environment.workspace_dir)], ...] = (
+    files: tuple[Annotated[str, AfterValidator(envrules.home_file)], ...] = ()
+    workspace_path: tuple[Annotated[str, AfterValidator(envrules.workspace_dir)], ...] = (
         ".venv/bin",
         "node_modules/.bin",
     )
@@ -413,7 +414,7 @@ class Trusted(_Model):
     only in the workspace and the scratch directory: a trusted directory elsewhere cannot be written.
     ``domains``: egress patterns (``host``, ``*.host``, ``host:port``, an address or a CIDR), a
     fetch tool's URL admitted by one is exempt, and the ``allowlist`` network mode allows them too
-    (:func:`sandbox.network.policy.for_profile`). ``git_remotes``: a remote's name or URL; a plain
+    (:func:`sandbox.network.egress.for_profile`). ``git_remotes``: a remote's name or URL; a plain
     push to one is exempt, a forced or deleting one is still judged.
     """
 
@@ -547,10 +548,8 @@ def _refuse_contradiction(profile: Profile, source: str, labels: Mapping[str, st
     if found is None:
         return
     guarantee, key = found
-    from sandbox.guarantees import DESCRIPTIONS
-
     value = _setting(profile, key)
-    why = f"{guarantee} ({DESCRIPTIONS.get(guarantee, guarantee)}), which profile {profile.name!r} requires"
+    why = f"{guarantee} ({GUARANTEE_DESCRIPTIONS.get(guarantee, guarantee)}), which profile {profile.name!r} requires"
     if key in labels:
         message = f"{labels[key]} {value} contradicts {why}; choose a profile that does not require it"
         message += _WAY.get(guarantee, "")

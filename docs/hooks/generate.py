@@ -36,8 +36,8 @@ from pydantic import BaseModel
 
 import sandbox
 from sandbox.cli import build_parser
-from sandbox.guarantees import DESCRIPTIONS
 from sandbox.profile import Profile, available, load, parse_size
+from sandbox.vocabulary import GUARANTEE_DESCRIPTIONS as DESCRIPTIONS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

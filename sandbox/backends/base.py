@@ -297,8 +297,7 @@ class Backend(ABC):
             jail = await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs, downloads=downloads)
             jail.scratch, jail.downloads = scratch, downloads
             return jail
-        from sandbox.network.egress import Egress
-        from sandbox.network.policy import for_profile
+        from sandbox.network.egress import Egress, for_profile
 
         # The proxy's bound on a question outlasts the approver's own timeout, which answers first;
         # its allowlist is the profile's with the trusted domains merged (seed 004).

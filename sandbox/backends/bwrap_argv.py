@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 from sandbox import datadir
 from sandbox.backends import seal
-from sandbox.backends.environment import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, bwrap_args
+from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, bwrap_args
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
+from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:

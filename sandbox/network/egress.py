@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 from sandbox import _jailside
 from sandbox.errors import BackendUnavailable, map_errors
 from sandbox.network import netns
+from sandbox.network.policy import allowlist
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from sandbox.network.denial import Denial
     from sandbox.network.proxy import EgressProxy, ProxyThread
-    from sandbox.profile import Network
+    from sandbox.profile import Network, Profile
     from sandbox.vocabulary import Answer
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,14 @@ def proxy_env() -> dict[str, str]:
     http = f"http://127.0.0.1:{PORT}"
     env = {"http_proxy": http, "https_proxy": http, "all_proxy": f"socks5h://127.0.0.1:{PORT}", "no_proxy": NO_PROXY}
     return {**env, **{name.upper(): value for name, value in env.items()}}
+
+
+def for_profile(profile: Profile) -> Network:
+    """The profile's network section with the trusted domains merged into ``allow``: what the
+    egress proxy enforces and what a result reports."""
+    network = profile.network
+    merged = allowlist(network.allow, profile.policy.trusted.domains)
+    return network if merged == network.allow else network.model_copy(update={"allow": merged})
 
 
 class Egress:

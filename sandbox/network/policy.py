@@ -19,7 +19,7 @@ an address rule allows it explicitly, on that port.
 The ``allowlist`` mode's allow patterns are the profile's ``network.allow`` and its
 ``policy.trusted.domains`` (seed 004: a trusted domain is one the classifier does not judge a fetch
 of, and one the jail may reach), merged here and only here (:func:`allowlist`,
-:func:`for_profile`); the classifier's fetch exemption matches a URL with :func:`trusted_rule`,
+:func:`sandbox.network.egress.for_profile`); the classifier's fetch exemption matches a URL with :func:`trusted_rule`,
 so both sides read the same patterns the same way.
 """
 
@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from sandbox.profile import Network, Profile
     from sandbox.vocabulary import EgressRuleKind, VerdictReason
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -163,14 +162,6 @@ class EgressPolicy:
 def allowlist(allow: Iterable[str], trusted_domains: Iterable[str]) -> tuple[str, ...]:
     """The allow patterns of the ``allowlist`` mode: ``allow`` then the trusted domains, each once."""
     return tuple(dict.fromkeys((*allow, *trusted_domains)))
-
-
-def for_profile(profile: Profile) -> Network:
-    """The profile's network section with the trusted domains merged into ``allow``: what the
-    egress proxy enforces and what a result reports."""
-    network = profile.network
-    merged = allowlist(network.allow, profile.policy.trusted.domains)
-    return network if merged == network.allow else network.model_copy(update={"allow": merged})
 
 
 def trusted_rule(host: str, port: int, patterns: Iterable[str]) -> str | None:

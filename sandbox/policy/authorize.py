@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sandbox.audit import redact
 from sandbox.errors import PluginDisabledInPlan, ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
 from sandbox.policy.classifier import MAX_USER_MESSAGE, ClassifyRequest, Judgement, judge
+from sandbox.redaction import redact
 
 if TYPE_CHECKING:
     from sandbox.policy.classifier import Classifier

@@ -15,7 +15,8 @@ import pytest
 
 from sandbox import exec as executor
 from sandbox import profile as profiles
-from sandbox.backends.environment import SANDBOX_HOME, base_env
+from sandbox.backends.environment import base_env
+from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import InvalidArgument
 from tests.conftest import JailFactory, backend_or_skip, make_profile
 

@@ -12,8 +12,8 @@ from sandbox import cli
 from sandbox import profile as profiles
 from sandbox.errors import InvalidArgument
 from sandbox.network import indexes
+from sandbox.network.egress import for_profile
 from sandbox.network.hint import network_off
-from sandbox.network.policy import for_profile
 
 if TYPE_CHECKING:
     from pathlib import Path

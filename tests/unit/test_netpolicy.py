@@ -9,11 +9,11 @@ import anyio
 import pytest
 
 from sandbox.errors import InvalidArgument
+from sandbox.network.egress import for_profile
 from sandbox.network.policy import (
     EgressPolicy,
     IPAddress,
     allowlist,
-    for_profile,
     parse_rule,
     special_kind,
     trusted_rule,

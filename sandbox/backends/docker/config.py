@@ -27,8 +27,9 @@ from sandbox.backends import jailpython, seal, seccomp
 from sandbox.backends.agentlink import AGENT_PROGRAM
 from sandbox.backends.bwrap_argv import empty_dir, empty_file, tmp_inodes
 from sandbox.backends.docker.client import image_ref
-from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_files
+from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_UID, host_files
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
+from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox.audit import AuditLog, AuditRecord, args_preview, body_summary, redact, redact_value
+from sandbox.audit import AuditLog, AuditRecord, args_preview, body_summary
 from sandbox.policy.authorize import Authorization, request_for
 from sandbox.policy.gate import SessionState
+from sandbox.redaction import redact, redact_value
 
 if TYPE_CHECKING:
     from tests.unit.policy.policy_world import World
