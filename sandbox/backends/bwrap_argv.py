@@ -21,6 +21,7 @@ from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, bwrap_args
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
+from sandbox.network.places import JAIL_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -242,8 +243,6 @@ def jail_args(
     ``shared``: host directories shown read-only (a session's plugins; checked by the caller).
     ``downloads``: the project's download cache, read-write at :data:`sandbox.downloads.JAIL_DIR`.
     """
-    from sandbox.network.egress import JAIL_DIR
-
     ws = str(workspace)
     if sealed is None:
         sealed = find_sealed(profile, workspace)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import _jailside
 from sandbox.errors import BackendUnavailable, map_errors
 from sandbox.network import netns
+from sandbox.network.places import JAIL_DIR, NO_PROXY, PORT, SOCKET
 from sandbox.network.policy import allowlist
 
 if TYPE_CHECKING:
@@ -39,12 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-JAIL_DIR = "/run/sandbox-net"
-"""Where the proxy's socket directory is bound in the jail (the same path in a container)."""
-SOCKET = "proxy.sock"
-PORT = 3128
-"""The forwarder's port on the jail's own loopback (its namespace: no other user of it)."""
-NO_PROXY = "localhost,127.0.0.1,::1"
 FORWARDER_COPY = "pass"
 """How the forwarder moves a connection: ``pass`` hands it to the proxy (one relay, the proxy's);
 ``splice`` relays it itself (two relays). ``bench/bench_network.py --forwarder`` compares them."""

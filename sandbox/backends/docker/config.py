@@ -31,6 +31,7 @@ from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_UID,
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import InvalidArgument
+from sandbox.network.places import JAIL_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -140,8 +141,6 @@ def container_config(
     if downloads is not None:  # the project's download cache (sandbox.downloads), at the jail's own path
         mounts.append(Mount(target=downloads_jail_dir, source=str(downloads), type="bind"))
     if egress_dir is not None:  # allowlist: the filtering proxy's socket, the only way out
-        from sandbox.network.egress import JAIL_DIR
-
         mounts.append(Mount(target=JAIL_DIR, source=str(egress_dir), type="bind", read_only=True))
     files = host_files(profile)
     mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
