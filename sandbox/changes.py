@@ -71,8 +71,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from sandbox import datadir, diffbound, envdirs, gitreview, leftovers, textsafe
-from sandbox.backends.base import off_loop
+from sandbox import datadir, diffbound, envdirs, gitreview, owners, textsafe
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
 from sandbox.gitreview import GitSummary
 from sandbox.mounts import (
@@ -89,6 +88,7 @@ from sandbox.mounts import (
     sha256_file,
     with_contents,
 )
+from sandbox.threads import off_loop
 
 if sys.platform != "win32":
     import fcntl
@@ -485,7 +485,7 @@ def sweep(now: float | None = None) -> list[str]:
 
 def _expired(entry: Path, now: float) -> bool:
     if (partial := PARTIAL.match(entry.name)) is not None:
-        return not leftovers.owner_alive(int(partial["pid"]), int(partial["start"]))
+        return not owners.owner_alive(int(partial["pid"]), int(partial["start"]))
     if not ID.match(entry.name):
         return False
     try:
@@ -597,7 +597,7 @@ def _keep(
     sweep()
     budget = _Budget.of_store(limit, changeset)
     changeset_id = f"ch-{uuid.uuid4().hex[:12]}"
-    partial = store() / f".partial-{leftovers.owner_tag()}-{changeset_id[3:]}"
+    partial = store() / f".partial-{owners.owner_tag()}-{changeset_id[3:]}"
     created = datetime.now(UTC)
     with map_errors(f"cannot keep the changeset in {store()}"):
         partial.mkdir(mode=0o700)

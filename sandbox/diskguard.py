@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from sandbox.backends.base import off_loop
 from sandbox.errors import ToolFailed
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -439,7 +439,7 @@ class Call:
 
         import anyio
 
-        from sandbox.backends.base import off_loop, soon
+        from sandbox.threads import off_loop, soon
 
         watch, workspace = self.watch, str(jail.workspace)
         assert watch is not None  # a jail takes part only with one

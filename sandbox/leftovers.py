@@ -15,59 +15,22 @@ removes both once the session no longer exists.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from typing import TYPE_CHECKING
 
+from sandbox.owners import OWNED, claim_alive, owner_alive
+
 if TYPE_CHECKING:
     from pathlib import Path
 
-OWNED = re.compile(r"^(?P<kind>call|copy|overlay)-(?P<pid>\d+)-(?P<start>\d+)-(?P<id>[0-9a-f]+)$")
 LEGACY_CGROUP = re.compile(r"^call-[0-9a-f]{12}$")  # 0.1's names, which carry no owner
 RMDIR_WAIT_S = 5.0
-
-_tags: dict[int, str] = {}
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
-
-
-def owner_tag() -> str:
-    """``<pid>-<starttime>`` of this process (recomputed after a fork)."""
-    pid = os.getpid()
-    if pid not in _tags:
-        _tags[pid] = f"{pid}-{start_time(pid)}"
-    return _tags[pid]
-
-
-def owner_alive(pid: int, start: int) -> bool:
-    return start_time(pid) == start
 
 
 def _dead_owner(name: str) -> bool:
     match = OWNED.match(name)
     return match is not None and not owner_alive(int(match["pid"]), int(match["start"]))
-
-
-def claim(path: Path) -> None:
-    """Record this executor as the owner of ``path`` (a directory named by its user, e.g. a scratch dir)."""
-    path.with_name(path.name + ".owner").write_text(owner_tag() + "\n")
-
-
-def release(path: Path) -> None:
-    """Forget the claim on ``path`` once it is removed."""
-    with contextlib.suppress(FileNotFoundError):
-        path.with_name(path.name + ".owner").unlink()
 
 
 class Swept:
@@ -105,15 +68,6 @@ def sweep_sessions(*, keep: str | None = None, max_age_s: float | None = None) -
     swept = Swept()
     _sweep_sessions(swept, keep=keep, cutoff=None if max_age_s is None else time.time() - max_age_s)
     return swept
-
-
-def claim_alive(path: Path) -> bool | None:
-    """Whether the executor that claimed ``path`` still runs; None when there is no readable claim."""
-    try:
-        pid, _, start = path.with_name(path.name + ".owner").read_text().strip().partition("-")
-    except OSError:
-        return None
-    return owner_alive(int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
 
 
 def _sweep_cgroups(swept: Swept, legacy: bool) -> None:

@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 
-from sandbox import datadir, envdirs, gitreview, leftovers
-from sandbox.backends.base import off_loop
+from sandbox import datadir, envdirs, gitreview, owners
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Iterator
@@ -868,7 +868,7 @@ def selected(changeset: Changeset, only: set[str] | None, include_flagged: bool,
 
 def private_tree_name(kind: str) -> str:
     """``<kind>-<pid>-<starttime>-<id>``: ``sandbox gc`` removes it once this executor is gone."""
-    return f"{kind}-{leftovers.owner_tag()}-{uuid.uuid4().hex[:12]}"
+    return f"{kind}-{owners.owner_tag()}-{uuid.uuid4().hex[:12]}"
 
 
 def remove_private_tree(path: Path) -> str | None:

@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sandbox import changes, jsonbound
 from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
-from sandbox.backends.base import off_loop
 from sandbox.backends.child import PIPE_SIZE, FdReceiveStream
 from sandbox.ending import end_on_signal
 from sandbox.errors import InvalidArgument, SandboxError, ToolFailed
@@ -42,6 +41,7 @@ from sandbox.policy.classifier import Classifier, ClassifierAnswer, ClassifierFa
 from sandbox.policy.delegates import Delegate
 from sandbox.protocol import PROTOCOL, initialize_result
 from sandbox.session import Sandbox, SessionOptions
+from sandbox.threads import off_loop
 from sandbox.tools.params import REGISTRY
 from sandbox.tools.run import ToolResult
 from sandbox.vocabulary import (

@@ -33,7 +33,7 @@ import anyio.to_thread
 from pydantic import ValidationError
 
 from sandbox import changes as kept_changes
-from sandbox import datadir, leftovers, review
+from sandbox import datadir, leftovers, owners, review
 from sandbox import plugins as plugin_tools
 from sandbox import profile as profiles
 from sandbox.audit import AuditLog, AuditRecord, args_digest, args_preview
@@ -55,6 +55,7 @@ from sandbox.policy.classifier import CallbackClassifier, ChatClassifier, Classi
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.trust import TrustStore, ask_trust, ignored_notice
+from sandbox.threads import off_loop
 from sandbox.tools import params as tool_params
 from sandbox.tools.replies import grep_text
 from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
@@ -291,8 +292,8 @@ class Sandbox:
         scratch = (datadir.subdir("scratch") / sid).resolve()
         async with contextlib.AsyncExitStack() as cleanup_on_fail:
             scratch.mkdir(mode=0o700, exist_ok=True)
-            leftovers.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
-            cleanup_on_fail.callback(leftovers.release, scratch)
+            owners.claim(scratch)  # `sandbox gc` can tell a dead executor's scratch dir
+            cleanup_on_fail.callback(owners.release, scratch)
             cleanup_on_fail.callback(shutil.rmtree, scratch, ignore_errors=True)
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
             # Rules saved while the session runs reach it at its next call (seed 004).
@@ -531,7 +532,7 @@ class Sandbox:
             )
         reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
         if call.name in _REVIEWED:  # the review's diff costs more than linear time: off the event loop
-            return await base.off_loop(self._file_result, call, auth, reply, target)
+            return await off_loop(self._file_result, call, auth, reply, target)
         return self._file_result(call, auth, reply, target)
 
     def _scratch_env(self) -> dict[str, str]:
@@ -905,7 +906,7 @@ class Sandbox:
             await self.jail.aclose()
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            leftovers.release(self.scratch)
+            owners.release(self.scratch)
             self.snapshots.remove_all()
             self.audit.close()
 

@@ -24,10 +24,11 @@ from sandbox.backends import AUTO_ORDER, BACKENDS
 from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.calls import check_workspace
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
+from sandbox.threads import off_loop
 from sandbox.vocabulary import BackendName
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from pathlib import Path
 
     from anyio.abc import ByteReceiveStream
@@ -41,25 +42,6 @@ Stdin: TypeAlias = "bytes | ByteReceiveStream | None"
 """A call's stdin: all of it at once, a stream copied as it arrives, or none (closed from the start)."""
 
 T = TypeVar("T")
-
-
-async def off_loop(fn: Callable[..., T], *args: object) -> T:
-    """Run blocking ``fn`` in a worker thread, or inline when no thread can start.
-
-    A fork bomb can leave this user no process to spare, and a thread is one: the work is done
-    anyway (blocking the loop a while) rather than lost to ``can't start new thread``.
-    """
-    try:
-        return await anyio.to_thread.run_sync(fn, *args)
-    except RuntimeError as exc:
-        if "can't start new thread" not in str(exc):
-            raise
-        return fn(*args)
-
-
-async def soon(fn: Callable[[], T], *, inline: bool) -> T:
-    """``fn()`` on the loop when ``inline`` (known to be quicker than a thread hop), else :func:`off_loop`."""
-    return fn() if inline else await off_loop(fn)
 
 
 class Process(ABC):

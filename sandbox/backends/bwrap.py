@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.backends import bwrap_argv, cgroups, local, seccomp
-from sandbox.backends.base import Backend, off_loop
+from sandbox.backends.base import Backend
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args
 from sandbox.backends.bwrap_jail import BwrapJail
 from sandbox.backends.bwrap_warm import WarmBwrapJail
 from sandbox.backends.environment import host_files
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree, OverlayTree, overlay_support
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

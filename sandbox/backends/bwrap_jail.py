@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import anyio
 
 from sandbox.backends import bwrap_argv, bwrap_start, cgroups, confine, jailpython, local, seal, seccomp
-from sandbox.backends.base import off_loop, soon
 from sandbox.backends.bwrap_argv import jail_args
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
+from sandbox.threads import off_loop, soon
 
 _STDERR_SHOWN = 4096  # of a bwrap that failed to start, what its message may take
 

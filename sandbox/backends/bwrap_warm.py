@@ -78,11 +78,12 @@ import anyio.to_thread
 
 from sandbox.backends import bwrap_start, cgroups, confine
 from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
-from sandbox.backends.base import Process, off_loop
+from sandbox.backends.base import Process
 from sandbox.backends.bwrap_jail import BwrapJail, kill_bwrap, read_init_pid
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -15,7 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Literal
 
-from sandbox import leftovers
+from sandbox import owners
 from sandbox.backends import bwrap_argv, cgroups
 from sandbox.errors import BackendUnavailable, map_errors
 from sandbox.guarantees import LIMITS, Enforcement
@@ -45,7 +45,7 @@ def call_cgroup(profile: Profile) -> cgroups.CallCgroup | None:
         return None
     limits = cgroups.Limits(memory=_int(usable.get("memory")), pids=_int(usable.get("pids")), cpus=usable.get("cpus"))
     with map_errors("cannot create the call's cgroup", BackendUnavailable):
-        return cgroups.CallCgroup.create(limits, leftovers.owner_tag())
+        return cgroups.CallCgroup.create(limits, owners.owner_tag())
 
 
 def _int(value: float | None) -> int | None:

@@ -52,9 +52,10 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from sandbox.backends import winjob_token
-from sandbox.backends.base import Backend, Jail, Process, off_loop
+from sandbox.backends.base import Backend, Jail, Process
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, ShellNotFound
 from sandbox.guarantees import Enforcement, Report
+from sandbox.threads import off_loop
 
 if sys.platform == "win32":
     import _winapi

@@ -220,7 +220,7 @@ async def _cache_environment(jail: base.Jail, prof: profiles.Profile, result: ex
     if result.exit_code != 0 or result.timed_out or result.aborted:
         return
     from sandbox import envdirs
-    from sandbox.backends.base import off_loop
+    from sandbox.threads import off_loop
 
     await off_loop(envdirs.save, jail.workspace, jail.tree.root, prof.mount.environment)
 

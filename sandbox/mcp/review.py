@@ -30,12 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox import changes as kept_changes
 from sandbox import changesummary
-from sandbox.backends.base import off_loop
 from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
 from sandbox.mcp.tools import call_result, error_result
 from sandbox.policy.approvals import ApprovalRequest, decide
 from sandbox.textsafe import printable
+from sandbox.threads import off_loop
 from sandbox.tools.run import ToolResult
 
 if TYPE_CHECKING:

@@ -29,12 +29,12 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox import __version__
-from sandbox.backends.base import off_loop
 from sandbox.errors import SandboxError
 from sandbox.live import LiveOutput
 from sandbox.mcp import review, tools
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
 from sandbox.session import Sandbox, SessionOptions
+from sandbox.threads import off_loop
 from sandbox.tools.run import ToolResult
 
 if TYPE_CHECKING:

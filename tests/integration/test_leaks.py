@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from sandbox import exec as executor
-from sandbox import leftovers
+from sandbox import leftovers, owners
 from sandbox.backends import base, cgroups
 from tests.conftest import backend_or_skip, make_profile, survivors
 
@@ -78,7 +78,7 @@ async def test_300_aborted_calls_leave_nothing(workspace: Path, data_dir: Path, 
             await _aborted_call(jail, marker, rng.uniform(0, 0.05), cancel=i % 3 == 0)
             await _aborted_call(jail, marker, rng.uniform(0, 0.05), cancel=i % 3 == 1)
     assert survivors(marker) == []
-    assert call_cgroups(leftovers.owner_tag()) == []
+    assert call_cgroups(owners.owner_tag()) == []
     assert list((data_dir / "copies").iterdir()) == []
     assert not (data_dir / "scratch").exists() or list((data_dir / "scratch").iterdir()) == []
     assert mounts_under(data_dir) == []
@@ -97,7 +97,7 @@ async def test_a_session_that_ends_leaves_no_scratch_dir(
                 await s.call("Bash", {"command": f"sleep {marker}"})
     assert survivors(marker) == []
     assert [p for p in (data_dir / "scratch").iterdir() if not p.name.endswith(".owner")] == []
-    assert call_cgroups(leftovers.owner_tag()) == []
+    assert call_cgroups(owners.owner_tag()) == []
 
 
 async def test_a_server_whose_client_closes_stdin_mid_call_leaves_no_process_nor_cgroup(
@@ -110,7 +110,7 @@ async def test_a_server_whose_client_closes_stdin_mid_call_leaves_no_process_nor
     proc = await anyio.open_process([SANDBOX, "serve"], env=dict(os.environ))
     try:
         client = Client(proc)
-        owner = f"{proc.pid}-{leftovers.start_time(proc.pid)}"
+        owner = f"{proc.pid}-{owners.start_time(proc.pid)}"
         opened = await client.call("session.open", {"workspace": str(workspace), "mode": "auto", "backend": "bwrap"})
         sid = opened["result"]["session_id"]
         ran = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": "true"}})
@@ -162,7 +162,7 @@ def _sigkill_a_copy_run(workspace: Path, marker: str) -> str:
         stderr=subprocess.DEVNULL,
     )
     _wait_for(lambda: survivors(marker))
-    dead_tag = f"{killed.pid}-{leftovers.start_time(killed.pid)}"
+    dead_tag = f"{killed.pid}-{owners.start_time(killed.pid)}"
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     _wait_for(lambda: not survivors(marker))  # bwrap dies with its parent, the namespace with it
@@ -180,14 +180,14 @@ async def test_sweep_removes_what_a_killed_executor_left_and_never_a_live_ones(
     # A scratch dir of the dead executor, and one of ours (live).
     scratch = data_dir / "scratch"
     scratch.mkdir()
-    for sid, tag in (("dead-session", dead_tag), ("live-session", leftovers.owner_tag())):
+    for sid, tag in (("dead-session", dead_tag), ("live-session", owners.owner_tag())):
         (scratch / sid).mkdir()
         (scratch / sid / "notes.txt").write_text("x")
         (scratch / f"{sid}.owner").write_text(tag + "\n")
 
     async with await base.get("bwrap").open_jail(workspace, make_profile(**{"mount.strategy": "copy"})) as live:
         proc = await live.spawn(["sleep", marker])
-        live_cgroups = call_cgroups(leftovers.owner_tag())
+        live_cgroups = call_cgroups(owners.owner_tag())
         swept = await anyio.to_thread.run_sync(leftovers.sweep)
         assert swept.copies == [str(copies[0])] and not copies[0].exists()
         # (Other dead executors' cgroups on this host may be swept too: only ours are checked.)
@@ -196,7 +196,7 @@ async def test_sweep_removes_what_a_killed_executor_left_and_never_a_live_ones(
         assert not [k for k in swept.kept if dead_tag in k or str(data_dir) in k]
         # The live executor's copy, cgroups, scratch dir and call are untouched.
         assert live.tree is not None and (live.tree.root / "big.bin").exists()
-        assert call_cgroups(leftovers.owner_tag()) == live_cgroups
+        assert call_cgroups(owners.owner_tag()) == live_cgroups
         assert (scratch / "live-session" / "notes.txt").exists()
         assert proc.running_pids() and survivors(marker)
         await proc.kill_tree(0)
@@ -206,20 +206,20 @@ async def test_sweep_removes_what_a_killed_executor_left_and_never_a_live_ones(
 
 def test_owner_tags_tell_a_dead_owner_from_a_reused_pid() -> None:
     me = psutil.Process()
-    start = leftovers.start_time(me.pid)
-    assert start is not None and leftovers.owner_tag() == f"{me.pid}-{start}"
-    assert leftovers.owner_alive(me.pid, start)
-    assert not leftovers.owner_alive(me.pid, start + 1)  # same pid, another process
+    start = owners.start_time(me.pid)
+    assert start is not None and owners.owner_tag() == f"{me.pid}-{start}"
+    assert owners.owner_alive(me.pid, start)
+    assert not owners.owner_alive(me.pid, start + 1)  # same pid, another process
     dead = subprocess.Popen(["true"])
-    dead_start = leftovers.start_time(dead.pid)
+    dead_start = owners.start_time(dead.pid)
     assert dead_start is not None
     dead.wait()
-    assert not leftovers.owner_alive(dead.pid, dead_start)
+    assert not owners.owner_alive(dead.pid, dead_start)
 
 
 def _dead_tag() -> str:
     gone = subprocess.Popen(["true"])
-    tag = f"{gone.pid}-{leftovers.start_time(gone.pid)}"
+    tag = f"{gone.pid}-{owners.start_time(gone.pid)}"
     gone.wait()
     return tag
 
@@ -234,7 +234,7 @@ async def test_sweep_unmounts_a_dead_executors_overlay_and_spares_the_workspace(
         pytest.skip(f"no overlay here: {overlay_support()}")
     dead = _dead_tag()
     with monkeypatch.context() as patch:
-        patch.setattr(leftovers, "owner_tag", lambda: dead)  # as if a killed executor had mounted it
+        patch.setattr(owners, "owner_tag", lambda: dead)  # as if a killed executor had mounted it
         tree = await OverlayTree.prepare(workspace)
     assert mounts_under(data_dir) and (tree.root / "README.md").exists()
     swept = await anyio.to_thread.run_sync(leftovers.sweep)

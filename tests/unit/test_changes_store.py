@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import changes, leftovers
+from sandbox import changes, owners
 from sandbox.errors import Conflict, InvalidArgument
 from sandbox.mounts import Change, CopyTree, Stamp, sha256_file
 from tests.unit.copy_trees import copy_of
@@ -157,7 +157,7 @@ async def test_sweep_removes_what_is_older_than_the_retention_period(tree: CopyT
 
 async def test_sweep_removes_a_dead_executors_partial_keep_only() -> None:
     dead = changes.store() / ".partial-999999999-1-0123456789ab"
-    ours = changes.store() / f".partial-{leftovers.owner_tag()}-0123456789ab"
+    ours = changes.store() / f".partial-{owners.owner_tag()}-0123456789ab"
     for path in (dead, ours):
         (path / "tree").mkdir(parents=True)
     assert changes.sweep() == [dead.name]

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox import leftovers
+from sandbox import leftovers, owners
 from sandbox.backends.fake import Call, FakeBackend, FakeJail, Kill, Script, Step
 from sandbox.session import Sandbox, sweep_scratch
 from tests.unit import fake_support
@@ -214,7 +214,7 @@ def _session_leftovers(data_dir: Path, sid: str, owner: str | None, *, age_days:
 
 
 def _dead_owner() -> str:
-    start = leftovers.start_time(os.getpid())
+    start = owners.start_time(os.getpid())
     assert start is not None
     return f"{os.getpid()}-{start + 1}"  # this pid, another start time: a process that is gone
 
@@ -222,7 +222,7 @@ def _dead_owner() -> str:
 @pytest.mark.usefixtures("fake")
 async def test_opening_a_session_sweeps_what_ended_sessions_left(workspace: Path, data_dir: Path) -> None:
     dead = _session_leftovers(data_dir, "dead", _dead_owner())
-    live_old = _session_leftovers(data_dir, "live", leftovers.owner_tag(), age_days=30)
+    live_old = _session_leftovers(data_dir, "live", owners.owner_tag(), age_days=30)
     unclaimed_old = _session_leftovers(data_dir, "old", None, age_days=8)
     unclaimed_new = _session_leftovers(data_dir, "new", None)
     (data_dir / "scratch" / "vanished.owner").write_text(_dead_owner() + "\n")  # its directory is gone

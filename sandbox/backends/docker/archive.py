@@ -50,10 +50,10 @@ import docker.errors
 from docker.types import Mount
 
 from sandbox import datadir
-from sandbox.backends.base import off_loop
 from sandbox.backends.docker.client import connect, quietly, translated
 from sandbox.errors import BackendUnavailable, ToolFailed
 from sandbox.mounts import Change, Changeset, CopyTree, in_system_tree_lexically, walk
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

@@ -17,11 +17,12 @@ import anyio
 import anyio.to_thread
 
 from sandbox.backends import seal
-from sandbox.backends.base import Jail, off_loop, soon
+from sandbox.backends.base import Jail
 from sandbox.backends.docker.client import run_sync
 from sandbox.backends.docker.config import ca_env, container_config, uid_gid
 from sandbox.backends.docker.gc import remove_jail_containers
 from sandbox.backends.jailpython import IMAGE_PYTHON
+from sandbox.threads import off_loop, soon
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
