@@ -23,14 +23,14 @@ uses: a host entry changed since copy-in is refused. Flagged entries (git hooks,
 dotfiles, new executables…) need consent: they are applied only when named in ``only`` or with
 ``include_flagged``, and are otherwise reported as held back.
 
-A repository's ``.git`` entries are one group (:mod:`sandbox.gitreview`), applied all together or
+A repository's ``.git`` entries are one group (:mod:`sandbox.mounts.gitreview`), applied all together or
 not at all: naming ``.git`` or any entry of it in ``only`` names the whole group; without
 consent the group is held back whole, as one ``held_back`` item (``"group": "git"``), when its
 summary found anything risky (a hook, a risky config key, an entry that is none of git's data
 files), and is otherwise applied with the rest, its ``git-config`` flag notwithstanding. The
 summary is computed from the kept files when the changeset is kept, and stored in the manifest.
 
-An environment directory (the profile's ``mount.environment``, :mod:`sandbox.envdirs`: ``.venv``,
+An environment directory (the profile's ``mount.environment``, :mod:`sandbox.mounts.envdirs`: ``.venv``,
 ``node_modules``…) is a group too: without consent it is held back whole, one ``held_back`` item
 (``"group": "environment"``, its one-line summary); naming the directory in ``only`` names all of
 its entries, and ``include_environment`` consents to every such directory (their flagged entries
@@ -71,9 +71,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from sandbox import datadir, diffbound, envdirs, gitreview, owners, textsafe
+from sandbox import datadir, diffbound, owners, textsafe
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
-from sandbox.gitreview import GitSummary
 from sandbox.mounts import (
     WINDOWS,
     ApplyReport,
@@ -82,12 +81,16 @@ from sandbox.mounts import (
     CopyTree,
     OverlayTree,
     Stamp,
-    _apply_order,
+    apply_order,
+    envdirs,
+    gitreview,
+    journal,
     needs_consent,
     open_unfollowed,
     sha256_file,
     with_contents,
 )
+from sandbox.mounts.gitreview import GitSummary
 from sandbox.threads import off_loop
 
 if sys.platform != "win32":
@@ -146,7 +149,7 @@ class Kept:
     state: ChangesetState = "kept"
     untracked: list[str] = field(default_factory=list)  # excluded from the copy (mount.exclude)
     git: GitSummary | None = None  # the .git internals summarised, for a repository workspace
-    environment: list[str] = field(default_factory=list)  # the profile's mount.environment (sandbox.envdirs)
+    environment: list[str] = field(default_factory=list)  # the profile's mount.environment (sandbox.mounts.envdirs)
     pruned: list[Pruned] = field(default_factory=list)  # what its keep removed to fit the cap (not kept)
 
     @property
@@ -291,7 +294,7 @@ class Kept:
         return chosen, report
 
     def _environment_of(self) -> dict[str, str]:
-        """Each entry in an environment directory (:mod:`sandbox.envdirs`), with that directory."""
+        """Each entry in an environment directory (:mod:`sandbox.mounts.envdirs`), with that directory."""
         found = envdirs.groups((e.change.path for e in self.entries), self.environment)
         return {path: root for root, paths in found.items() for path in paths}
 
@@ -318,10 +321,9 @@ class Kept:
         picked = [e.change for e in chosen if e.change.path in group and e.change.applicable]
         if not picked:
             return chosen
-        from sandbox import journal  # it builds on mounts, as this module does: imported when used
 
         plan = journal.Plan(self._tree())
-        for change in sorted(picked, key=_apply_order):
+        for change in sorted(picked, key=apply_order):
             plan.add(change)
         if not plan.report.conflicts:
             return chosen

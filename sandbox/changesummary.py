@@ -5,9 +5,9 @@ A run that installed 500 packages changed 14,000 entries; listing each (as ``san
 changeset into at most ``budget`` lines (``sandbox run`` gives it what is left of
 :data:`MAX_LINES` on stderr), in this order:
 
-- the ``.git`` group's own summary (:mod:`sandbox.gitreview`), its RISKY lines first;
+- the ``.git`` group's own summary (:mod:`sandbox.mounts.gitreview`), its RISKY lines first;
 - each environment directory (profile ``[mount] environment``: ``.venv``, ``node_modules``…) in
-  one line, :func:`sandbox.envdirs.summarise`'s (packages, files, bytes: the line its held-back
+  one line, :func:`sandbox.mounts.envdirs.summarise`'s (packages, files, bytes: the line its held-back
   item carries); a bare name (``__pycache__``) matches at any depth, its directories share a line;
 - the ignored noise (profile ``[mount] ignore``, and the workspace's ``.gitignore`` as a hint),
   summed in one line; ignoring is for review only: those entries are kept and applied as ever;
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sandbox import diffbound, envdirs
+from sandbox import diffbound
 from sandbox._jailside.glob import translate
-from sandbox.mounts import NOTICE_FLAGS
+from sandbox.mounts import NOTICE_FLAGS, envdirs
 from sandbox.textsafe import printable
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class Rules:
         return verdict
 
     def environment_dir(self, path: str) -> str | None:
-        """The environment directory ``path`` is in (or is): the apply's own rule (:mod:`sandbox.envdirs`)."""
+        """The environment directory ``path`` is in (or is): the apply's own rule (:mod:`sandbox.mounts.envdirs`)."""
         return envdirs.group_of(path, self.environment) if self.environment else None
 
 

@@ -145,7 +145,7 @@ def planted(before: State) -> list[str]:
 
 def gitdirs(workspace: str, nested: Iterable[str]) -> tuple[str, ...]:
     """The git directories of the workspace's repository and of ``nested`` ones, submodules' included."""
-    from sandbox import gitreview  # its own imports are stdlib
+    from sandbox.mounts import gitreview  # its own imports are stdlib
 
     ws = Path(workspace)
     roots = ("", *nested)

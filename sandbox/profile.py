@@ -121,12 +121,12 @@ class Mount(_Model):
     so the jail can use it but not change it, and the changeset lists it as untracked. A path
     missing from the workspace is skipped. ``ro`` and ``rw`` bind the workspace itself: nothing
     is copied there, so they ignore it. ``environment`` and ``environment_cache``: see
-    :mod:`sandbox.envdirs`; ``download_cache``: :mod:`sandbox.downloads`.
+    :mod:`sandbox.mounts.envdirs`; ``download_cache``: :mod:`sandbox.downloads`.
     """
 
     strategy: MountStrategy = "rw"
     exclude: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
-    # Environment, not work (sandbox.envdirs): a bare name matches at any depth, a path from the top.
+    # Environment, not work (sandbox.mounts.envdirs): a bare name matches at any depth, a path from the top.
     # Copied like the rest; in a changeset one consent group each, applied only when asked.
     environment: tuple[Annotated[str, AfterValidator(_workspace_entry)], ...] = ()
     environment_cache: CacheMode = "off"  # "project": reuse them across copy runs, keyed by the lock files

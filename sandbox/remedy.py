@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from sandbox.errors import GuaranteeUnavailable, SandboxError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from sandbox.guarantees import Report
     from sandbox.profile import Profile
+
+    Probe = Callable[[str], Report]
 
 TimeoutKind = Literal["profile", "flag", "call", "tool-default", "clamped"]
 SHIPPED = Path(__file__).parent / "profiles"
@@ -144,17 +146,20 @@ USERNS = (
 ALTERNATIVES = {"overlay": "--mount copy (the same review of the changes, from a private copy instead of an overlay)"}
 
 
-def explain(error: GuaranteeUnavailable, profile: Profile, flags: Mapping[str, str]) -> GuaranteeUnavailable:
+def explain(
+    error: GuaranteeUnavailable, profile: Profile, flags: Mapping[str, str], probe: Probe
+) -> GuaranteeUnavailable:
     """``error`` with the way forward added to its message and its data.
 
     ``flags``: profile key -> the flag that set it as typed (``{"mount.strategy": "--mount overlay"}``).
+    ``probe``: a backend's report by name (the backends layer's, which calls this one).
     """
-    unmet, unavailable = _unmet(profile)
+    unmet, unavailable = _unmet(profile, probe)
     required = {name: required_by(name, profile, flags) for name in unmet}
     remedy = {name: [*_alternative(name), *host_changes(name, why)] for name, why in unmet.items()}
     remedy.update({f"backend {name}": backend_changes(name, why) for name, why in unavailable.items()})
     blamed = {who for who in required.values() if who.startswith("--")}
-    here = runs_here(profile, list(unmet), same_too=bool(blamed))
+    here = runs_here(profile, list(unmet), probe, same_too=bool(blamed))
     lines = [f"required by: {', '.join(f'{g}: {who}' for g, who in required.items())}"] if required else []
     lines += [f"would run here: {' | '.join(_alternative_text(alt) for alt in here) or 'no shipped profile'}"]
     lines += [f"to get {name}: {'; or '.join(ways)}" for name, ways in remedy.items() if ways]
@@ -180,30 +185,20 @@ def _head(
     return f"{who} needs what this host cannot give: " + "; ".join(parts)
 
 
-def _unmet(profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
+def _unmet(profile: Profile, probe: Probe) -> tuple[dict[str, str], dict[str, str]]:
     """What no usable backend gives this profile here (name -> why), and the unavailable backends."""
     from sandbox.backends import AUTO_ORDER
 
     unmet: dict[str, str] = {}
     unavailable: dict[str, str] = {}
     for name in AUTO_ORDER if profile.backend == "auto" else (profile.backend,):
-        report = _probe(name)
+        report = probe(name)
         if not report.available:
             unavailable[name] = report.reason
             continue
         for key, why in _refusals(report, profile).items():
             unmet.setdefault(key, f"{name}: {why}")
     return unmet, unavailable
-
-
-def _probe(name: str) -> Report:
-    from sandbox.backends import base
-    from sandbox.guarantees import Report
-
-    try:
-        return base.get(name).probe()
-    except SandboxError as exc:
-        return Report(name, False, exc.message)
 
 
 def _refusals(report: Report, profile: Profile) -> dict[str, str]:
@@ -232,7 +227,7 @@ def _alternative(name: str) -> list[str]:
     return [ALTERNATIVES[name]] if name in ALTERNATIVES else []
 
 
-def runs_here(refused: Profile, unmet: list[str], *, same_too: bool = False) -> list[dict[str, Any]]:
+def runs_here(refused: Profile, unmet: list[str], probe: Probe, *, same_too: bool = False) -> list[dict[str, Any]]:
     """The shipped profiles that would run here (never the host backend's), and what each gives up;
     ``same_too``: the refused profile's own name too (a flag, not the profile, asked for too much)."""
     from sandbox import profile as profiles
@@ -245,24 +240,24 @@ def runs_here(refused: Profile, unmet: list[str], *, same_too: bool = False) -> 
             other = profiles.load(name)
         except SandboxError:
             continue
-        backend = None if other.backend == "host" else _first_backend(other)
+        backend = None if other.backend == "host" else _first_backend(other, probe)
         if backend is not None:
-            found.append(_gives_up(refused, other, backend, unmet))
+            found.append(_gives_up(refused, other, backend, unmet, probe))
     return found
 
 
-def _first_backend(profile: Profile) -> str | None:
+def _first_backend(profile: Profile, probe: Probe) -> str | None:
     from sandbox.backends import AUTO_ORDER
 
     for name in AUTO_ORDER if profile.backend == "auto" else (profile.backend,):
-        report = _probe(name)
+        report = probe(name)
         if report.available and not _refusals(report, profile):
             return name
     return None
 
 
-def _gives_up(refused: Profile, other: Profile, backend: str, unmet: list[str]) -> dict[str, Any]:
-    report = _probe(backend)
+def _gives_up(refused: Profile, other: Profile, backend: str, unmet: list[str], probe: Probe) -> dict[str, Any]:
+    report = probe(backend)
     lost: list[str] = [g for g in refused.requires if g not in other.requires and not report.guarantees.get(g, False)]
     lost += [name for name in unmet if name not in lost and not name.startswith("limits.")]
     differs = {

@@ -172,7 +172,7 @@ for a Bash command that names an outside path, ``none`` when it stayed inside.""
 ChangeStatus = Literal["added", "modified", "deleted"]
 EntryKind = Literal["file", "dir", "symlink", "special"]
 CacheMode = Literal["off", "project"]
-"""``[mount] environment_cache`` and ``download_cache``: none, or one per project (:mod:`sandbox.envdirs`,
+"""``[mount] environment_cache`` and ``download_cache``: none, or one per project (:mod:`sandbox.mounts.envdirs`,
 :mod:`sandbox.downloads`)."""
 ChangesetState = Literal["kept", "partial", "applied"]
 """A kept changeset (:mod:`sandbox.changes`): nothing applied yet, some entries applied (others

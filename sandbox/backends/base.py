@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar, get_args
 
 import anyio
 
+from sandbox import remedy
 from sandbox.backends import AUTO_ORDER, BACKENDS
 from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.calls import check_workspace
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, SandboxError
+from sandbox.guarantees import Report
+from sandbox.mounts import journal
 from sandbox.threads import off_loop
 from sandbox.vocabulary import BackendName
 
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
 
     from anyio.abc import ByteReceiveStream
 
-    from sandbox.guarantees import Report
     from sandbox.mounts import ApplyReport, Changeset, CopyTree
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
@@ -311,7 +313,6 @@ class Backend(ABC):
 
     async def _recover(self, workspace: Path) -> None:
         """Finish or undo an apply a crash interrupted in ``workspace``, before a jail shows it."""
-        from sandbox import journal  # here: the journal reads trees through mounts, which imports us
 
         await off_loop(journal.recover, workspace)
 
@@ -405,9 +406,15 @@ def choose(name: str, profile: Profile, flags: Mapping[str, str] | None = None) 
     try:
         return _choose(name, profile)
     except GuaranteeUnavailable as exc:
-        from sandbox import remedy  # here: only a refusal pays for the other profiles' probes
+        raise remedy.explain(exc, profile, flags or {}, probe) from exc
 
-        raise remedy.explain(exc, profile, flags or {}) from exc
+
+def probe(name: str) -> Report:
+    """Backend ``name``'s report here; one that cannot even load is unavailable, with the reason."""
+    try:
+        return get(name).probe()
+    except SandboxError as exc:
+        return Report(name, False, exc.message)
 
 
 def _choose(name: str, profile: Profile) -> Backend:

@@ -6,7 +6,7 @@ command could ``cat .env``. When a jail starts, every workspace entry matching t
 write, rename or unlink of it fails (``EROFS``/``EBUSY``); a hard link to it crosses a mount
 (``EXDEV``); a symlink to it or a ``..`` path reaches the mask. In ``rw`` mode what the host's
 git executes or obeys later is bound **read-only** (:func:`git_binds`, the list in
-:func:`sandbox.gitreview.obeyed`): every git directory's ``config``, ``hooks``, ``info``,
+:func:`sandbox.mounts.gitreview.obeyed`): every git directory's ``config``, ``hooks``, ``info``,
 ``objects/info`` (alternates), ``commondir``, ``worktrees``, the submodules' under
 ``.git/modules``, ``core.hooksPath``'s directory in the worktree, hook managers' files (``.husky``,
 ``lefthook.yml``, ``.pre-commit-config.yaml``), ``.gitmodules`` and the ``.git`` files of
@@ -469,7 +469,7 @@ def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bo
 
 
 def git_binds(workspace: str, nested: Sequence[str] = ()) -> list[tuple[str, str, bool]]:
-    """(``rw``) What the host's git obeys, read-only (:func:`sandbox.gitreview.obeyed`): each git
+    """(``rw``) What the host's git obeys, read-only (:func:`sandbox.mounts.gitreview.obeyed`): each git
     directory's config, hooks, info, alternates, ``commondir`` and worktrees, ``core.hooksPath``'s
     directory, hook managers' files, submodules' and worktrees' ``.git`` files; the same for each
     ``nested`` repository (a directory holding a ``.git``, found by the search). The git directories
@@ -477,7 +477,7 @@ def git_binds(workspace: str, nested: Sequence[str] = ()) -> list[tuple[str, str
     be renamed away and replaced by a directory holding a planted copy."""
     from pathlib import Path
 
-    from sandbox import gitreview  # stdlib only; imported here: most jails are not rw repositories
+    from sandbox.mounts import gitreview  # imported here: most jails are not rw repositories
 
     found = gitreview.obeyed(Path(workspace), nested)
     for rel in found.missing:

@@ -18,7 +18,7 @@ On real Windows the commands run under a restricted token at low integrity, with
 granted (an ACE for the jail's own SID and a low label) only to the workspace's view and a
 private home and temp directory (:mod:`sandbox.backends.winjob_token`). Mounts: ``rw``, ``ro``
 (the workspace granted read only: the low integrity refuses writes) and ``copy`` (a private copy,
-the changeset and a guarded apply, :mod:`sandbox.backends.winjob_apply`); no ``overlay``. Bash
+the changeset and a guarded apply, :mod:`sandbox.mounts.winapply`); no ``overlay``. Bash
 runs in the profile's ``winjob.shell``; the file tools' runner runs in the job like any command.
 
 What this backend does not do (and :meth:`WinJobBackend.probe` says so, never claims): network

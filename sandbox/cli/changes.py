@@ -199,7 +199,7 @@ def _page(kept: Kept, chosen: list[Change], *, summary: bool, stat: bool) -> Non
 
 def _summary(kept: Kept) -> list[str]:
     from sandbox import changesummary
-    from sandbox.gitreview import in_git
+    from sandbox.mounts.gitreview import in_git
 
     group = {e.change.path for e in kept.entries if in_git(e.change.path)} if kept.git is not None else set()
     rules = changesummary.Rules.of_kept(kept)
@@ -213,7 +213,7 @@ def _chosen(kept: Kept, filters: list[str], flagged: bool) -> list[Change]:
     else the work and every flagged entry outside the summed-up groups (``.git``, environment)."""
     from sandbox import changesummary
     from sandbox.errors import InvalidArgument
-    from sandbox.gitreview import in_git
+    from sandbox.mounts.gitreview import in_git
 
     entries = kept.changeset.changes
     if filters:
@@ -265,9 +265,9 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: ApplyReport, *, grouped: bool, environment: list[str] | None = None) -> None:
-    from sandbox import envdirs
     from sandbox.changes import held_back_line
-    from sandbox.gitreview import in_git
+    from sandbox.mounts import envdirs
+    from sandbox.mounts.gitreview import in_git
 
     git = [path for path in report.applied if grouped and in_git(path)]
     env = envdirs.groups(report.applied, environment or [])
@@ -288,7 +288,7 @@ def _print_report(report: ApplyReport, *, grouped: bool, environment: list[str] 
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from sandbox import journal
+    from sandbox.mounts import journal
 
     workspaces = [args.workspace] if args.workspace else journal.pending()
     reports = [journal.recover(workspace) for workspace in workspaces]

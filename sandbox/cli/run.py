@@ -214,12 +214,12 @@ def _watch_network(jail: base.Jail, prof: profiles.Profile) -> None:
 
 async def _cache_environment(jail: base.Jail, prof: profiles.Profile, result: executor.ExecResult) -> None:
     """A copy run whose command succeeded saves its environment directories for the next copy-in
-    (``mount.environment_cache = "project"``, :mod:`sandbox.envdirs`); a failed one leaves the cache."""
+    (``mount.environment_cache = "project"``, :mod:`sandbox.mounts.envdirs`); a failed one leaves the cache."""
     if jail.tree is None or prof.mount.environment_cache != "project" or prof.mount.strategy != "copy":
         return
     if result.exit_code != 0 or result.timed_out or result.aborted:
         return
-    from sandbox import envdirs
+    from sandbox.mounts import envdirs
     from sandbox.threads import off_loop
 
     await off_loop(envdirs.save, jail.workspace, jail.tree.root, prof.mount.environment)
@@ -413,7 +413,7 @@ def _summary(
 
 
 def _in_git(path: str) -> bool:
-    from sandbox import gitreview
+    from sandbox.mounts import gitreview
 
     return gitreview.in_git(path)
 

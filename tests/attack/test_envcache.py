@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox import changes, envdirs
+from sandbox import changes
 from sandbox import exec as executor
 from sandbox.cli import run as cli_run
+from sandbox.mounts import envdirs
 from tests.attack.conftest import mode_profile
 from tests.conftest import own_like_a_checkout
 

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from sandbox import journal
-from sandbox.mounts import CopyTree, walk
+from sandbox.mounts import CopyTree, journal, walk
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +32,7 @@ TRIALS = 100
 CHILD = """
 import json, sys
 from pathlib import Path
-from sandbox import journal
+from sandbox.mounts import journal
 from sandbox.mounts import Change, Changeset, CopyTree, walk
 
 ws, root, listing = map(Path, sys.argv[1:4])

@@ -1,4 +1,4 @@
-"""The environment-directory rules and their one-line summary (:mod:`sandbox.envdirs`): pure, no jail."""
+"""The environment-directory rules and their one-line summary (:mod:`sandbox.mounts.envdirs`): pure, no jail."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import envdirs, profile
+from sandbox import profile
+from sandbox.mounts import envdirs
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import changes, gitreview
-from sandbox.gitreview import ConfigError, parse_config
+from sandbox import changes
+from sandbox.mounts import gitreview
+from sandbox.mounts.gitreview import ConfigError, parse_config
 
 if TYPE_CHECKING:
     from pathlib import Path

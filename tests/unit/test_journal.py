@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import journal
 from sandbox.errors import Conflict
-from sandbox.mounts import CopyTree, walk
+from sandbox.mounts import CopyTree, journal, walk
 from tests.unit.copy_trees import copy_of
 
 if TYPE_CHECKING:

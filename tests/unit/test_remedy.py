@@ -13,6 +13,7 @@ from sandbox.errors import GuaranteeUnavailable
 from sandbox.guarantees import Report
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -92,8 +93,9 @@ def test_backend_changes(backend: str, why: str, expected: str) -> None:
     assert expected in " ".join(remedy.backend_changes(backend, why)).replace("-aG docker", "docker group")
 
 
-def _scripted(monkeypatch: pytest.MonkeyPatch, reports: dict[str, Report]) -> None:
-    monkeypatch.setattr(remedy, "_probe", lambda name: reports[name])
+def _scripted(reports: dict[str, Report]) -> Callable[[str], Report]:
+    """The backends' reports as ``remedy.explain`` asks for them (the backends layer's probe)."""
+    return lambda name: reports[name]
 
 
 def _bwrap_without_cgroups() -> Report:
@@ -109,10 +111,10 @@ def _bwrap_without_cgroups() -> Report:
     return report
 
 
-def test_a_refusal_names_who_required_what_runs_here_and_the_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
-    _scripted(monkeypatch, {"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
+def test_a_refusal_names_who_required_what_runs_here_and_the_remedy() -> None:
+    probe = _scripted({"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
     prof = profiles.load("untrusted")
-    error = remedy.explain(GuaranteeUnavailable("no backend", profile="untrusted"), prof, {})
+    error = remedy.explain(GuaranteeUnavailable("no backend", profile="untrusted"), prof, {}, probe)
     assert error.message.startswith("profile 'untrusted' needs what this host cannot give: memory-limit (bwrap: no")
     assert "backend docker is unavailable (Permission denied)" in error.message.splitlines()[0]
     assert error.data["profile"] == "untrusted"
@@ -128,15 +130,15 @@ def test_a_refusal_names_who_required_what_runs_here_and_the_remedy(monkeypatch:
     assert set(error.data["remedy"]) == {"memory-limit", "backend docker"}
 
 
-def test_overlay_from_a_flag_is_the_flags_fault(monkeypatch: pytest.MonkeyPatch) -> None:
-    _scripted(monkeypatch, {"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
+def test_overlay_from_a_flag_is_the_flags_fault() -> None:
+    probe = _scripted({"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
     prof = profiles.load("default").override({"mount.strategy": "overlay"})
-    error = remedy.explain(GuaranteeUnavailable("x"), prof, {"mount.strategy": "--mount overlay"})
+    error = remedy.explain(GuaranteeUnavailable("x"), prof, {"mount.strategy": "--mount overlay"}, probe)
     assert error.message.startswith("--mount overlay needs what this host cannot give: overlay (bwrap: mounting")
     assert error.data["required_by"] == {"overlay": "--mount overlay"}
     assert error.data["remedy"]["overlay"][0].startswith("--mount copy")
     assert "  required by: overlay: --mount overlay" in error.message.splitlines()
     assert "default" in {alt["profile"] for alt in error.data["runs_here"]}  # without the flag, it runs
-    same = remedy.explain(GuaranteeUnavailable("x"), prof, {})
+    same = remedy.explain(GuaranteeUnavailable("x"), prof, {}, probe)
     assert "default" not in {alt["profile"] for alt in same.data["runs_here"]}
     assert same.data["required_by"] == {"overlay": "profile default, mount.strategy = 'overlay'"}

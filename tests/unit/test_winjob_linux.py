@@ -62,8 +62,8 @@ def test_command_lines_quote_as_windows_parses_them() -> None:
     ],
 )
 def test_windows_names_that_mean_another_file_are_refused(name: str, why: str) -> None:
-    from sandbox.backends import winjob_paths
     from sandbox.errors import Conflict
+    from sandbox.mounts import winpaths as winjob_paths
 
     problem = winjob_paths.windows_name_problem(name)
     assert problem is not None and why in problem, problem
@@ -74,7 +74,7 @@ def test_windows_names_that_mean_another_file_are_refused(name: str, why: str) -
 
 @pytest.mark.parametrize("name", ["console.txt", "nully", "COM10", "a.b.c", ".gitignore", "con-fig", "réadmé"])
 def test_ordinary_windows_names_pass(name: str) -> None:
-    from sandbox.backends import winjob_paths
+    from sandbox.mounts import winpaths as winjob_paths
 
     assert winjob_paths.windows_name_problem(name) is None
     assert winjob_paths.checked_parts(f"d/{name}", "windows") == ("d", name)
@@ -82,8 +82,8 @@ def test_ordinary_windows_names_pass(name: str) -> None:
 
 @pytest.mark.parametrize("path", ["", "/etc/passwd", "a/../../b", "./a", "a//b", ".."])
 def test_paths_leaving_the_workspace_are_refused_in_both_flavours(path: str) -> None:
-    from sandbox.backends import winjob_paths
     from sandbox.errors import Conflict
+    from sandbox.mounts import winpaths as winjob_paths
 
     for flavour in ("posix", "windows"):
         with pytest.raises(Conflict):
@@ -91,7 +91,7 @@ def test_paths_leaving_the_workspace_are_refused_in_both_flavours(path: str) -> 
 
 
 def test_case_collisions_name_every_path_of_a_group() -> None:
-    from sandbox.backends import winjob_paths
+    from sandbox.mounts import winpaths as winjob_paths
 
     found = winjob_paths.case_collisions(["README.md", "readme.md", "src/A.py", "src/b.py", "SRC/a.PY"])
     assert found == {"README.md", "readme.md", "src/A.py", "SRC/a.PY"}

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from sandbox.mounts import Change
+    from sandbox.mounts.changeset import Change
 
 GIT = ".git"
 GROUP = "git"

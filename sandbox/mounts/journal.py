@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import signal
 import stat
+import sys
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -60,19 +60,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sandbox import datadir
 from sandbox.errors import Conflict, ToolFailed, map_errors
-from sandbox.mounts import _CHUNK, _SPECIAL_BITS, ApplyReport, _owner_for
+from sandbox.mounts.changeset import ApplyReport, guard_entry
+from sandbox.mounts.hostfs import SPECIAL_BITS, owner_for
+from sandbox.mounts.stamps import CHUNK
+
+if sys.platform != "win32":  # the journal is POSIX code; Windows applies through sandbox.mounts.winapply
+    import fcntl
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from sandbox.mounts import Change, CopyTree
+    from sandbox.mounts.changeset import ApplyTarget, Change
     from sandbox.vocabulary import EntryKind as Kind
 
 Op = Literal["put", "delete", "chmod"]
 State = Literal["prepare", "commit"]
 FORMAT = 1
 CRASH_ENV = "SANDBOX_JOURNAL_CRASH_AFTER"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _CrashHook:
@@ -157,7 +161,7 @@ def _hidden(name: str, what: str) -> str:
 class Plan:
     """Guard every change and turn the ones that pass into steps (see the module docstring)."""
 
-    def __init__(self, tree: CopyTree) -> None:
+    def __init__(self, tree: ApplyTarget) -> None:
         self.tree = tree
         self.steps: list[Step] = []
         self.report = ApplyReport()
@@ -184,7 +188,7 @@ class Plan:
             self._inside_new_dir(change, parent)
             return
         with _open_dir(self.tree.workspace, parts[:-1]) as pfd:
-            self.tree._guard(change, pfd, parts[-1])
+            guard_entry(self.tree, change, pfd, parts[-1])
             current = _lstat(pfd, parts[-1])
             step = self._step(change, pfd, current)
         step.paths.append(change.path)
@@ -220,7 +224,7 @@ class Plan:
 
     def _only_deleted(self, path: str, pfd: int, name: str) -> list[str]:
         """The names in a host directory about to go: all must be deletions planned already."""
-        fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        fd = os.open(name, datadir.DIR_FLAGS, dir_fd=pfd)
         try:
             names = os.listdir(fd)
         finally:
@@ -276,7 +280,7 @@ class Plan:
 
 def _mode(change: Change) -> int:
     default = 0o755 if change.kind == "dir" else 0o644
-    return (change.mode_after if change.mode_after is not None else default) & ~_SPECIAL_BITS
+    return (change.mode_after if change.mode_after is not None else default) & ~SPECIAL_BITS
 
 
 def _checked_parts(path: str) -> tuple[str, ...]:
@@ -324,7 +328,7 @@ def _remove_journal(path: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, _DIR_FLAGS)
+    fd = os.open(path, datadir.DIR_FLAGS)
     try:
         os.fsync(fd)
     finally:
@@ -335,7 +339,7 @@ def _fsync_dir(path: Path) -> None:
 def locked(workspace: Path) -> Iterator[None]:
     """One executor at a time applies to (or recovers) a workspace: an flock on its directory."""
     with map_errors(f"cannot lock the workspace {workspace}"):
-        fd = os.open(workspace, _DIR_FLAGS)
+        fd = os.open(workspace, datadir.DIR_FLAGS)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -349,10 +353,10 @@ def locked(workspace: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _open_dir(root: Path | int, parts: Iterable[str]) -> Iterator[int]:
     """A new fd of ``root/parts`` (``root`` a path or a directory fd), one component at a time."""
-    fd = os.open(".", _DIR_FLAGS, dir_fd=root) if isinstance(root, int) else os.open(root, _DIR_FLAGS)
+    fd = os.open(".", datadir.DIR_FLAGS, dir_fd=root) if isinstance(root, int) else os.open(root, datadir.DIR_FLAGS)
     try:
         for part in parts:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nxt = os.open(part, datadir.DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
         yield fd
@@ -412,7 +416,7 @@ def _remove_any(pfd: int, name: str) -> None:
 
 
 def _fchmod_dir(pfd: int, name: str, mode: int) -> None:
-    fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+    fd = os.open(name, datadir.DIR_FLAGS, dir_fd=pfd)
     try:
         os.fchmod(fd, mode)
     finally:
@@ -426,7 +430,7 @@ def _stage(dirs: _Dirs, step: Step) -> None:
     pfd = dirs.get(step.parent)
     if pfd is None or step.staged is None:
         raise Conflict("its directory is gone", path=step.target)
-    owner = _owner_for(pfd, step.name)
+    owner = owner_for(pfd, step.name)
     _make(pfd, step.staged, step.kind, step.mode or 0, step.source, step.link, owner)
     if step.kind == "dir":
         with _open_dir(pfd, [step.staged]) as top:
@@ -485,7 +489,7 @@ def _copy_file(pfd: int, name: str, source: str, mode: int) -> None:
             raise ToolFailed(f"the changed entry {source} is no longer a regular file")
         dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
         try:
-            while chunk := os.read(src, _CHUNK):
+            while chunk := os.read(src, CHUNK):
                 os.write(dst, chunk)
             os.fchmod(dst, mode)
             os.fsync(dst)
@@ -520,7 +524,7 @@ def _as_expected(pfd: int, step: Step, current: os.stat_result | None, *, strict
         return False
     if step.op == "chmod" or not stat.S_ISDIR(current.st_mode):
         return True
-    fd = os.open(step.name, _DIR_FLAGS, dir_fd=pfd)
+    fd = os.open(step.name, datadir.DIR_FLAGS, dir_fd=pfd)
     try:
         names = os.listdir(fd)
     finally:

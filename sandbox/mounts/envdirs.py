@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
 from sandbox import datadir
+from sandbox.mounts.hostfs import run_command
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -349,7 +350,6 @@ def _mtime(path: Path) -> float:
 
 
 def _cp(source: Path, target: Path) -> str:
-    from sandbox.mounts import run_command  # mounts calls seed at copy-in: imported when used
 
     return run_command(["cp", "-a", "--reflink=auto", "--no-target-directory", str(source), str(target)])
 

@@ -1,9 +1,9 @@
 """The guarded apply of a ``copy`` changeset on Windows (the winjob backend's half of
-:meth:`sandbox.mounts.CopyTree.apply`).
+:meth:`sandbox.mounts.ApplyTarget.apply`).
 
 The same promises as on POSIX, kept by Windows' means:
 
-- **Paths read by Windows' rules** (:mod:`sandbox.backends.winjob_paths`): a change whose path
+- **Paths read by Windows' rules** (:mod:`sandbox.mounts.winpaths`): a change whose path
   holds a ``\\``, a drive, a ``:`` (an alternate data stream), a reserved device name or a
   trailing dot or space is refused with CONFLICT, and so are changes whose paths differ only by
   case (one file on Windows). A case-only rename (``README`` deleted, ``readme`` added) is
@@ -21,7 +21,7 @@ The same promises as on POSIX, kept by Windows' means:
 
 What POSIX has and this has not (a known limit, said in ``sandbox check``'s table): no crash
 journal. An apply killed while renaming leaves some files new and the rest old, each file whole,
-and its staging directory behind; on POSIX :mod:`sandbox.journal` would finish it.
+and its staging directory behind; on POSIX :mod:`sandbox.mounts.journal` would finish it.
 """
 
 from __future__ import annotations
@@ -37,15 +37,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sandbox import datadir
-from sandbox.backends import winjob_paths
 from sandbox.errors import Conflict, map_errors
-from sandbox.mounts import ApplyReport, Stamp, copy_file_bytes, selected
+from sandbox.mounts import winpaths
+from sandbox.mounts.changeset import ApplyReport, selected
+from sandbox.mounts.hostfs import copy_file_bytes
+from sandbox.mounts.stamps import Stamp
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from sandbox.mounts import Change, Changeset, CopyTree
+    from sandbox.mounts.changeset import ApplyTarget, Change, Changeset
 
 STAGING_PREFIX = ".sandbox-apply-"
 
@@ -59,7 +61,7 @@ class Step:
     staged: Path | None = None
 
 
-def apply(tree: CopyTree, changeset: Changeset, only: set[str] | None, include_flagged: bool) -> ApplyReport:
+def apply(tree: ApplyTarget, changeset: Changeset, only: set[str] | None, include_flagged: bool) -> ApplyReport:
     """Guard, stage and rename the selected changes of ``changeset`` into ``tree.workspace``."""
     report = ApplyReport()
     chosen = selected(changeset, only, include_flagged, report)
@@ -73,7 +75,7 @@ def apply(tree: CopyTree, changeset: Changeset, only: set[str] | None, include_f
 class Planner:
     """Each change checked (path, parents, guard) and turned into a :class:`Step`, or a conflict."""
 
-    def __init__(self, tree: CopyTree, report: ApplyReport) -> None:
+    def __init__(self, tree: ApplyTarget, report: ApplyReport) -> None:
         self.tree = tree
         self.report = report
         self.failed: list[str] = []  # folded paths: what lies below them is not applied either
@@ -81,7 +83,7 @@ class Planner:
         self.made: set[str] = set()  # folded paths of directories this apply creates
 
     def plan(self, chosen: list[Change]) -> list[Step]:
-        collisions = winjob_paths.case_collisions(
+        collisions = winpaths.case_collisions(
             c.path for c in chosen if c.status != "deleted" or c.path not in self._deleted_twins(chosen)
         )
         steps = []
@@ -91,11 +93,11 @@ class Planner:
                     raise Conflict("another change names the same file but for case (one file on Windows)")
                 step = self._step(change)
             except Conflict as exc:
-                self.failed.append(winjob_paths.fold(change.path))
+                self.failed.append(winpaths.fold(change.path))
                 self.report.conflicts.append({"path": change.path, "reason": exc.message})
                 continue
             except OSError as exc:
-                self.failed.append(winjob_paths.fold(change.path))
+                self.failed.append(winpaths.fold(change.path))
                 self.report.conflicts.append({"path": change.path, "reason": f"cannot check the host entry: {exc}"})
                 continue
             if step is not None:
@@ -105,14 +107,12 @@ class Planner:
     @staticmethod
     def _deleted_twins(chosen: list[Change]) -> set[str]:
         """Deletions whose path another (added) change repeats but for case: a case-only rename."""
-        added = {winjob_paths.fold(c.path): c.path for c in chosen if c.status != "deleted"}
-        return {
-            c.path for c in chosen if c.status == "deleted" and added.get(winjob_paths.fold(c.path), c.path) != c.path
-        }
+        added = {winpaths.fold(c.path): c.path for c in chosen if c.status != "deleted"}
+        return {c.path for c in chosen if c.status == "deleted" and added.get(winpaths.fold(c.path), c.path) != c.path}
 
     def _step(self, change: Change) -> Step | None:
-        parts = winjob_paths.checked_parts(change.path, "windows")
-        folded = winjob_paths.fold(change.path)
+        parts = winpaths.checked_parts(change.path, "windows")
+        folded = winpaths.fold(change.path)
         if any(folded.startswith(f"{bad}/") for bad in self.failed):
             raise Conflict("a directory above it was not applied")
         if change.kind == "symlink":
@@ -145,15 +145,15 @@ class Planner:
             path = path / part
             current = _lstamp(path)
             if current is None:
-                rel = winjob_paths.fold("/".join(parents[:depth]))
+                rel = winpaths.fold("/".join(parents[:depth]))
                 return creating or rel in self.made
             if current.kind != "dir":
                 raise Conflict(f"parent {part!r} is not a directory inside the workspace")
         return True
 
     def _only_deleted(self, path: str, target: Path) -> None:
-        gone = {winjob_paths.fold(p) for p in self.deleted}
-        kept = sorted(n for n in os.listdir(target) if winjob_paths.fold(f"{path}/{n}") not in gone)
+        gone = {winpaths.fold(p) for p in self.deleted}
+        kept = sorted(n for n in os.listdir(target) if winpaths.fold(f"{path}/{n}") not in gone)
         if kept:
             raise Conflict(f"the host directory holds entries this apply does not delete: {', '.join(kept[:5])}")
 
@@ -165,7 +165,7 @@ def _lstamp(path: Path) -> Stamp | None:
         return None
 
 
-def execute(tree: CopyTree, steps: list[Step], report: ApplyReport) -> None:
+def execute(tree: ApplyTarget, steps: list[Step], report: ApplyReport) -> None:
     """Stage every new file, check every guard again, then rename (see the module docstring)."""
     staging = tree.workspace / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     with map_errors("cannot stage the changes in the workspace"):
