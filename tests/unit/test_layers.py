@@ -17,7 +17,7 @@ import pytest
 import sandbox
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Collection, Iterator
 
 PACKAGE = Path(sandbox.__file__).parent
 JAILSIDE = "sandbox._jailside"
@@ -100,3 +100,155 @@ def test_the_fences_see_relative_and_type_only_imports() -> None:
     assert isinstance(node, ast.ImportFrom)
     assert _absolute(PACKAGE / "policy" / "gate.py", node) == "sandbox.backends"
     assert _absolute(PACKAGE / "policy" / "__init__.py", node) == "sandbox.backends"
+
+
+# -- the whole package: no circle, the declared layer order, no private name borrowed
+
+# Bottom first. A module may import its own layer and those below it, never one above: the order
+# is the package's structure, stated once. A name is a module or a package (all below it).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (  # the bottom: words, errors, bounds, threads, owners, redaction, the data directory
+        "sandbox._jailside",
+        "sandbox.vocabulary",
+        "sandbox.errors",
+        "sandbox.textsafe",
+        "sandbox.jsonbound",
+        "sandbox.diffbound",
+        "sandbox.ending",
+        "sandbox.protocol",
+        "sandbox.threads",
+        "sandbox.owners",
+        "sandbox.redaction",
+        "sandbox.live",
+        "sandbox.patterns",
+        "sandbox.datadir",
+        "sandbox.envrules",
+    ),
+    (  # what a user configures: profiles, the guarantees they ask for, network rules, images
+        "sandbox.profile",
+        "sandbox.guarantees",
+        "sandbox.downloads",
+        "sandbox.image",
+        "sandbox.network.policy",
+        "sandbox.network.indexes",
+        "sandbox.network.places",
+    ),
+    ("sandbox.mounts", "sandbox.review", "sandbox.changes", "sandbox.changesummary"),  # the copy-out engine
+    (  # jails and their network
+        "sandbox.backends",
+        "sandbox.network",
+        "sandbox.calls",
+        "sandbox.remedy",
+        "sandbox.diskguard",
+        "sandbox.gitsweep",
+        "sandbox.leftovers",
+    ),
+    ("sandbox.exec", "sandbox.tools", "sandbox.compare"),  # running a command, a tool, a comparison
+    ("sandbox.policy", "sandbox.plugins", "sandbox.audit"),  # the permission layer
+    ("sandbox.session",),
+    ("sandbox.server", "sandbox.mcp", "sandbox.cli"),  # the faces
+)
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _module_of(name: str, modules: Collection[str]) -> str | None:
+    """The module an imported name lives in (``a.b.c`` of ``from a.b import c``: ``a.b.c`` when that
+    is a module, else ``a.b``), or ``None`` outside the package."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _layer(module: str) -> int:
+    """The layer of ``module``: its most specific entry in :data:`LAYERS`."""
+    found = [(len(entry), index) for index, layer in enumerate(LAYERS) for entry in layer if _within(module, entry)]
+    assert found, f"{module} is in no layer of LAYERS: add it where it belongs"
+    return max(found)[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _all_modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _line, imported in _imports(path):
+            target = _module_of(imported, modules)
+            if target is not None and target not in (name, "sandbox"):
+                graph[name].add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_another_that_imports_it_back() -> None:
+    # Function-level and type-only imports count: a circle dodged by an import inside a function
+    # is still a circle of the design.
+    assert _circles(_graph()) == []
+
+
+def test_every_import_runs_down_the_declared_layers() -> None:
+    graph = _graph()
+    upward = sorted(
+        f"{name} (layer {_layer(name)}) imports {target} (layer {_layer(target)})"
+        for name, targets in graph.items()
+        for target in targets
+        if _layer(target) > _layer(name)
+    )
+    assert upward == []
+
+
+def test_no_private_name_is_borrowed_from_another_module() -> None:
+    modules = _all_modules()
+    borrowed = sorted(
+        f"{name} (line {line}) imports {imported}"
+        for name, path in modules.items()
+        for line, imported in _imports(path)
+        if (owner := _module_of(imported.rpartition(".")[0], modules)) not in (None, name)
+        and imported.rpartition(".")[0] == owner
+        and (leaf := imported.rpartition(".")[2]).startswith("_")
+        and not (leaf.startswith("__") and leaf.endswith("__"))
+        and f"{owner}.{leaf}" not in modules
+    )
+    assert borrowed == []
+
+
+def test_the_whole_package_fences_see_what_they_must() -> None:
+    # The checks above pass vacuously if the graph misses edges; a few known ones must be there.
+    graph = _graph()
+    assert "sandbox.mounts" in graph["sandbox.backends.bwrap"] and "sandbox.mounts.trees" in graph["sandbox.mounts"]
+    assert "sandbox.mounts.journal" in graph["sandbox.backends.base"]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _layer("sandbox.network.places") == 1 and _layer("sandbox.network.egress") == 3
+    assert _layer("sandbox.mounts.journal") == 2 and _layer("sandbox.cli.run") == len(LAYERS) - 1
