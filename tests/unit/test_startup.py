@@ -52,6 +52,22 @@ def test_building_the_parser_imports_nothing_heavy() -> None:
     assert loaded_after("from sandbox import cli; cli.build_parser()") == []
 
 
+def test_the_package_face_imports_nothing_until_a_name_is_used() -> None:
+    assert loaded_after("import sandbox\nsandbox.__version__") == []
+    assert "sandbox.session" in loaded_after("from sandbox import Sandbox")
+
+
+def test_the_package_face_names_the_real_objects() -> None:
+    import sandbox
+    from sandbox.policy.approvals import CallbackApprover
+    from sandbox.session import Sandbox
+
+    assert sandbox.Sandbox is Sandbox and sandbox.CallbackApprover is CallbackApprover
+    assert set(sandbox.__all__) <= set(dir(sandbox))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        sandbox.Nope  # noqa: B018
+
+
 def test_version_imports_nothing_heavy() -> None:
     code = "from sandbox import cli\ntry:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass"
     assert loaded_after(code) == []
