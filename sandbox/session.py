@@ -55,10 +55,10 @@ from sandbox.policy.classifier import CallbackClassifier, ChatClassifier, Classi
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.trust import TrustStore, ask_trust, ignored_notice
-from sandbox.threads import off_loop
 from sandbox.tools import params as tool_params
-from sandbox.tools.replies import grep_text
-from sandbox.tools.run import ToolResult, run_bash, run_in_jail, runner_request
+from sandbox.tools.base import Invocation
+from sandbox.tools.builtin import TOOLS
+from sandbox.tools.run import ToolResult, run_in_jail
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from sandbox.mounts import Changeset
     from sandbox.network.denial import Denial
     from sandbox.policy.delegates import ResolvedDelegate
-    from sandbox.tools.replies import RunnerReply
     from sandbox.vocabulary import (
         Answer,
         BackendChoice,
@@ -80,13 +79,10 @@ if TYPE_CHECKING:
         OperatingMode,
         PermissionMode,
         ProjectTrust,
-        ReviewOperation,
         Root,
     )
 
 SCRATCH_MAX_AGE_S = 7 * 24 * 3600
-_REVIEWED: dict[str, ReviewOperation] = {"Write": "write", "Edit": "edit"}  # the tools a snapshot is kept for
-PRIVATE_COPY_NOTE = " (in the private copy; review and apply to keep it)"
 
 MutationKind = Literal["edit", "patch"]
 MUTATION_ATTEMPTS = 2  # the failed attempt in a turn that ends the repair loop (seed 003 §4d)
@@ -504,38 +500,22 @@ class Sandbox:
         plugin_tool = self.plugins.tool(call.name)
         if plugin_tool is not None and isinstance(params, plugin_tools.PluginArgs):
             return await plugin_tools.run(
-                self.jail, plugin_tool, params, env=self._scratch_env(), cwd=str(self.workspace), abort=abort
+                self.jail, plugin_tool, params, env=self.scratch_env(), cwd=str(self.workspace), abort=abort
             )
-        if isinstance(params, tool_params.BashParams):
-            self._commands[call.tool_call_id] = call.turn_id
-            try:
-                return await run_bash(
-                    self.jail,
-                    params,
-                    env=self._scratch_env(),
-                    on_stdout=on_stdout,
-                    on_stderr=on_stderr,
-                    abort=abort,
-                )
-            finally:
-                self._commands.pop(call.tool_call_id, None)
-        target = self._runner_target(params, auth)
-        if call.name in ("Write", "Edit") and auth.decision.root == "external":
-            # Outside the workspace and scratch, the jail's filesystem is read-only or private
-            # to one call (/tmp): a write there would be lost, so do not pretend it succeeded.
-            return ToolResult(
-                ok=False,
-                error_code="TOOL_FAILED",
-                root="external",
-                content=f"{target} is outside the workspace and the scratch directory; in this sandbox "
-                f"such a write cannot persist. Write inside {self.workspace} or {self.scratch}.",
-            )
-        reply = await run_in_jail(self.jail, runner_request(params, target), abort=abort)
-        if call.name in _REVIEWED:  # the review's diff costs more than linear time: off the event loop
-            return await off_loop(self._file_result, call, auth, reply, target)
-        return self._file_result(call, auth, reply, target)
+        tool = TOOLS[call.name]
+        target = self._runner_target(params, auth) if tool.needs_target else None
+        invocation = Invocation(
+            params, target, auth.decision.root, call.tool_call_id, call.turn_id, on_stdout, on_stderr, abort
+        )
+        if not tool.runs_commands:
+            return await tool.run(self, invocation)
+        self._commands[call.tool_call_id] = call.turn_id  # its network denials are this call's
+        try:
+            return await tool.run(self, invocation)
+        finally:
+            self._commands.pop(call.tool_call_id, None)
 
-    def _scratch_env(self) -> dict[str, str]:
+    def scratch_env(self) -> dict[str, str]:
         """What Bash and plugin commands get beyond the scrubbed environment: the scratch directory."""
         return {"SANDBOX_SCRATCH_DIR": str(self.scratch), "PI_SCRATCH_DIR": str(self.scratch)}
 
@@ -710,33 +690,9 @@ class Sandbox:
         assert auth.decision.target is not None
         return auth.decision.target.canonical
 
-    def _file_result(self, call: ToolCall, auth: Authorization, reply: RunnerReply, target: str) -> ToolResult:
-        details, content = reply["details"], reply["content"]
-        if "paths" in details:
-            content, details = _listing(self.gate, details)
-        elif "mode" in details:  # a Grep reply, in whichever output mode it was asked for
-            content, details = grep_text(details, self.gate.paths.readable, getattr(call.params, "pattern", ""))
-        result_root = auth.decision.root
-        record = None
-        if reply["ok"] and call.name in _REVIEWED and result_root == "workspace":
-            record = review.record(
-                self.snapshots, call.tool_call_id, _REVIEWED[call.name], target, details, turn_id=call.turn_id
-            )
-        if result_root == "external":
-            details.setdefault("path", target)  # seed 003 §4a: an external result names its absolute canonical path
-        for key in ("before", "after"):
-            details.pop(key, None)
-        if reply["ok"] and call.name in _REVIEWED and result_root == "workspace" and self.jail.tree is not None:
-            content += PRIVATE_COPY_NOTE  # the host workspace is untouched until the changeset is applied
-            details["private_copy"] = True
-        return ToolResult(
-            ok=reply["ok"],
-            content=content,
-            error_code=reply["error_code"],
-            details=details,
-            root=result_root,
-            review=record,
-        )
+    def readable(self, path: str) -> bool:
+        """Whether the policy lets the model read ``path`` (a tool shows only what it may)."""
+        return self.gate.paths.readable(path)
 
     # -- rollback, audit, close -------------------------------------------------------------------
 
@@ -1009,12 +965,3 @@ def _session_id(given: str | None) -> str:
     if not sid.replace("-", "").isalnum():
         raise InvalidArgument(f"session id {sid!r} must be letters, digits and dashes", session_id=sid)
     return sid
-
-
-def _listing(gate: Gate, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    paths = [p for p in details["paths"] if gate.paths.readable(p)]
-    details["paths"] = paths
-    text = "\n".join(paths) if paths else "no files match"
-    if details.get("truncated"):
-        text += f"\n[{details['count']} matches; showing the first {len(paths)}; narrow the pattern]"
-    return text, details

@@ -31,8 +31,8 @@ import pytest
 from sandbox import exec as executor
 from sandbox import gitsweep
 from sandbox.session import Sandbox
+from sandbox.tools.bash import run_bash
 from sandbox.tools.params import BashParams
-from sandbox.tools.run import run_bash
 from tests.attack.conftest import mode_profile
 from tests.conftest import backend_or_skip, own_like_a_checkout
 from tests.integration._cli import sandbox

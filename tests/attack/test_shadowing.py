@@ -26,8 +26,8 @@ from sandbox import exec as executor
 from sandbox.backends import jailpython
 from sandbox.errors import BackendUnavailable
 from sandbox.session import Sandbox
+from sandbox.tools.bash import run_bash
 from sandbox.tools.params import BashParams
-from sandbox.tools.run import run_bash
 from tests.attack.conftest import mode_profile
 from tests.conftest import JailFactory, own_like_a_checkout, survivors
 

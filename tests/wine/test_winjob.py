@@ -260,8 +260,8 @@ def test_cli_run_streams_timeout_and_stdin(workspace: Path, tmp_path: Path) -> N
 
 
 async def test_bash_tool_runs_cmd(jail: Jail, workspace: Path) -> None:
+    from sandbox.tools.bash import run_bash
     from sandbox.tools.params import BashParams
-    from sandbox.tools.run import run_bash
 
     params = BashParams(command='echo "quoted arg" & echo to-err 1>&2 & cd & exit /b 2', timeout=30)
     result = await run_bash(jail, params, env={})
@@ -275,8 +275,8 @@ async def test_bash_tool_runs_cmd(jail: Jail, workspace: Path) -> None:
 
 
 async def test_bash_tool_timeout_kills_the_tree(jail: Jail, tmp_path: Path) -> None:
+    from sandbox.tools.bash import run_bash
     from sandbox.tools.params import BashParams
-    from sandbox.tools.run import run_bash
 
     pidfile = tmp_path / "pids"
     params = BashParams(command=f'"{PY}" "{TREE}" sbx-bash "{pidfile}"', timeout=4)

@@ -15,6 +15,8 @@ from sandbox import _jailside
 from sandbox.backends import base, winjob
 from sandbox.errors import ShellNotFound
 from sandbox.tools import run as tools
+from sandbox.tools.bash import run_bash
+from sandbox.tools.files import runner_request
 from sandbox.tools.params import (
     BashParams,
     EditOp,
@@ -37,7 +39,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def tool(jail: Jail, params: BaseModel, target: Path) -> RunnerReply:
-    return await tools.run_in_jail(jail, tools.runner_request(params, str(target)))
+    return await tools.run_in_jail(jail, runner_request(params, str(target)))
 
 
 async def test_file_tools_round_trip(jail: Jail, workspace: Path) -> None:
@@ -116,7 +118,7 @@ async def test_bash_runs_in_the_profiles_shell(workspace: Path, profile: Profile
     assert profile.winjob.shell == "cmd"  # the default
     async with await base.get("winjob").open_jail(workspace, profile) as jail:
         assert getattr(jail, "shell", None) == "cmd"
-        ok = await tools.run_bash(jail, BashParams(command="echo %COMSPEC%", timeout=30), env={})
+        ok = await run_bash(jail, BashParams(command="echo %COMSPEC%", timeout=30), env={})
         assert ok.ok and ok.details["stdout"].strip().lower().endswith("cmd.exe")
     ps = profile.with_overrides(**{"winjob.shell": "powershell"})
     async with await base.get("winjob").open_jail(workspace, ps) as jail:
@@ -130,9 +132,9 @@ async def test_bash_shell_is_git_bash_or_refused(workspace: Path, profile: Profi
         params = BashParams(command="echo $((6 * 7)); uname -s", timeout=60)
         if winjob.git_bash() is None:
             with pytest.raises(ShellNotFound, match="Git for Windows"):
-                await tools.run_bash(jail, params, env={})
+                await run_bash(jail, params, env={})
             return
-        result = await tools.run_bash(jail, params, env={})
+        result = await run_bash(jail, params, env={})
         assert result.ok and result.details["stdout"].split()[0] == "42", result
 
 
