@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from sandbox import changes, diffbound, jsonbound, review, server
+from sandbox import diffbound, jsonbound, review, server
 from sandbox._jailside.agent import HEADER as AGENT_HEADER
 from sandbox.backends.agentlink import FrameError, Link, _report
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import Conflict
+from sandbox.mounts import kept as changes
 from sandbox.tools.replies import decode_reply
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def test_a_review_record_past_the_bound_is_a_summary() -> None:
 def test_a_kept_changesets_file_past_the_bound_is_a_summary() -> None:
     old, new = interleaved(diffbound.MAX_LINES + 10)
     before, after = "".join(old).encode(), "".join(new).encode()
-    lines = changes._file_diff("big.txt", (len(before), before), (len(after), after), time.monotonic() + 5)
+    lines = changes.file_diff("big.txt", (len(before), before), (len(after), after), time.monotonic() + 5)
     assert len(lines) == 1 and "diff omitted" in lines[0]
 
 
