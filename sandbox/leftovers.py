@@ -51,9 +51,7 @@ def sweep(*, legacy_cgroups: bool = False) -> Swept:
     ``legacy_cgroups`` also removes empty cgroups named by 0.1 (``call-<12 hex>``), whose owner
     cannot be told: only when the caller knows no 0.1 executor still runs.
     """
-    swept = Swept()
-    _sweep_cgroups(swept, legacy_cgroups)
-    _sweep_copies(swept)
+    swept = sweep_dead_executors(legacy_cgroups=legacy_cgroups)
     _sweep_sessions(swept, keep=None, cutoff=None)
     return swept
 
@@ -94,12 +92,12 @@ def _remove_cgroup(path: Path, swept: Swept) -> None:
         swept.cgroups.append(str(path))
 
 
-def sweep_copies() -> Swept:
-    """Recover and remove the private copies of executors that are gone, and remove their calls'
-    cgroups (what ``sandbox gc`` does to them); a session runs it as it opens, so a killed server's
-    work is kept, and its cgroups go, at the next one."""
+def sweep_dead_executors(*, legacy_cgroups: bool = False) -> Swept:
+    """Remove the calls' cgroups of executors that are gone, and recover then remove their private
+    copies; a session runs it as it opens, so a killed server's work is kept, and its cgroups go,
+    at the next one (``sandbox gc``'s :func:`sweep` also removes dead sessions' directories)."""
     swept = Swept()
-    _sweep_cgroups(swept, legacy=False)
+    _sweep_cgroups(swept, legacy_cgroups)
     _sweep_copies(swept)
     return swept
 

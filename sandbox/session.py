@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         DecidedBy,
         MountStrategy,
         NetworkMode,
+        Notice,
         OperatingMode,
         PermissionMode,
         ProjectTrust,
@@ -127,7 +128,7 @@ class _Withdrawable(Approver):
         return outcome[0]
 
 
-def _recovered_notice(line: str) -> dict[str, str]:
+def _recovered_notice(line: str) -> Notice:
     """What a session says of the work of a killed executor it kept as a changeset as it opened."""
     changeset = line.split()[0]
     return {
@@ -264,7 +265,7 @@ class Sandbox:
         self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
         # What the session says once when it opens: ``{code, message[, file]}`` (``policy.project-ignored``:
         # the workspace's policy file was ignored because the project is not trusted).
-        self.notices: list[dict[str, str]] = []
+        self.notices: list[Notice] = []
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -283,7 +284,7 @@ class Sandbox:
         ws = check_workspace(Path(workspace))
         sid = _session_id(options.get("session_id"))
         await anyio.to_thread.run_sync(sweep_scratch, sid)
-        recovered = (await anyio.to_thread.run_sync(leftovers.sweep_copies)).recovered
+        recovered = (await anyio.to_thread.run_sync(leftovers.sweep_dead_executors)).recovered
         # Created at open rather than at first use: a container's mounts are fixed when it starts.
         scratch = (datadir.subdir("scratch") / sid).resolve()
         async with contextlib.AsyncExitStack() as cleanup_on_fail:

@@ -12,7 +12,7 @@ Standard library only: the CLI's quick path imports this module.
 from __future__ import annotations
 
 import sys
-from typing import Literal, get_args
+from typing import Literal, NotRequired, TypedDict, get_args
 
 EXIT_SANDBOX = 125
 """The exit status of ``sandbox run``/``compare``/``tool`` when the sandbox itself refused or
@@ -185,6 +185,17 @@ NoticeCode = Literal["policy.project-ignored", "changes.recovered", "changes.pri
 result's trailer): the project's policy file ignored (not trusted), a killed executor's work kept as
 a changeset, this session's writes going to a private copy, kept changesets of the workspace waiting
 for review."""
+
+
+class Notice(TypedDict):
+    """One thing a session says as it opens: its code, the words, and what it is about."""
+
+    code: NoticeCode
+    message: str
+    file: NotRequired[str]  # policy.project-ignored: the ignored file
+    changeset_id: NotRequired[str]  # changes.recovered: the changeset kept
+
+
 ReviewOperation = Literal["write", "edit", "delete"]
 """The tool call a review snapshot was kept for (Write or Edit, in the workspace); ``delete``, a
 deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""

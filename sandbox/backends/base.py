@@ -406,10 +406,10 @@ def choose(name: str, profile: Profile, flags: Mapping[str, str] | None = None) 
     try:
         return _choose(name, profile)
     except GuaranteeUnavailable as exc:
-        raise remedy.explain(exc, profile, flags or {}, probe) from exc
+        raise remedy.explain(exc, profile, flags or {}, report_of) from exc
 
 
-def probe(name: str) -> Report:
+def report_of(name: str) -> Report:
     """Backend ``name``'s report here; one that cannot even load is unavailable, with the reason."""
     try:
         return get(name).probe()

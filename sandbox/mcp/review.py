@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from sandbox.mounts import Changeset
     from sandbox.session import Sandbox
-    from sandbox.vocabulary import Operation
+    from sandbox.vocabulary import Notice, Operation
 
 SNAPSHOTS_URI = "sandbox://snapshots"
 CHANGESETS_URI = "sandbox://changesets"
@@ -284,7 +284,7 @@ async def call(
     return call_result(name, "", result)
 
 
-def opening_notices(sandbox: Sandbox) -> list[dict[str, str]]:
+def opening_notices(sandbox: Sandbox) -> list[Notice]:
     """What the user should hear as the session opens: its own notices, that its writes go to a
     private copy kept when the connection ends, and the workspace's kept changesets still waiting.
 

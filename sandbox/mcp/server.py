@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from mcp.server.connection import Connection
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
-    from sandbox.vocabulary import BackendChoice, MountStrategy, PermissionMode, Stream
+    from sandbox.vocabulary import BackendChoice, MountStrategy, Notice, PermissionMode, Stream
 
     Ctx = ServerRequestContext[Any, Any]
 
@@ -108,7 +108,7 @@ class Connections:
     async def announce(self, ctx: Ctx, result: types.CallToolResult) -> types.CallToolResult:
         """The first result after the session opened, with its opening notices (each also a log
         message: a client may show those to the user); every later result as it is."""
-        notices: list[dict[str, str]] = _connection(ctx).state.pop(_NOTICES, None) or []
+        notices: list[Notice] = _connection(ctx).state.pop(_NOTICES, None) or []
         for notice in notices:
             await _log(ctx, notice)
         return tools.with_notices(result, notices) if notices else result
@@ -134,7 +134,7 @@ async def _shielded_close(sandbox: Sandbox) -> None:
         sys.stderr.flush()
 
 
-async def _log(ctx: Ctx, notice: dict[str, str]) -> None:
+async def _log(ctx: Ctx, notice: Notice) -> None:
     """A notice as a ``notifications/message`` on the call's stream. The 2026-07-28 protocol drops
     logging, which this server does not speak (:func:`_handshake_era_only`); the SDK warns of it."""
     level: types.LoggingLevel = "warning" if notice["code"] == "changes.recovered" else "notice"

@@ -26,7 +26,7 @@ from sandbox.tools.params import REGISTRY
 
 if TYPE_CHECKING:
     from sandbox.tools.run import ToolResult
-    from sandbox.vocabulary import ErrorCode
+    from sandbox.vocabulary import ErrorCode, Notice
 
 _WORKSPACE_NOTE = (
     " It runs inside an OS-level sandbox (bubblewrap or Docker): only the workspace and a scratch "
@@ -139,7 +139,7 @@ def call_result(name: str, call_id: str, result: ToolResult) -> types.CallToolRe
     )
 
 
-def with_notices(result: types.CallToolResult, notices: list[dict[str, str]]) -> types.CallToolResult:
+def with_notices(result: types.CallToolResult, notices: list[Notice]) -> types.CallToolResult:
     """``result`` with the session's opening notices after its text, in both parts alike."""
     trailer = "".join(f"\n[sandbox: {notice['message']}]" for notice in notices)
     said = result.content[0]

@@ -42,8 +42,9 @@ imports each only when it is first asked for (``sandbox run``'s quick path reads
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sandbox.faces import lazy
 
 if TYPE_CHECKING:
     from sandbox.mounts.changeset import (
@@ -94,19 +95,7 @@ _HOME: dict[str, str] = {
     "with_contents": "changeset",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # once found, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
-
+__getattr__, __dir__ = lazy(__name__, {name: f"{__name__}.{home}" for name, home in _HOME.items()}, globals())
 
 __all__ = [
     "NOTICE_FLAGS",

@@ -27,7 +27,7 @@ from sandbox.policy.approvals import ApprovalRequest, Approver, decide
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet, atomic_write, parse_rules
 
 if TYPE_CHECKING:
-    from sandbox.vocabulary import ProjectTrust
+    from sandbox.vocabulary import Notice, ProjectTrust
 
 PROJECT_POLICY = Path(".sandbox") / "policy.toml"
 _PROJECT_KEYS = frozenset({"rules", "deny_read", "deny_write", "confirm_write", "remove_rules"})
@@ -111,7 +111,7 @@ def ignored_notice(
     store: TrustStore | None = None,
     override: bool | None = None,
     default: ProjectTrust = "never",
-) -> dict[str, str] | None:
+) -> Notice | None:
     """What a session says when the workspace's policy file is ignored because the project is not
     trusted (``session.open``'s ``notices``): ``{code, message, file}``; None when it is not."""
     path = Path(os.path.realpath(workspace)) / PROJECT_POLICY

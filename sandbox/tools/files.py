@@ -50,17 +50,18 @@ class FileTool(Tool):
         bookkeeping (``before``/``after``) dropped."""
         details, content = reply["details"], reply["content"]
         content, details = self.shown(host, call, content, details)
+        # A write that landed in the workspace: its review snapshot, and the private copy's note.
+        reviewed = self.reviewed if reply["ok"] and call.root == "workspace" else None
         record = None
-        in_workspace = reply["ok"] and self.reviewed is not None and call.root == "workspace"
-        if in_workspace and self.reviewed is not None and call.target is not None:
+        if reviewed is not None and call.target is not None:
             record = review.record(
-                host.snapshots, call.tool_call_id, self.reviewed, call.target, details, turn_id=call.turn_id
+                host.snapshots, call.tool_call_id, reviewed, call.target, details, turn_id=call.turn_id
             )
         if call.root == "external" and call.target is not None:
             details.setdefault("path", call.target)  # seed 003 §4a: an external result names its absolute path
         for key in ("before", "after"):
             details.pop(key, None)
-        if in_workspace and host.jail.tree is not None:
+        if reviewed is not None and host.jail.tree is not None:
             content += PRIVATE_COPY_NOTE  # the host workspace is untouched until the changeset is applied
             details["private_copy"] = True
         return ToolResult(

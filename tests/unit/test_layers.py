@@ -110,6 +110,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (  # the bottom: words, errors, bounds, threads, owners, redaction, the data directory
         "sandbox._jailside",
         "sandbox.vocabulary",
+        "sandbox.faces",
         "sandbox.errors",
         "sandbox.textsafe",
         "sandbox.jsonbound",
