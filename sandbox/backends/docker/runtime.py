@@ -368,13 +368,19 @@ class Runtime:
             time.sleep(0.02)
         seen: set[str] = set()
         code: int | None = None
-        for event in self._events(OUTSIDE_EVENTS):
-            action = _action(event)
-            seen.add(action)
-            exit_code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
-            if action == "die" and exit_code is not None:
-                code = int(exit_code)
-        return seen, code
+        # The daemon logs its events a moment after the state changes: a container already seen
+        # stopped may not have its "die" on record yet (CI saw no events at all, once).
+        deadline = time.monotonic() + 2
+        while True:
+            for event in self._events(OUTSIDE_EVENTS):
+                action = _action(event)
+                seen.add(action)
+                exit_code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
+                if action == "die" and exit_code is not None:
+                    code = int(exit_code)
+            if "die" in seen or time.monotonic() > deadline:
+                return seen, code
+            time.sleep(0.05)
 
     def killed_from_outside(self) -> tuple[bool, bool]:
         """(killed, out of memory): `docker kill`/stop, an OOM of its init, a daemon restart."""
