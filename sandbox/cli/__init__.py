@@ -30,7 +30,7 @@ import typing
 
 from sandbox import __version__
 from sandbox.cli import run
-from sandbox.cli.output import EXIT_ERROR, say
+from sandbox.cli.output import EXIT_ERROR, reader_gone, say
 from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import EXIT_SANDBOX
 
@@ -99,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     parser = build_parser(only_run=raw[:1] == ["run"])
     try:
-        args = parser.parse_args(raw)
-    except InvalidArgument as exc:
-        return _usage_error(raw, exc)
-    code: int = args.func(args)  # every handler is guarded: a refusal is already its status
+        try:
+            args = parser.parse_args(raw)  # --help and --version print here
+        except InvalidArgument as exc:
+            return _usage_error(raw, exc)
+        code: int = args.func(args)  # every handler is guarded: a refusal is already its status
+    except BrokenPipeError:  # `sandbox … | head -1`: our reader went away, so we end quietly
+        return reader_gone()
     return code
 
 

@@ -20,13 +20,12 @@ reader (a pager) quit before the end.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.cli import options
-from sandbox.cli.output import EXIT_ERROR, emit, guard, say
+from sandbox.cli.output import EXIT_ERROR, emit, guard, reader_gone, say
 from sandbox.textsafe import printable
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
     from sandbox.mounts import ApplyReport, Change
 
 EXIT_INCOMPLETE = 1
-EXIT_SIGPIPE = 141  # show: its reader (a pager) went away
 """``changes apply``: something asked for was held back, refused or skipped."""
 
 
@@ -173,10 +171,7 @@ def _show(args: argparse.Namespace) -> int:
         _page(kept, chosen, summary=not (filters or args.flagged), stat=args.stat)
         sys.stdout.flush()
     except BrokenPipeError:  # a pager quit early: quietly, as a Unix tool ends when its reader has gone
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # else the interpreter's last flush fails the same way
-        os.close(devnull)
-        return EXIT_SIGPIPE
+        return reader_gone()
     return 0
 
 

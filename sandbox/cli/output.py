@@ -67,15 +67,27 @@ def guard(
     return guarded
 
 
+EXIT_SIGPIPE = 141
+"""A command whose reader went away (``sandbox … | head -1``) ends quietly with this, as SIGPIPE
+ends a Unix tool (128 + 13)."""
+
+
+def reader_gone() -> int:
+    """Our stdout's reader has gone: stdout becomes /dev/null (else the interpreter's last flush of
+    the same buffer prints a traceback-like warning), and the status is :data:`EXIT_SIGPIPE`."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_SIGPIPE
+
+
 def emit(obj: dict[str, Any]) -> bool:
     """Write one JSON line on stdout; ``False`` when nobody reads it any more."""
     try:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        # Else the interpreter's final flush of the same buffer prints a traceback-like warning.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        reader_gone()
         return False
     return True

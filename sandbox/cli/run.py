@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import calls, remedy
 from sandbox.cli import options
-from sandbox.cli.output import emit, guard, say
+from sandbox.cli.output import EXIT_SIGPIPE, emit, guard, say
 from sandbox.errors import InvalidArgument
 from sandbox.textsafe import printable
 from sandbox.vocabulary import EXIT_SANDBOX
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 EXIT_TIMEOUT = 124
 SIGPIPE = getattr(signal, "SIGPIPE", 13)  # Windows has none; a closed stdout still ends the call as 141
-EXIT_SIGPIPE = 128 + SIGPIPE
 _HELD_LINES = 4  # conflicts and held-back entries a run names; `sandbox changes show` has the rest
 
 # Which flag sets which profile key: errors in a flag's value name the flag, not the file.

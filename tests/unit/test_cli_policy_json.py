@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -56,3 +59,31 @@ def test_bad_usage_with_json_is_one_json_object(capsys: pytest.CaptureFixture[st
     code = cli.main(["policy", "test", "--json", "--mode", "sideways", "--", "ls"])
     out = json.loads(capsys.readouterr().out)
     assert (code, out["decision"], out["error_code"]) == (2, None, "INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["policy", "test", "--json", "--", "git push --force origin main"],
+        ["policy", "test", "--", "ls -la"],
+    ],
+    ids=["policy-test-json", "policy-test"],
+)
+def test_a_reader_gone_ends_the_command_quietly_with_141(argv: list[str], tmp_path: Path) -> None:
+    """``sandbox policy test … | head -1``: the reader goes first; no traceback, 141 as SIGPIPE would."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before we write a byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from sandbox.cli import entry; entry()", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 141, (done.returncode, done.stderr)
