@@ -226,8 +226,7 @@ async function configureCommand(
  * itself, so pi and the terminal share one store. A rule saved here reaches the running session
  * at its next call.
  */
-async function cliCommand(bin: string, args: string[], ctx: Pick<ExtensionContext, "ui">): Promise<void> {
-	const words = args.flatMap((arg) => (arg ? [arg.replace(/^"(.*)"$/, "$1")] : []));
+async function cliCommand(bin: string, words: string[], ctx: Pick<ExtensionContext, "ui">): Promise<void> {
 	if (words.length < 2) {
 		ctx.ui.notify("Sandbox: /sandbox policy list|test|allow|block|ask|remove|restore|mode …, /sandbox audit stats|network", "warning");
 		return;
@@ -239,6 +238,41 @@ async function cliCommand(bin: string, args: string[], ctx: Pick<ExtensionContex
 		});
 	});
 	ctx.ui.notify(`sandbox ${words.join(" ")}\n${outcome.out || "(no output)"}`, outcome.code === 0 ? "info" : "warning");
+}
+
+/**
+ * A command line's words as a POSIX shell splits them (no expansion): blanks separate, `"…"` and
+ * `'…'` keep a phrase one word, a backslash keeps the next character (inside `"…"` only before `"`,
+ * `\\`, `$` and a backquote). So `/sandbox policy allow "npm install"` saves the rule `npm install`,
+ * and `/sandbox policy test "git push --force"` judges that whole command. An unclosed quote is an error.
+ */
+export function shellWords(line: string): string[] {
+	const words: string[] = [];
+	let word: string | undefined;
+	let quote: '"' | "'" | undefined;
+	for (let i = 0; i < line.length; i++) {
+		const c = line[i] as string;
+		if (quote === "'") {
+			if (c === "'") quote = undefined;
+			else word = (word ?? "") + c;
+		} else if (c === "\\" && i + 1 < line.length && (quote === undefined || '"\\$`'.includes(line[i + 1] as string))) {
+			word = (word ?? "") + line[++i];
+		} else if (quote === '"') {
+			if (c === '"') quote = undefined;
+			else word = (word ?? "") + c;
+		} else if (c === '"' || c === "'") {
+			quote = c;
+			word ??= "";
+		} else if (/\s/.test(c)) {
+			if (word !== undefined) words.push(word);
+			word = undefined;
+		} else {
+			word = (word ?? "") + c;
+		}
+	}
+	if (quote) throw new Error(`unclosed ${quote} in: ${line}`);
+	if (word !== undefined) words.push(word);
+	return words;
 }
 
 // -- failures without a UI ------------------------------------------------------------------------
@@ -617,7 +651,14 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		description:
 			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
-			const [sub = "", ...rest] = args.trim().split(/\s+/);
+			let words: string[];
+			try {
+				words = shellWords(args);
+			} catch (error) {
+				ctx.ui.notify(`Sandbox: ${(error as Error).message}`, "warning");
+				return;
+			}
+			const [sub = "", ...rest] = words;
 			if (sub === "policy" || sub === "audit") {
 				await cliCommand(resolveConfig(process.env, flag).bin, [sub, ...rest], ctx);
 				return;

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
 import { describe, it } from "node:test";
-import { resolveConfig } from "../src/index.ts";
+import { resolveConfig, shellWords } from "../src/index.ts";
 import { SANDBOX_BIN, text } from "./helpers.ts";
 import { answering, loadExtension, sessionDirs } from "./support.ts";
 
@@ -186,5 +186,34 @@ describe("the pi extension", () => {
 		} finally {
 			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 		}
+	});
+
+	it("/sandbox policy takes quoted phrases as one word: a many-word rule and a whole command to test", async () => {
+		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "auto" });
+		const { ctx, notes } = answering(dirs.workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const bash = tools.get("bash");
+			assert.ok(bash);
+			await commands.get("sandbox")?.handler('policy block "printf many words"', ctx);
+			assert.match(notes.at(-1) ?? "", /added block rule \S+: 'printf many words'/);
+			await assert.rejects(bash.execute("q1", { command: "printf many words here" }, undefined, undefined, ctx), /block rule/);
+			assert.match(text(await bash.execute("q2", { command: "printf many" }, undefined, undefined, ctx)), /many/);
+			await commands.get("sandbox")?.handler("policy test 'git push --force origin main'", ctx);
+			assert.match(notes.at(-1) ?? "", /resource: git push --force origin main/);
+			await commands.get("sandbox")?.handler('policy test "printf many words now"', ctx);
+			assert.match(notes.at(-1) ?? "", /^deny: .*block rule/m);
+			await commands.get("sandbox")?.handler('policy test "unclosed', ctx);
+			assert.match(notes.at(-1) ?? "", /unclosed "/);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
+
+	it("shellWords splits as a POSIX shell does, without expanding", () => {
+		assert.deepEqual(shellWords(`policy allow "npm install"`), ["policy", "allow", "npm install"]);
+		assert.deepEqual(shellWords(` a  'b "c' "d 'e" f\\ g "" `), ["a", 'b "c', "d 'e", "f g", ""]);
+		assert.deepEqual(shellWords(String.raw`"a\"b" 'c\d' e\'f`), ['a"b', "c\\d", "e'f"]);
+		assert.throws(() => shellWords("x 'y"), /unclosed '/);
 	});
 });
