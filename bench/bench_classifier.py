@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from sandbox.policy.gate import Decision, Gate, SessionState, ToolCall
-from sandbox.profile import Policy
+from sandbox.profile_policy import Policy
 from sandbox.tools.params import validate
 
 HERE = Path(__file__).resolve().parent

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.policy.gate import Gate, SessionState, ToolCall
-from sandbox.profile import Policy
+from sandbox.profile_policy import Policy
 from sandbox.tools.params import validate
 
 if TYPE_CHECKING:

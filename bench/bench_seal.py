@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.backends import bwrap_argv, seal
+from sandbox.backends import bwrap_argv, seal, seal_cache
 from sandbox.patterns import DEFAULT_DENY_READ
 
 if TYPE_CHECKING:
@@ -78,13 +78,13 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 
 def cold(ws: Path) -> seal.Seal:
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     shutil.rmtree(CACHE / "data" / "cache" / "seal", ignore_errors=True)
     return seal.find(ws)
 
 
 def from_disk(ws: Path) -> seal.Seal:
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     return seal.find(ws)
 
 

@@ -37,7 +37,7 @@ def on_windows() -> int:
 
     from sandbox import exec as executor
     from sandbox import profile as profiles
-    from sandbox.backends import base, winjob
+    from sandbox.backends import base, winjob_job
     from tests.wine.conftest import PROFILE_TOML
 
     comspec = os.environ.get("COMSPEC", "cmd.exe")
@@ -57,7 +57,7 @@ def on_windows() -> int:
                 t0 = time.perf_counter()
                 subprocess.run(argv, capture_output=True, check=True)  # noqa: ASYNC221 - a bench: blocking is the point
                 t1 = time.perf_counter()
-                subprocess.run(argv, capture_output=True, check=True, creationflags=winjob.CREATE_NO_WINDOW)  # noqa: ASYNC221
+                subprocess.run(argv, capture_output=True, check=True, creationflags=winjob_job.CREATE_NO_WINDOW)  # noqa: ASYNC221
                 t2 = time.perf_counter()
                 result = await executor.run(jail, argv)
                 t3 = time.perf_counter()
@@ -70,7 +70,7 @@ def on_windows() -> int:
 
     plain, hidden, jailed = anyio.run(measure)
     p, d, j = (statistics.median(t) * 1000 for t in (plain, hidden, jailed))
-    where = f"Wine {winjob.wine_version()}" if winjob.wine_version() else "Windows"
+    where = f"Wine {winjob_job.wine_version()}" if winjob_job.wine_version() else "Windows"
     print(f"winjob per call under {where}, {N} calls of `cmd /c exit 0`:")
     print(f"  direct subprocess.run  median {p:8.1f} ms")
     print(f"  direct, CREATE_NO_WINDOW (as the job's) median {d:8.1f} ms  <- the baseline")

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from pathlib import Path
 
-    from sandbox.profile import Limits
+    from sandbox.profile_tables import Limits
 
 DEFAULT_RESERVE = 2**30
 DEFAULT_RESERVE_SHARE = 0.05  # of the filesystem's size, when that is less than DEFAULT_RESERVE

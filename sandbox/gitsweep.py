@@ -145,11 +145,11 @@ def planted(before: State) -> list[str]:
 
 def gitdirs(workspace: str, nested: Iterable[str]) -> tuple[str, ...]:
     """The git directories of the workspace's repository and of ``nested`` ones, submodules' included."""
-    from sandbox.mounts import gitreview  # its own imports are stdlib
+    from sandbox.mounts import gitobeyed, gitreview  # their own imports are stdlib
 
     ws = Path(workspace)
     roots = ("", *nested)
-    return tuple(d for root in roots if gitreview.is_repository(ws / root) for d in gitreview.git_dirs(ws, root))
+    return tuple(d for root in roots if gitreview.is_repository(ws / root) for d in gitobeyed.git_dirs(ws, root))
 
 
 # -- quarantine ---------------------------------------------------------------------------------------

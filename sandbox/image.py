@@ -22,8 +22,8 @@ second run returns in well under a second. The recipe files ship inside the pack
 each build sends only its Dockerfile as the context. The docker SDK is imported when a build runs.
 
 Set-up: run as root, a build installs what it lacks with apt-get (``debootstrap`` for the offline
-path; ``docker.io`` and a running dockerd through ``dockerd-up.sh`` when no daemon answers);
-otherwise the error names the package to install.
+path; ``docker.io`` and a running dockerd when no daemon answers); otherwise the error names the
+package to install (:mod:`sandbox.imagehost`, the host side of a build).
 
 Environment: ``SANDBOX_IMAGE_MODE`` (auto|online|offline), ``SANDBOX_IMAGE_CACHE`` (the rootfs
 cache; default ``images/.cache`` in a checkout, else ``$XDG_CACHE_HOME/sandbox/images``),
@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tarfile
 import tempfile
@@ -50,7 +49,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox import __version__
-from sandbox.errors import BackendUnavailable
+from sandbox.imagehost import (
+    BuildError,
+    apt_proxy,
+    connect,
+    current,
+    docker_errors,
+    ensure_command,
+    is_root,
+    log,
+    present,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -95,18 +104,7 @@ PRUNE = (
     "var/cache/debconf/templates.dat-old",
 )
 COMMON_TAIL = "# --- common tail"
-APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 BUILD_TAIL = 30  # lines of build output a failure shows
-DOCKER_SOCKET = "/var/run/docker.sock"
-ENGINE_DIRS = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # where a package puts an engine
-
-
-class BuildError(BackendUnavailable):
-    """Something the operator must fix (install a package, start a daemon); said in one line."""
-
-
-def log(message: str) -> None:
-    print(f"[image] {message}", flush=True)  # noqa: T201 - the build reports its progress
 
 
 # ---------------------------------------------------------------- names
@@ -195,174 +193,13 @@ def rootfs_key() -> str:
     return hashlib.sha256(f"{SUITE} {' '.join(PACKAGES)} {' '.join(PRUNE)}".encode()).hexdigest()[:12]
 
 
-# ---------------------------------------------------------------- set-up: packages, daemon
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
-
-
-def ensure_command(command: str, package: str, why: str) -> str:
-    """The path of ``command``; installed with apt-get when we are root, else a message naming the package."""
-    found = shutil.which(command)
-    if found:
-        return found
-    if not is_root():
-        raise BuildError(f"{command} is not installed ({why}): sudo apt-get install {package}", package=package)
-    log(f"{command} is not installed ({why}); installing {package} with apt-get")
-    apt_install(package)
-    found = shutil.which(command) or shutil.which(command, path="/usr/sbin:/usr/bin:/sbin:/bin")
-    if found is None:
-        raise BuildError(f"apt-get installed {package} but {command} is still not found", package=package)
-    return found
-
-
-def apt_install(package: str) -> None:
-    """``apt-get install``; the package lists are fetched only if the first attempt cannot find it."""
-    if shutil.which("apt-get") is None:
-        raise BuildError(
-            f"{package} is needed and this host has no apt-get: install {package} yourself", package=package
-        )
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
-    if _apt(install) != 0 and (_apt(["apt-get", "update", "-qq"]) != 0 or _apt(install) != 0):
-        raise BuildError(f"apt-get could not install {package}; see the output above", package=package)
-
-
-def _apt(argv: list[str]) -> int:
-    try:
-        return subprocess.run(argv, env={**os.environ, **APT_ENV}, check=False).returncode
-    except OSError as exc:
-        raise BuildError(f"cannot run {argv[0]}: {exc.strerror}") from exc
-
-
-def connect() -> docker.DockerClient:
-    """A client of a daemon that answers; as root, start one (installing docker.io) if none does."""
-    client, problem = _try_connect()
-    if client is not None:
-        return client
-    if os.environ.get("DOCKER_HOST"):
-        denied = f"; {_socket_hint(_socket_path())}" if _denied(problem, _socket_path()) else ""
-        raise BuildError(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer ({problem}){denied}")
-    if not is_root():
-        raise BuildError(f"no Docker daemon answers ({problem}); {_daemon_hint(problem)}")
-    log(f"no Docker daemon answers ({problem}); starting one")
-    with importlib.resources.as_file(importlib.resources.files("sandbox") / "images" / "dockerd-up.sh") as script:
-        try:
-            started = subprocess.run(["bash", str(script)], check=False).returncode == 0
-        except OSError as exc:
-            raise BuildError(f"cannot run dockerd-up.sh: {exc.strerror}") from exc
-    if not started:
-        raise BuildError("no Docker daemon could be started; see the lines above")
-    client, problem = _try_connect()
-    if client is None:
-        raise BuildError(f"dockerd started but does not answer ({problem})")
-    return client
-
-
-def _daemon_hint(problem: str) -> str:
-    """Why no daemon answers, told apart: a socket this user may not open (the engine is there), an
-    engine installed but not running, or none installed. Looked up beyond this user's PATH, which
-    often lacks /usr/sbin (where dockerd is), so an ordinary user is not told to install what is there."""
-    socket_path = _socket_path()
-    if _denied(problem, socket_path):
-        return _socket_hint(socket_path)
-    if _engine("dockerd") is not None:
-        return "Docker is installed but its daemon is not running: sudo systemctl start docker (or set DOCKER_HOST)"
-    if _engine("podman") is not None:
-        return (
-            "docker.io is not installed (sudo apt-get install docker.io); Podman is: systemctl --user start "
-            "podman.socket, then DOCKER_HOST=unix://$XDG_RUNTIME_DIR/podman/podman.sock"
-        )
-    return "docker.io is not installed: sudo apt-get install docker.io (or Podman: sudo apt-get install podman)"
-
-
-def _socket_path() -> str | None:
-    """The unix socket the SDK tries (``DOCKER_HOST``'s, else Docker's default); ``None`` for tcp/ssh."""
-    host = os.environ.get("DOCKER_HOST") or f"unix://{DOCKER_SOCKET}"
-    return host.removeprefix("unix://") if host.startswith("unix://") else None
-
-
-def _denied(problem: str, socket_path: str | None) -> bool:
-    if "Permission denied" in problem or "PermissionError" in problem:
-        return True
-    return socket_path is not None and os.path.exists(socket_path) and not os.access(socket_path, os.R_OK | os.W_OK)
-
-
-def _socket_hint(socket_path: str | None) -> str:
-    where = socket_path or "the engine's socket"
-    try:
-        import grp  # POSIX only (a Windows engine's pipe has no group): imported where a unix socket is
-
-        st = os.stat(where)
-        owner = f" (group {grp.getgrgid(st.st_gid).gr_name}, mode {stat.S_IMODE(st.st_mode):o})"
-    except (ImportError, OSError, KeyError):
-        owner = ""
-    return (
-        f"the engine is there but this user may not open {where}{owner}: sudo usermod -aG docker $USER, "
-        "then log in again (or rootless Podman: systemctl --user start podman.socket, "
-        "DOCKER_HOST=unix://$XDG_RUNTIME_DIR/podman/podman.sock)"
-    )
-
-
-def _engine(command: str) -> str | None:
-    return shutil.which(command, path=os.pathsep.join([os.environ.get("PATH", ""), ENGINE_DIRS]))
-
-
-def _try_connect() -> tuple[docker.DockerClient | None, str]:
-    try:
-        import docker
-    except ModuleNotFoundError:
-        raise BuildError("the docker SDK is not installed: pip install 'sandbox[docker]'") from None
-    import requests
-
-    try:
-        client = docker.from_env(timeout=600)
-    except docker.errors.DockerException as exc:
-        return None, str(exc).splitlines()[0][:200]
-    try:
-        client.ping()
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        client.close()
-        return None, str(exc).splitlines()[0][:200]
-    return client, ""
-
-
-@contextlib.contextmanager
-def _docker_errors(what: str) -> Iterator[None]:
-    """docker.errors.* and connection errors during a build -> BuildError naming the step."""
-    import docker.errors
-    import requests
-
-    try:
-        yield
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise BuildError(f"{what}: {str(exc).splitlines()[0][:300]}") from exc
-
-
-def current(client: docker.DockerClient, ref: str, want: str) -> bool:
-    import docker.errors
-
-    try:
-        labels = client.images.get(ref).labels or {}
-    except docker.errors.ImageNotFound:
-        return False
-    return labels.get("sandbox.image.recipe") == want
-
-
-def _present(client: docker.DockerClient, ref: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
+# ---------------------------------------------------------------- online: the Debian image
 
 
 def online_base_available(client: docker.DockerClient) -> bool:
     import docker.errors
 
-    if _present(client, BASE_IMAGE):
+    if present(client, BASE_IMAGE):
         return True
     log(f"{BASE_IMAGE} is not present locally; trying to pull it")
     try:
@@ -402,20 +239,6 @@ def _debian_uris(text: str) -> Iterator[str]:
             uris = fields.get("URIs", "").split()
             if uris and "security" not in uris[0]:
                 yield uris[0].rstrip("/")
-
-
-def apt_proxy() -> dict[str, str]:
-    """The host's proxy for apt, as ``http_proxy``/``https_proxy`` (debootstrap's wget and apt in a build)."""
-    found = {name: os.environ[name] for name in ("http_proxy", "https_proxy") if os.environ.get(name)}
-    try:
-        dump = subprocess.run(["apt-config", "dump"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return found
-    for scheme in ("http", "https"):
-        match = re.search(rf'^Acquire::{scheme}::Proxy\s+"([^"]+)";', dump, re.MULTILINE)
-        if match:
-            found.setdefault(f"{scheme}_proxy", match.group(1))
-    return found
 
 
 def cache_dir() -> Path:
@@ -497,13 +320,13 @@ def _run(argv: list[str], env: dict[str, str] | None = None, quiet: bool = False
 
 def import_rootfs(client: docker.DockerClient, tarball: Path) -> str:
     ref = f"{ROOTFS_REPOSITORY}:{__version__}-{rootfs_key()}"
-    if _present(client, ref):
+    if present(client, ref):
         return ref
     log(f"importing {tarball.name} as {ref}")
     repository, image_tag = ref.split(":")
-    with _docker_errors(f"cannot import {tarball}"):
+    with docker_errors(f"cannot import {tarball}"):
         reply = client.api.import_image_from_file(str(tarball), repository=repository, tag=image_tag)
-        if not _present(client, ref):
+        if not present(client, ref):
             # Podman's compatible API names an import <repository>:latest whatever tag was asked
             # (4.3): tag the image its reply names, or Dockerfile.offline's FROM goes to a registry.
             client.images.get(_imported_id(reply)).tag(repository, image_tag)
@@ -539,7 +362,7 @@ def docker_build(
     client: docker.DockerClient, dockerfile: str, ref: str, args: dict[str, str], network: str | None
 ) -> None:
     recent: collections.deque[str] = collections.deque(maxlen=BUILD_TAIL)
-    with _docker_errors(f"docker build of {ref} failed"):
+    with docker_errors(f"docker build of {ref} failed"):
         stream: Iterator[dict[str, Any]] = client.api.build(
             fileobj=_context(dockerfile),
             custom_context=True,
@@ -605,7 +428,7 @@ def _build_variant(client: docker.DockerClient, variant: str, base: str, force: 
     floating = alias(variant)
     if floating is not None:
         repository, name = floating.split(":")
-        with _docker_errors(f"cannot tag {ref} as {floating}"):
+        with docker_errors(f"cannot tag {ref} as {floating}"):
             client.images.get(ref).tag(repository, name)
     return floating or ref
 
@@ -617,7 +440,7 @@ def build(variant: str = "base", *, force: bool = False, mode: str | None = None
     started = time.monotonic()
     client = connect()
     try:
-        with _docker_errors("the image build failed"):
+        with docker_errors("the image build failed"):
             base = _build_base(client, force and variant == "base", mode)
             ref = base if variant == "base" else _build_variant(client, variant, base, force)
     finally:

@@ -10,177 +10,76 @@ A ``copy``/``overlay`` session's changes are kept (:mod:`sandbox.changes`) when 
 
 Each method is registered once, with its params model, by the ``@method`` decorator on its
 handler: :data:`METHODS` is what the server dispatches and what ``sandbox serve --schema`` lists.
+Here are the methods and the sessions they act on; the params models are in
+:mod:`sandbox.server_messages`, the line transport and the error codes in :mod:`sandbox.jsonrpc`,
+the approval and classifier requests to the client in :mod:`sandbox.server_requests`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
-import os
 import sys
-import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
 
-from sandbox import changes, jsonbound
+from sandbox import changes, server_requests
 from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
-from sandbox.backends.child import PIPE_SIZE, FdReceiveStream
+from sandbox.backends.child import FdReceiveStream
 from sandbox.ending import end_on_signal
-from sandbox.errors import InvalidArgument, SandboxError, ToolFailed
+from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MAX_LINE,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    SANDBOX_ERROR,
+    Lines,
+    RpcError,
+    Writer,
+    parse,
+    unexpected,
+    validate_params,
+)
 from sandbox.live import LiveOutput
-from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, Approver, NoOneToAsk
-from sandbox.policy.classifier import Classifier, ClassifierAnswer, ClassifierFailed, ClassifyRequest
-from sandbox.policy.delegates import Delegate
+from sandbox.policy.approvals import ApprovalUnavailable
 from sandbox.protocol import PROTOCOL, initialize_result
-from sandbox.session import Sandbox, SessionOptions
+from sandbox.server_messages import (
+    AuditQueryParams,
+    ChangesApplyParams,
+    ChangesetParams,
+    ChangesListParams,
+    ChangesShowParams,
+    InitializeParams,
+    NoParams,
+    PluginParams,
+    RollbackParams,
+    SessionConfigureParams,
+    SessionOpenParams,
+    SessionParams,
+    ToolCallParams,
+    ToolCancelParams,
+    ToolCheckParams,
+    ToolOutput,
+)
+from sandbox.server_requests import RpcApprover, RpcClassifier
+from sandbox.session import Sandbox
 from sandbox.threads import off_loop
 from sandbox.tools.params import REGISTRY
 from sandbox.tools.run import ToolResult
-from sandbox.vocabulary import (
-    Answer,
-    BackendChoice,
-    MountStrategy,
-    NetworkMode,
-    OperatingMode,
-    PermissionMode,
-    Stream,
-)
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-MAX_LINE = 64 * 1024 * 1024
-PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, SANDBOX_ERROR = -32700, -32600, -32601, -32602, -32000
-INTERNAL_ERROR = -32603
-# What one request can run out of without the process being at fault: it ends that request only.
-RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN})
-
-
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InitializeParams(_Params):
-    client: str | None = None
-
-
-class SessionOpenParams(_Params):
-    workspace: str
-    profile: str | None = None
-    backend: BackendChoice | None = None
-    mode: PermissionMode | None = None
-    operating_mode: OperatingMode | None = None
-    mount: MountStrategy | None = None
-    trust_project: bool | None = None
-    network: NetworkMode | None = None
-    allow_hosts: list[str] | None = None
-    allow_indexes: list[str] | None = None  # pypi, npm, crates, go or NAME=URL (sandbox.network.indexes)
-    plugins: list[str] | None = None  # plugin manifests (sandbox.plugins); plugin.register grants each
-    # Who judges what the rules leave open when policy.classifier is auto (seed 004): "client" (a
-    # classify.request to this client), "builtin" (the profile's policy.classifier_endpoint), "none"
-    # (every such call is asked). Absent: builtin when the profile names an endpoint, else client.
-    classifier: Literal["client", "builtin", "none"] | None = None
-
-    def options(self, approver: Approver) -> SessionOptions:
-        return SessionOptions(
-            approver=approver,
-            profile=self.profile or "default",
-            backend=self.backend,
-            mount=self.mount,
-            mode=self.mode,
-            operating_mode=self.operating_mode,
-            trust_project=self.trust_project,
-            network=self.network,
-            allow_hosts=self.allow_hosts,
-            allow_indexes=self.allow_indexes,
-        )
-
-
-class SessionParams(_Params):
-    session_id: str
-
-
-class SessionConfigureParams(SessionParams):
-    mode: PermissionMode | None = None
-    operating_mode: OperatingMode | None = None
-
-
-class ToolCallParams(_Params):
-    session_id: str
-    tool: str
-    args: dict[str, Any] = Field(default_factory=dict)
-    tool_call_id: str | None = None
-    turn_id: str = "turn-0"
-    delegate: Delegate | None = None  # the delegate making the call (seed 003 §10.2)
-    user_message: str | None = None  # the user's latest message, handed to the classifier (seed 004)
-
-
-class ToolCheckParams(_Params):
-    """A tool the client runs itself (another extension's), put to the gate before it runs."""
-
-    session_id: str
-    tool: str
-    args: dict[str, Any] = Field(default_factory=dict)
-    tool_call_id: str | None = None
-    turn_id: str = "turn-0"
-    user_message: str | None = None
-
-
-class PluginParams(_Params):
-    session_id: str
-    plugin_id: str
-    turn_id: str = "turn-0"
-    tool_call_id: str | None = None  # the approval request's, so the client can route it
-
-
-class ToolCancelParams(_Params):
-    tool_call_id: str
-
-
-class RollbackParams(_Params):
-    session_id: str
-    snapshot_id: str
-
-
-class AuditQueryParams(_Params):
-    session_id: str | None = None
-    limit: int = Field(100, ge=1, le=10_000)
-
-
-class ChangesListParams(_Params):
-    workspace: str | None = None
-
-
-class ChangesetParams(_Params):
-    changeset_id: str
-
-
-class ChangesShowParams(ChangesetParams):
-    paths: list[str] | None = None
-
-
-class ChangesApplyParams(ChangesShowParams):
-    include_flagged: bool = False
-
-
-class ApprovalAnswer(_Params):
-    decision: Answer
-    # "nobody": the client has no one to ask (no UI); its "deny" is then no one's decision.
-    answered_by: Literal["user", "nobody"] = "user"
-
-
-class ToolOutput(_Params):
-    tool_call_id: str
-    stream: Stream
-    data: str
+    from sandbox.policy.classifier import Classifier
+    from sandbox.vocabulary import Stream
 
 
 P = TypeVar("P", bound=BaseModel)
@@ -209,96 +108,16 @@ def method(name: str, params: type[P]) -> Callable[[Handler[P]], Handler[P]]:
 
 
 def schema(plugins: list[plugin_tools.Plugin] | None = None) -> dict[str, Any]:
-    """JSON Schemas of every message, generated from the models above (and ``plugins``' tools)."""
+    """JSON Schemas of every message, generated from their models (and ``plugins``' tools)."""
     plugin_schemas = {name: plugin_tools.schema_of(t.spec) for p in plugins or [] for name, t in p.tools.items()}
     return {
         "protocol": PROTOCOL,
         "requests": {name: m.params.model_json_schema() for name, m in METHODS.items()},
         "results": {"tool.call": ToolResult.model_json_schema()},
         "notifications": {"tool.output": ToolOutput.model_json_schema()},
-        "server_requests": {
-            "approval.request": {"params": _approval_schema(), "result": ApprovalAnswer.model_json_schema()},
-            "classify.request": {"params": _classify_schema(), "result": ClassifierAnswer.model_json_schema()},
-        },
+        "server_requests": server_requests.schemas(),
         "tools": {**{name: spec.params.model_json_schema() for name, spec in REGISTRY.items()}, **plugin_schemas},
     }
-
-
-def _approval_schema() -> dict[str, Any]:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(ApprovalRequest).json_schema()
-
-
-def _classify_schema() -> dict[str, Any]:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(ClassifyRequest).json_schema()
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
-
-
-class Writer:
-    """Serialises whole lines onto a non-blocking fd (stdout)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        os.set_blocking(fd, False)
-        self._lock = anyio.Lock()
-        self.closed = False
-
-    async def send(self, message: dict[str, Any]) -> None:
-        try:
-            text = json.dumps(message, separators=(",", ":"))
-        except (ValueError, TypeError, RecursionError) as exc:
-            if "id" not in message:
-                return  # a notification that cannot be written is dropped, not the server
-            error = {"code": INTERNAL_ERROR, "message": f"the reply cannot be written as JSON: {exc}"}
-            text = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
-        data = memoryview((text + "\n").encode())
-        async with self._lock:
-            while data and not self.closed:
-                try:
-                    data = data[os.write(self.fd, data) :]
-                except BlockingIOError:
-                    await anyio.wait_writable(self.fd)
-                except (BrokenPipeError, OSError):
-                    self.closed = True
-
-
-class RpcApprover(Approver):
-    """Asks the client; its silence, an error answer or a closed pipe all mean deny (upstream)."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-
-    async def ask(self, request: ApprovalRequest) -> Answer:
-        params = {k: getattr(request, k) for k in ApprovalRequest.__dataclass_fields__}
-        reply = await self.server.request("approval.request", params)
-        answer = ApprovalAnswer.model_validate(reply)
-        if answer.answered_by == "nobody":
-            raise NoOneToAsk("the client has no one to ask")
-        return answer.decision
-
-
-class RpcClassifier(Classifier):
-    """Asks the client (``classify.request``), which judges with its own model and credentials (seed
-    004: safety-gate reuses pi's); an error answer or a closed pipe is a failed judgement (asked)."""
-
-    model = "client"
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-
-    async def classify(self, request: ClassifyRequest) -> object:
-        try:
-            return await self.server.request("classify.request", request.params())
-        except ApprovalUnavailable as exc:
-            raise ClassifierFailed(str(exc)) from None
 
 
 class Server:
@@ -358,14 +177,14 @@ class Server:
         try:
             await self._dispatch(line)
         except Exception as exc:  # the last net: a bug or a resource ends this line only
-            await self._reply(None, error=_unexpected(exc))
+            await self._reply(None, error=unexpected(exc))
 
     async def _dispatch(self, line: bytes | None) -> None:
         if line is None:
             await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: a line longer than {MAX_LINE} bytes"))
             return
         try:
-            message = _parse(line)
+            message = parse(line)
         except (ValueError, MemoryError) as exc:
             await self._reply(None, error=RpcError(PARSE_ERROR, f"parse error: {exc or 'out of memory'}"))
             return
@@ -396,7 +215,7 @@ class Server:
             registered = METHODS.get(str(method))
             if registered is None:
                 raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; methods: {', '.join(METHODS)}")
-            params = _validate(str(method), registered.params, message.get("params") or {})
+            params = validate_params(str(method), registered.params, message.get("params") or {})
             if isinstance(params, ToolCallParams):
                 params.tool_call_id = params.tool_call_id or f"call-{uuid.uuid4().hex[:12]}"
                 self.by_request[rid] = params.tool_call_id
@@ -406,7 +225,7 @@ class Server:
         except SandboxError as exc:
             await self._reply(rid, error=RpcError(SANDBOX_ERROR, exc.message, exc.to_dict()))
         except Exception as exc:  # EMFILE, ENOSPC, MemoryError or a bug: this request fails, not the server
-            await self._reply(rid, error=_unexpected(exc, str(method)))
+            await self._reply(rid, error=unexpected(exc, str(method)))
         else:
             await self._reply(rid, result=result)
             if method == "shutdown":
@@ -451,7 +270,7 @@ class Server:
 
     @method("session.open", SessionOpenParams)
     async def session_open(self, p: SessionOpenParams) -> dict[str, Any]:
-        options = p.options(RpcApprover(self))
+        options = p.options(RpcApprover(self.request))
         options["plugins"] = [*(str(plugin.path) for plugin in self.plugins), *(p.plugins or [])]
         options["granted_plugins"] = list(self.granted)
         sandbox = await Sandbox.create(p.workspace, **options)
@@ -481,10 +300,10 @@ class Server:
         if p.classifier == "none":
             return None
         if p.classifier == "client":
-            return RpcClassifier(self)
+            return RpcClassifier(self.request)
         if p.classifier == "builtin" and builtin is None:
             raise InvalidArgument("classifier 'builtin' needs the profile's policy.classifier_endpoint")
-        return builtin or RpcClassifier(self)
+        return builtin or RpcClassifier(self.request)
 
     @method("session.close", SessionParams)
     async def session_close(self, p: SessionParams) -> dict[str, Any]:
@@ -647,8 +466,8 @@ class Server:
         await off_loop(kept.discard)
         return {}
 
-    @method("shutdown", _Params)
-    async def shutdown(self, _params: _Params) -> dict[str, Any]:
+    @method("shutdown", NoParams)
+    async def shutdown(self, _params: NoParams) -> dict[str, Any]:
         await self.close_all()
         return {}
 
@@ -663,66 +482,6 @@ class Server:
                         f"sandbox changes show {sandbox.changeset_id}; sandbox changes apply {sandbox.changeset_id}\n"
                     )
             self.sessions.clear()
-
-
-def _parse(line: bytes) -> Any:
-    """The line's JSON value, bounded in size and depth (:mod:`sandbox.jsonbound`). Parsed here:
-    ``json.loads`` holds the GIL throughout, so a worker thread would not free the loop meanwhile."""
-    return jsonbound.loads(line, max_bytes=MAX_LINE)
-
-
-def _unexpected(exc: BaseException, method: str = "the request") -> RpcError:
-    """An exception no handler expected, as the answer to the request it ended.
-
-    Running out of descriptors, memory or disk is that request's failure (``TOOL_FAILED`` with the
-    errno): the server keeps serving, and a later request may find the resource back. Anything else
-    is a bug: the client gets an internal error, the traceback goes to stderr.
-    """
-    ours = _first(exc, SandboxError)
-    if isinstance(ours, SandboxError):  # one of ours, inside a task group's exception group
-        return RpcError(SANDBOX_ERROR, ours.message, ours.to_dict())
-    found = _resource_error(exc)
-    if found is not None:
-        error = ToolFailed(f"{method}: out of resources: {found}", errno=_errno_name(found))
-        return RpcError(SANDBOX_ERROR, error.message, error.to_dict())
-    sys.stderr.write("".join(traceback.format_exception(exc)))
-    error = ToolFailed(f"{method}: internal error: {type(exc).__name__}: {exc}")
-    return RpcError(INTERNAL_ERROR, error.message, error.to_dict())
-
-
-def _resource_error(exc: BaseException) -> BaseException | None:
-    """``exc``, or the first exception in its group or chain, that is a resource running out."""
-    if isinstance(exc, MemoryError) or isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
-        return exc
-    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
-        return exc  # no thread (a process limit): as EAGAIN
-    inner = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
-    inner += [e for e in (exc.__cause__, exc.__context__) if e is not None]
-    return next((found for e in inner if (found := _resource_error(e)) is not None), None)
-
-
-def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """``exc`` or the first exception of ``kind`` in its group, depth first."""
-    if isinstance(exc, kind):
-        return exc
-    inner = exc.exceptions if isinstance(exc, BaseExceptionGroup) else ()
-    return next((found for e in inner if (found := _first(e, kind)) is not None), None)
-
-
-def _errno_name(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return errno.errorcode.get(exc.errno, "EUNKNOWN")
-    return "ENOMEM" if isinstance(exc, MemoryError) else "EAGAIN"
-
-
-def _validate(method: str, model: type[BaseModel], params: Any) -> BaseModel:
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
-        raise RpcError(
-            INVALID_PARAMS, f"invalid params for {method}: {problems}", InvalidArgument(problems).to_dict()
-        ) from exc
 
 
 async def serve(
@@ -756,33 +515,6 @@ async def serve(
     finally:
         await server.close_all()
     return 0
-
-
-class Lines:
-    """The client's lines, each at most ``limit`` bytes: a longer one is read to its end, dropped
-    as it streams by (memory stays bounded whatever its length) and reported as ``None``."""
-
-    def __init__(self, stream: FdReceiveStream, limit: int, pending: bytes = b"") -> None:
-        self._stream, self._limit = stream, limit
-        self._buffer = bytearray(pending)
-        self._scanned = 0  # no newline before this offset of the buffer
-
-    async def receive(self) -> bytes | None:
-        """The next line without its newline; ``anyio.EndOfStream`` at the end (an unfinished last
-        line is dropped: the client is gone). Each read is a checkpoint: a flood of lines shares
-        the loop with the requests it started."""
-        skipping = False
-        while (end := self._buffer.find(b"\n", self._scanned)) < 0:
-            self._scanned = len(self._buffer)
-            if self._scanned > self._limit:
-                skipping, self._scanned = True, 0
-                self._buffer.clear()
-            await anyio.lowlevel.checkpoint()
-            self._buffer += await self._stream.receive(PIPE_SIZE)
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        self._scanned = 0
-        return None if skipping or len(line) > self._limit else line
 
 
 def main(

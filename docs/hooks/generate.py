@@ -4,9 +4,10 @@ A page asks for a part with an HTML comment on a line of its own, ``<!-- generat
 the hook replaces it with markdown made from the package the build imports (nothing generated is
 committed, so the page cannot drift from the code):
 
-- ``profile-schema``: every table of a profile (sandbox.profile's pydantic models) with each
-  key's type, default, bounds and description (the field's own ``description``, else the comments
-  beside it in the model's source), each table introduced by its model's docstring;
+- ``profile-schema``: every table of a profile (the pydantic models of sandbox.profile,
+  sandbox.profile_tables and sandbox.profile_policy) with each key's type, default, bounds and
+  description (the field's own ``description``, else the comments beside it in the model's source),
+  each table introduced by its model's docstring;
 - ``guarantees``: the guarantee names a profile may require, with what each means;
 - ``shipped-profiles``: the shipped profiles (``sandbox profiles``) side by side, then each one's TOML;
 - ``cli``: ``sandbox --help`` and every subcommand's help;
@@ -36,7 +37,8 @@ from pydantic import BaseModel
 
 import sandbox
 from sandbox.cli import build_parser
-from sandbox.profile import Profile, available, load, parse_size
+from sandbox.profile import Profile, available, load
+from sandbox.profile_tables import parse_size
 from sandbox.vocabulary import GUARANTEE_DESCRIPTIONS as DESCRIPTIONS
 
 if TYPE_CHECKING:

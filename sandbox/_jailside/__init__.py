@@ -11,7 +11,10 @@ it), and nothing outside this package imports them except to ship them or to tes
 - :mod:`~sandbox._jailside.runner` -- the file tools' half in the jail: Read, Write, Edit, Glob,
   Grep, LS and rollback's restore, one JSON request per run.
 - :mod:`~sandbox._jailside.agent` -- the warm Docker jail's PID 1, which the host drives over a
-  unix socket.
+  unix socket; with it go its :mod:`~sandbox._jailside.channel` to the host, the
+  :mod:`~sandbox._jailside.forked` children it starts calls in, its
+  :mod:`~sandbox._jailside.census` of the jail after a call and its
+  :mod:`~sandbox._jailside.hardening` at start.
 - :mod:`~sandbox._jailside.netfwd` -- an allowlist jail's forwarder: the jail's loopback port
   relayed to the host-side filtering proxy's unix socket (:mod:`sandbox.network.egress`).
 

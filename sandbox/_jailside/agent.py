@@ -9,22 +9,18 @@ It runs as PID 1 of the container and as the command uid:
 * PID 1 of a pid namespace gets no signal from inside the namespace that it has no handler for,
   SIGKILL and SIGSTOP included (the kernel marks it unkillable), so a command cannot kill or
   stop it; only SIGCHLD has a handler, and an extra SIGCHLD just wakes the loop.
-* It makes itself non-dumpable first, so processes of its own uid cannot ptrace it or open its
-  ``/proc/1/{mem,fd,environ}`` (that needs CAP_SYS_PTRACE, and every capability is dropped).
+* It makes itself non-dumpable first (:mod:`sandbox._jailside.hardening`), so processes of its
+  own uid cannot ptrace it or open its ``/proc/1/{mem,fd,environ}`` (that needs CAP_SYS_PTRACE,
+  and every capability is dropped).
 * ``kill(-1, sig)`` sent by it reaches every process of its uid in the container except itself
   (and PID 1 is itself): that is the tree kill, for setsid'd and double-forked processes alike.
   Orphans are reparented to it, so it reaps them and they cannot pile up as zombies.
 
-Two channels, one protocol. **Socket** (a local engine): ``<socket>`` names a unix socket the
-executor listens on, in a host directory bound read-only into the container; the agent connects
-to it before anything else runs, says ``s`` ``socket`` on stdout, and from then on reads its
-requests from that socket and writes its replies to it. Each ``run`` request arrives with the
-call's pipe ends as ``SCM_RIGHTS``: stdout's and stderr's write ends (and stdin's read end when
-the call has stdin), which the command gets as its fds 1, 2 (and 0) and the agent closes at
-once: the command writes straight into the executor's pipes, no byte of output passes through
-here or through dockerd. **Attach** (the fallback: a remote engine, a socket that cannot be
-reached, ``<socket>`` empty): the agent says ``s`` ``attach: <why>`` (when a socket was named)
-and the requests come on stdin, the command's output goes back on stdout in frames.
+Two channels, one protocol (:mod:`sandbox._jailside.channel`): a unix socket (the executor's,
+connected to; or, bubblewrap, a socketpair's end inherited as ``fd:N``), on which each ``run``
+request brings the call's pipe ends as ``SCM_RIGHTS`` and the command writes straight into the
+executor's pipes; or, the fallback, **attach**: requests on stdin, the command's output relayed
+on stdout in frames.
 
 Requests are JSON lines: ``{"op": "run", "id", "argv", "env", "cwd", "stdin", "fds"}``,
 ``{"op": "stdin", "id", "data": <base64>}``, ``{"op": "eof", "id"}`` (attach only),
@@ -36,14 +32,10 @@ the executor keeps only a window of stdin in flight and this buffer stays bounde
 ``!`` is a refused request. One call at a time; end of stdin or of the socket (the executor
 detached or died) kills everything and ends the container.
 
-**Inherited socket** (bubblewrap: ``<socket>`` is ``fd:N``): one end of a socketpair the executor
-made before starting ``bwrap --as-pid-1``, so there is no path to connect to nor any peer to
-check. The agent says ``s`` ``socket`` on the socket itself (its stdin is not watched). A ``run``
-request with ``"hold": true`` carries one more fd, the last: a socket on which the command,
-forked but not yet exec'd, writes one byte (the executor has ``SO_PASSCRED`` set, so the kernel
-tells it the command's pid as the host sees it) and then waits for ``1``: meanwhile the
-executor moves it into the call's cgroup and sets its rlimits, as ``bwrap --block-fd`` holds a
-fresh jail's init. Anything but ``1`` (the executor refused, or died) and the command never runs.
+**Held** (bubblewrap, socket only): a ``run`` request with ``"hold": true`` carries one more fd,
+the last: a socket on which the command, forked but not yet exec'd, tells the executor its pid
+and waits while the executor moves it into the call's cgroup and sets its rlimits, as ``bwrap
+--block-fd`` holds a fresh jail's init (:func:`~sandbox._jailside.forked.be_placed`).
 
 **The file tools** (``"py": "runner"`` instead of an ``argv``; the agent's program carries
 :mod:`sandbox._jailside.runner`, socket mode only). With ``"inline": <request>`` (the runner's
@@ -61,102 +53,39 @@ the request came inline. No Python starts and nothing is compiled per call eithe
 
 **A spare** (bubblewrap): ``{"op": "spare", "id", "fds": 1}`` with a hold socket, sent while no
 call runs, forks the next call's process ahead of its call: it is held and placed exactly as a
-``"hold"`` command is (the executor learns its pid from the kernel, moves it into the next
-call's cgroup, sets its rlimits, writes ``1``), then it touches what becoming a call writes to
-(so that the fork's copies of those pages are made now) and waits on two sockets: its hold
-socket and a socketpair of ours. A command comes on the hold socket, from the executor itself:
-the request line with the call's pipe ends, and then ``{"op": "run", "id", "spare": "direct"}``
+``"hold"`` command is, then waits for its call (:func:`~sandbox._jailside.forked.wait_for_call`).
+A command comes to it from the executor itself, and then ``{"op": "run", "id", "spare": "direct"}``
 (no fds) tells us which call the spare became, so that starting it costs no hop through here;
 if the command ended before that message came, :meth:`Agent.reap` kept its exit code for it. A
 ``run`` with ``"spare": true`` (and no hold fd: a file tool's request we declined) reaches it on
-our socketpair. Either way it takes its session, its stdio, directory and environment and execs
-(or runs the runner). The fork and the hold happen while the jail is idle, not while a call
-waits. At most one spare exists, only while no call runs (it *is* the next call), so the sweep
-after a call never meets it.
+our socketpair. The fork and the hold happen while the jail is idle, not while a call waits. At
+most one spare exists, only while no call runs (it *is* the next call), so the sweep after a call
+never meets it.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import gc
 import importlib
 import json
 import os
-import resource
-import select
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
-from typing import Any, NoReturn
+from typing import Any
 
-HEADER = struct.Struct(">cII")  # kind, call id, payload length
-READ_SIZE = 1 << 16
+from sandbox._jailside.census import inherited, oom_kills, others
+from sandbox._jailside.channel import READ_SIZE, Channel, connect, say
+from sandbox._jailside.forked import Forked, be_placed, limit, run_runner, wait_for_call
+from sandbox._jailside.hardening import confine_syscalls, nondumpable
+
 OUT_LIMIT = 1 << 20  # stop reading the command's pipes while this much waits for the executor
 TICK_S = 0.02
-CONNECT_S = 5.0
-MAX_FDS = 4  # stdout, stderr, stdin, the hold socket (bubblewrap)
-PR_SET_DUMPABLE = 4
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 22, 2, 38
-OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
-
-
-def inherited() -> tuple[object, ...]:
-    """What commands inherit from the agent that a process of its uid may change on it anyway.
-
-    prlimit(2), setpriority(2) and sched_setaffinity(2) ask only for a matching uid, not for
-    ptrace access, so being non-dumpable does not protect these.
-    """
-    limits = tuple(resource.getrlimit(r) for r in RLIMITS)
-    return limits, os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0))
-
-
-def oom_kills() -> int:
-    """The container's memory cgroup oom_kill count (v2 or v1 file, whichever is shown)."""
-    for path in OOM_FILES:
-        with contextlib.suppress(OSError), open(path, encoding="ascii") as fh:
-            for line in fh:
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-    return 0
-
-
-def others(me: int, uid: int) -> bool:
-    """Whether a live (not zombie) process of ``uid`` other than ``me`` is in the container."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", "rb") as fh:
-            state = fh.read().rpartition(b")")[2].split()[0]
-            if state in (b"Z", b"X"):
-                continue
-            if owner(entry) == uid:
-                return True
-    return False
-
-
-def owner(pid: str) -> int:
-    with open(f"/proc/{pid}/status", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"Uid:"):
-                return int(line.split()[1])
-    return -1
-
-
-class Forked:
-    """What :class:`Call` reads of a ``Popen``, for a child that runs code of ours without exec."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.stdin: Any = None
-        self.returncode: int | None = None
 
 
 class Call:
@@ -171,64 +100,19 @@ class Call:
         self.oom_before = oom_kills() if oom_before is None else oom_before
 
 
-class Agent:
+class Agent(Channel):
     def __init__(self, cpu: int | None, sock: socket.socket | None = None, *, watch_stdin: bool = True) -> None:
+        super().__init__(sock, watch_stdin=watch_stdin)
         self.cpu = cpu
-        self.sock = sock  # the executor's socket, or None: requests on stdin, replies on stdout
-        self.out_fd = sock.fileno() if sock is not None else 1
-        self.fds: list[int] = []  # pipe ends received with requests, oldest first
         self.me = os.getpid()
         self.uid = os.getuid()
-        self.sel = selectors.DefaultSelector()
-        self.inbuf = b""
-        self.out = bytearray()
         self.call: Call | None = None
         self.spare: tuple[int, socket.socket] | None = None  # the next call's process, forked and held
         self.spare_oom = 0  # the oom count when the spare was forked: its call's baseline
         self.spare_ended: tuple[int, int] | None = None  # (pid, exit code) of a spare that ended, maybe as its call
         self.pipes: dict[int, bytes] = {}  # fd -> kind (o/e)
-        self.writing = False
         self.retiring = False
         self.fingerprint = inherited()
-        wake_r, wake_w = os.pipe()
-        for fd in (0, 1, wake_r, wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        self.wake = wake_r
-        # stdin: the requests in attach mode; in socket mode only its end matters (we are detached).
-        if watch_stdin:
-            self.sel.register(0, selectors.EVENT_READ, "in")
-        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
-        if sock is not None:
-            sock.setblocking(False)
-            self.sel.register(sock.fileno(), selectors.EVENT_READ, "sock")
-
-    # -- output to the executor
-
-    def emit(self, kind: bytes, cid: int, payload: bytes) -> None:
-        self.out += HEADER.pack(kind, cid, len(payload))
-        self.out += payload
-
-    def flush(self) -> None:
-        while self.out:
-            try:
-                sent = os.write(self.out_fd, self.out)
-            except BlockingIOError:
-                break
-            except OSError:  # the executor is gone
-                self.shutdown()
-            del self.out[:sent]
-        want = bool(self.out)
-        if want != self.writing:
-            if self.sock is not None:  # one fd, read and written: change its events
-                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
-                self.sel.modify(self.out_fd, events, "sock")
-            elif want:
-                self.sel.register(1, selectors.EVENT_WRITE, "out")
-            else:
-                self.sel.unregister(1)
-            self.writing = want
 
     # -- requests
 
@@ -265,12 +149,6 @@ class Agent:
             for fd in fds:  # the command has its copies: ours would hold its pipes open
                 os.close(fd)
 
-    def received(self, msg: dict[str, Any]) -> list[int]:
-        """The fds that came with this request (socket mode), oldest first."""
-        count = int(msg.get("fds", 0)) if self.sock is not None else 0
-        fds, self.fds = self.fds[:count], self.fds[count:]
-        return fds
-
     def prepare(self, cid: int, msg: dict[str, Any]) -> None:
         """Fork the next call's process now: held and placed while nothing runs (see the module doc)."""
         fds = self.received(msg)
@@ -288,7 +166,7 @@ class Agent:
                 return
             if pid == 0:
                 gc.disable()  # a collection would write to every object: copies of the agent's pages
-                self.wait_for_call(theirs.fileno(), fds[0])  # never returns
+                wait_for_call(theirs.fileno(), fds[0], self.cpu)  # never returns
             theirs.close()
             self.spare, self.spare_ended, self.spare_oom = (pid, ours), None, oom_kills()
         finally:
@@ -338,7 +216,7 @@ class Agent:
                 stdin=inp,
                 stdout=out,
                 stderr=err,
-                preexec_fn=self.limit if held is None else lambda: self.held(held),
+                preexec_fn=(lambda: limit(self.cpu)) if held is None else lambda: be_placed(held, self.cpu),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -433,113 +311,6 @@ class Agent:
             link.close()
         self.call = Call(cid, Forked(pid))
 
-    def wait_for_call(self, link_fd: int, hold: int) -> NoReturn:
-        """In the forked spare: be held and placed, then wait for the call and become it.
-
-        The call comes from the executor itself on the hold socket (a command: the agent only
-        learns of it, see :meth:`handed_directly`, so that starting it costs no hop through the
-        agent), or from the agent on our link (a file tool's request the agent declined).
-        """
-        code = 1
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in map(int, os.listdir("/proc/self/fd")):  # the agent's link, selector, wake pipe...
-                if fd > 2 and fd not in (link_fd, hold):
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            self.held(hold)
-            self.rehearse()
-            ends = [socket.socket(fileno=link_fd), socket.socket(fileno=hold)]
-            ready, _, _ = select.select(ends, [], [])
-            # The executor's call first: it is written whole before the agent hears of it and closes
-            # our link, so that a link that ended meanwhile is no reason to give up.
-            source = ends[1] if ends[1] in ready else ends[0]
-            source.setblocking(True)
-            data, fds, _flags, _addr = socket.recv_fds(source, READ_SIZE, MAX_FDS)
-            while data and not data.endswith(b"\n") and (chunk := source.recv(READ_SIZE)):
-                data += chunk  # one line, the end of which needs no wait for the sender to finish
-            if not data:
-                os._exit(0)  # discarded: the executor gave us up, or the agent or its jail is going away
-            for end in ends:
-                end.close()
-            msg = json.loads(data)
-            with contextlib.suppress(OSError):
-                os.makedirs(str(msg["env"].get("HOME", "/tmp/home")), exist_ok=True)
-            stdin = bool(msg.get("stdin"))
-            self.become(msg, fds, stdin)
-            if msg.get("py") == "runner":
-                os.chdir(msg["cwd"])
-                code = self.runner()
-            else:
-                self.exec(msg)
-        except BaseException:  # whatever it is, it goes to the call's stderr (or the agent's)
-            import traceback
-
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()
-        os._exit(code)
-
-    @staticmethod
-    def rehearse() -> None:
-        """In the spare, while idle: write once to what becoming the call writes to.
-
-        A fork shares the agent's pages until it writes to one, then copies it (a page fault
-        each): made now, those copies cost the call nothing (about half a millisecond of a
-        ``true`` here)."""
-        msg = json.loads(json.dumps({"argv": ["true"], "env": dict(os.environ), "cwd": "/", "stdin": False}))
-        env = {str(k): str(v) for k, v in msg["env"].items()}
-        os.environ.clear()
-        os.environ.update(env)
-        os.get_exec_path(env)
-        resource.getrlimit(resource.RLIMIT_NOFILE)
-
-    def become(self, msg: dict[str, Any], fds: list[int], stdin: bool) -> None:
-        """In a forked child: the call's session and stdio (its pipes), nothing else of ours."""
-        os.setsid()
-        os.dup2(fds[2] if stdin else os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        for fd in (0, 1, 2):
-            os.set_blocking(fd, True)
-        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        os.environ.clear()
-        os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
-
-    def exec(self, msg: dict[str, Any]) -> NoReturn:
-        """Exec the call's argv as ``subprocess.Popen`` would, or say why not as the agent does."""
-        argv = [str(a) for a in msg["argv"]]
-        for sig in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Popen's restore_signals
-            if hasattr(signal, sig):
-                signal.signal(getattr(signal, sig), signal.SIG_DFL)
-        try:
-            os.chdir(msg["cwd"])
-            os.execvpe(argv[0], argv, dict(os.environ))
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.write(2, f"sandbox: cannot run {argv[0]}: {exc.strerror or exc}\n".encode())
-            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-
-    def runner(self) -> int:
-        """Run the file tools' runner on our stdio (the call's pipes); its exit code."""
-        code = 0
-        try:
-            sys.stdin, sys.stdout, sys.stderr = (open(0), open(1, "w"), open(2, "w"))  # noqa: SIM115
-            # Defined in sys.modules by the agent's program (sandbox._jailside.program): no package to import.
-            importlib.import_module("sandbox._jailside.runner").main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            import traceback
-
-            code = 1
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        return code
-
     def fork_runner(self, cid: int, msg: dict[str, Any], fds: list[int], held: int | None, stdin: bool) -> None:
         try:
             pid = os.fork()
@@ -549,39 +320,8 @@ class Agent:
             self.emit(b"x", cid, json.dumps({"code": 126, "oom": False}).encode())
             return
         if pid == 0:
-            self.run_runner(msg, fds, held, stdin)  # never returns
+            run_runner(msg, fds, held, stdin, self.cpu)  # never returns
         self.call = Call(cid, Forked(pid))
-
-    def run_runner(self, msg: dict[str, Any], fds: list[int], held: int | None, stdin: bool) -> NoReturn:
-        """In the forked child: become the call's process, then run the runner on its pipes."""
-        code = 1
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            if held is not None:
-                self.held(held)
-            self.become(msg, fds, stdin)
-            os.chdir(msg["cwd"])
-            code = self.runner()
-        except BaseException:  # whatever it is, it goes to the call's stderr
-            import traceback
-
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()
-        os._exit(code)
-
-    def held(self, fd: int) -> None:
-        """In the forked command, before exec: be seen by the executor, wait until it placed us."""
-        self.limit()
-        os.set_blocking(fd, True)
-        os.write(fd, b"p")  # the kernel attaches our pid as the executor sees it (SO_PASSCRED)
-        if os.read(fd, 1) != b"1":
-            raise RuntimeError("the executor did not release the command")  # Popen: SubprocessError
-
-    def limit(self) -> None:
-        # CPU seconds count per process: the agent lives for the session, so only commands get it.
-        if self.cpu is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu, self.cpu))
 
     # -- the command's stdin and output
 
@@ -694,11 +434,6 @@ class Agent:
             self.emit(b"x", call.id, json.dumps(reply).encode())
             self.call = None
 
-    def shutdown(self) -> NoReturn:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-        sys.exit(0)
-
     # -- the loop
 
     def step(self) -> None:
@@ -723,90 +458,12 @@ class Agent:
             self.shutdown()
         self.pause_pipes(len(self.out) >= OUT_LIMIT)
 
-    def read_requests(self) -> None:
-        try:
-            data = os.read(0, READ_SIZE)
-        except BlockingIOError:
-            return
-        if not data:
-            self.shutdown()
-        if self.sock is None:
-            self.take(data)
-
-    def read_socket(self) -> None:
-        assert self.sock is not None
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, READ_SIZE, MAX_FDS)
-        except BlockingIOError:
-            return
-        except OSError:
-            data, fds = b"", []
-        # The kernel ends a read at a message that carries fds: they come with its first byte,
-        # so they are here before the request line they belong to is complete.
-        self.fds += fds
-        if not data:
-            self.shutdown()
-        self.take(data)
-
-    def take(self, data: bytes) -> None:
-        self.inbuf += data
-        *lines, self.inbuf = self.inbuf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self.request(line)
-
     def run(self) -> None:
         # What exists now is the agent's for good: out of the collector's sight, so that neither
         # it nor a forked spare's collection writes to those objects (each write copies a page).
         gc.freeze()
         while True:
             self.step()
-
-
-class _Fprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # struct sock_fprog
-
-
-def confine_syscalls(encoded: str) -> None:
-    """The executor's seccomp filter (base64 BPF), stacked on the engine's own profile before
-    anything else runs: it binds this agent and every command it starts. Fails closed."""
-    program = base64.b64decode(encoded)
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
-    for what, args in (
-        ("PR_SET_NO_NEW_PRIVS", (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)),
-        ("PR_SET_SECCOMP", (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)),
-    ):
-        if libc.prctl(*args) != 0:
-            sys.stderr.write(f"sandbox agent: prctl({what}) failed: errno {ctypes.get_errno()}\n")
-            sys.exit(71)
-
-
-def nondumpable() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        sys.stderr.write(f"sandbox agent: prctl(PR_SET_DUMPABLE) failed: errno {ctypes.get_errno()}\n")
-        sys.exit(70)
-
-
-def connect(path: str) -> tuple[socket.socket | None, str]:
-    """The executor's socket, connected before any command runs; else why not (attach mode)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_S)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        return None, f"attach: cannot connect to {path}: {exc.strerror or exc}"
-    return sock, "socket"
-
-
-def say(kind: bytes, payload: bytes) -> None:
-    """One frame on stdout, blocking (before the loop: the executor reads the attach stream)."""
-    data = HEADER.pack(kind, 0, len(payload)) + payload
-    while data:
-        data = data[os.write(1, data) :]
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from sandbox import _jailside, jsonbound
-from sandbox._jailside.agent import HEADER as AGENT_HEADER
+from sandbox._jailside.channel import HEADER as AGENT_HEADER
 from sandbox._jailside.runner import INLINE_BYTES
 from sandbox.backends.child import FdReceiveStream, feed_fd
 from sandbox.backends.environment import base_env
@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 
-# The agent's program carries the file tools' runner (and its glob translator), defined once at
-# the jail's start: a Read, Write or LS is then served by the agent, no Python start-up per call.
-AGENT_PROGRAM = _jailside.program("agent", "runner", "glob")
+# The agent's program carries its own modules (those it imports come first) and the file tools'
+# runner (and its glob translator), defined once at the jail's start: a Read, Write or LS is then
+# served by the agent, no Python start-up per call.
+AGENT_PROGRAM = _jailside.program("agent", "channel", "census", "forked", "hardening", "runner", "glob")
 INLINE_REQUEST_BYTES = 64 * 1024  # a larger file tool request (a Write's content) goes to a forked runner
 # The most an inline Edit can write: a file the agent may hold, grown by a request's worth.
 INLINE_WRITE_BYTES = INLINE_BYTES + INLINE_REQUEST_BYTES

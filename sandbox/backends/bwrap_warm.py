@@ -17,20 +17,22 @@ whose other end has ``SO_PASSCRED``: the agent forks the command, which writes o
 before it execs and waits. The kernel stamps that byte with the writer's pid *as our namespace
 sees it*, so we learn the command's host pid without trusting the agent's word; we move it into
 the call's cgroup and set its rlimits (:func:`~sandbox.backends.confine.confine`, as for a fresh
-jail's held init) and only then write ``1``: nothing of the call runs outside its cgroup.
+jail's held init) and only then write ``1``: nothing of the call runs outside its cgroup (the
+hold socket: :mod:`sandbox.backends.bwrap_spare`).
 
-**A spare, forked and placed while the jail is idle.** When the jail starts and whenever a call
-is over, our placer thread (one per jail, so that a call's end waits for none of this) asks the
-agent for a *spare*: it forks the next call's process at once, which writes its byte on a hold
-socket as above and waits; the thread reads the byte, moves the process into the next call's
-cgroup, sets its rlimits and writes ``1``, and the spare then waits for its request. The next
-call writes that request, with its pipe ends, straight to the spare on the same hold socket and
-then tells the agent which call the spare became: the fork, the cgroup attach and a hop through
-the agent are all off its path, and the agent still reaps the command, sweeps and reports.
-The attach matters most: on cgroup v1 moving a task takes the kernel's threadgroup lock, whose
-first writer after an idle spell waits for an RCU grace period (about 10 ms here), which is
-exactly what an agent's calls, spaced by the model's thinking, would otherwise pay each time.
-Nothing of the spare runs before it is placed, and it runs nothing but the next call's command.
+**A spare, forked and placed while the jail is idle** (:mod:`sandbox.backends.bwrap_spare`).
+When the jail starts and whenever a call is over, our placer thread (one per jail, so that a
+call's end waits for none of this) asks the agent for a *spare*: it forks the next call's
+process at once, which writes its byte on a hold socket as above and waits; the thread reads the
+byte, moves the process into the next call's cgroup, sets its rlimits and writes ``1``, and the
+spare then waits for its request. The next call writes that request, with its pipe ends,
+straight to the spare on the same hold socket and then tells the agent which call the spare
+became: the fork, the cgroup attach and a hop through the agent are all off its path, and the
+agent still reaps the command, sweeps and reports. The attach matters most: on cgroup v1 moving
+a task takes the kernel's threadgroup lock, whose first writer after an idle spell waits for an
+RCU grace period (about 10 ms here), which is exactly what an agent's calls, spaced by the
+model's thinking, would otherwise pay each time. Nothing of the spare runs before it is placed,
+and it runs nothing but the next call's command.
 
 **File tools served by the agent.** A Read, Write, Edit or LS whose request is small rides in the
 run message (``"inline"``, :func:`~sandbox.backends.agentlink.run_request`) and the agent serves it in
@@ -42,11 +44,11 @@ cgroup, which is why it declines whatever could make it big; an operation stuck 
 (a hung network file system) is a call that does not answer: the timeout replaces the jail.
 
 **Kill.** The agent sweeps each call (TERM, grace, ``kill(-1, SIGKILL)`` until ``/proc`` shows
-nothing but itself) and reports the exit only then. When it does not answer in time, or died,
-we kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (killing PID 1
-kills its pid namespace); the next call gets a new jail. Without a cgroup (an ordinary user
-without delegation) the kernel-side fallback is the pid namespace: the call's processes die with
-the jail, which is replaced whenever the agent fails to sweep.
+nothing but itself) and reports the exit only then. When it does not answer in time, or died, we
+kill by cgroup (``cgroup.kill`` / freeze and kill) and then the whole jail (killing PID 1 kills
+its pid namespace, :mod:`sandbox.backends.bwrap_agent`); the next call gets a new jail. Without
+a cgroup (an ordinary user without delegation) the kernel-side fallback is the pid namespace:
+the call's processes die with the jail, which is replaced whenever the agent fails to sweep.
 
 **A seal that moves.** Before each call the jail's seal is searched again (cached: a ``stat`` per
 directory when nothing moved, :class:`~sandbox.backends.seal.Watch`); when a secret appeared since
@@ -64,10 +66,7 @@ call's memory/pids/cpu; the agent itself (one Python process) sits in the execut
 from __future__ import annotations
 
 import contextlib
-import queue
-import select
 import socket
-import struct
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -79,63 +78,20 @@ import anyio.to_thread
 from sandbox.backends import bwrap_start, cgroups, confine
 from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
 from sandbox.backends.base import Process
+from sandbox.backends.bwrap_agent import Agent
 from sandbox.backends.bwrap_jail import BwrapJail, kill_bwrap, read_init_pid
+from sandbox.backends.bwrap_spare import HOLD_WAIT_S, Placer, Spare, held_pid, hold_pair
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env
 from sandbox.errors import BackendUnavailable
 from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     from sandbox.backends.base import Stdin
-    from sandbox.backends.local import CgroupPool
 
 KILL_WAIT_S = 5.0  # beyond the grace: an agent this late is wedged, and its jail is killed
-HOLD_WAIT_S = 30.0  # a fork in a busy jail
-DIAGNOSTICS = 4096
-_UCRED = struct.Struct("3i")  # pid, uid, gid
-
-
-class Agent:
-    """One running ``bwrap --as-pid-1`` whose PID 1 is the agent, and our link to it."""
-
-    def __init__(self, proc: Child, init_pid: int, link: FdLink) -> None:
-        self.proc = proc
-        self.tree = confine.Tree(init_pid, None, kernel_reaps=True)
-        self.link = link
-        self.doomed = False  # a call left it in a state we cannot trust (unanswered kill, abandoned call)
-
-    @property
-    def usable(self) -> bool:
-        return not (self.doomed or self.link.dead or self.link.retired) and self.tree.root_alive()
-
-    async def kill(self) -> None:
-        """Kill PID 1: the kernel kills every process of its pid namespace; then bwrap ends."""
-        with anyio.CancelScope(shield=True):
-            self.link.close()
-            self.tree.kill_root()
-            with anyio.move_on_after(confine.KILL_WAIT_S):
-                await self.proc.wait()
-            if self.proc.returncode is None:
-                self.proc.kill()
-                await self.proc.wait()
-            self.tree.forget_root()
-            await self.proc.aclose()
-
-    async def diagnostics(self) -> str:
-        """The exit status of bwrap and the tail of the agent's stderr, once it is gone."""
-        code: int | None = None
-        with anyio.move_on_after(1):
-            code = await self.proc.wait()
-        err = b""
-        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            with anyio.move_on_after(0.2):
-                while len(err) < DIAGNOSTICS:
-                    err += await self.proc.stderr.receive()
-        text = err.decode(errors="replace").strip()
-        why = f": {text.splitlines()[-1][:200]}" if text else ""
-        return f"exit status {code}{why}" if code is not None else f"still running{why}"
 
 
 class WarmBwrapJail(BwrapJail):
@@ -337,107 +293,6 @@ class WarmBwrapJail(BwrapJail):
         await self._pool.aclose()
 
 
-class Placer:
-    """A jail's thread that makes its spares, so that a call's end does not wait for the next one's start.
-
-    Not a ``ThreadPoolExecutor``: its workers are joined at interpreter exit, and a spare in the
-    making may wait up to ``HOLD_WAIT_S`` for its fork; a daemon thread never holds up an exit.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="bwrap-placer", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread = None
-
-
-class Spare:
-    """The next call's process: forked by the agent while the jail is idle, placed by our placer thread."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.group: cgroups.CallCgroup | None = None
-        self.hold: socket.socket | None = None
-        self.pid: int | None = None  # once placed and released
-        self.placed = threading.Event()  # set when the thread is done, placed or not
-        self._lock = threading.Lock()
-        self._abandoned = False
-
-    def make(self, pool: CgroupPool, profile: Any) -> None:
-        """In the placer thread: a cgroup, the agent's fork, its pid from the kernel, its placement."""
-        try:
-            with self._lock:
-                if self._abandoned:
-                    return
-                self.group = pool.take()
-                self.hold, theirs = _hold_pair()
-            try:
-                self.agent.link.send({"op": "spare", "id": self.agent.link.next_id(), "fds": 1}, [theirs.fileno()])
-            finally:
-                theirs.close()
-            pid = _held_pid_now(self.hold, HOLD_WAIT_S)
-            if pid is not None:
-                confine.confine(pid, profile, self.group, "bwrap")
-                self.hold.send(b"1")
-                self.pid = pid
-        except (OSError, BackendUnavailable):
-            pass  # not placed: never released, it dies with its hold socket; the call forks its own
-        finally:
-            self.placed.set()
-
-    def close(self) -> None:
-        if self.hold is not None:
-            self.hold.close()
-
-    def abandon(self) -> None:
-        """Not to be used: a spare still held or waiting reads the end of its hold socket and exits."""
-        with self._lock:
-            self._abandoned = True
-            if self.hold is not None:
-                with contextlib.suppress(OSError):
-                    self.hold.shutdown(socket.SHUT_RDWR)  # not close(): the placer may be reading it
-
-
-def _held_pid_now(hold: socket.socket, timeout: float) -> int | None:
-    """The held process's pid (the kernel's credentials on its byte), waiting in this thread."""
-    ready, _, _ = select.select([hold], [], [], timeout)
-    if not ready:
-        return None
-    data, ancillary, _flags, _addr = hold.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
-    return _sender(data, ancillary)
-
-
-def _sender(data: bytes, ancillary: list[tuple[int, int, bytes]]) -> int | None:
-    if not data:
-        return None
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid, _uid, _gid = _UCRED.unpack(payload[: _UCRED.size])
-            return int(pid)
-    return None
-
-
-def _hold_pair() -> tuple[socket.socket, socket.socket]:
-    """A hold socket: ours (``SO_PASSCRED``, non-blocking) and the end the command writes its byte on."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    ours.setblocking(False)
-    return ours, theirs
-
-
 class WarmCall(AgentReplies, Process):
     """One call in the warm jail: our pipes, its cgroup, the agent's exit report."""
 
@@ -458,7 +313,7 @@ class WarmCall(AgentReplies, Process):
         self._hold_theirs: socket.socket | None = None
         self.spare = spare  # kept when the agent serves the call itself
         if spare is None:
-            self._hold, self._hold_theirs = _hold_pair()
+            self._hold, self._hold_theirs = hold_pair()
         else:
             assert spare.hold is not None  # a placed spare has its hold socket
             self._hold, self.pid = spare.hold, spare.pid
@@ -533,10 +388,9 @@ class WarmCall(AgentReplies, Process):
         while True:
             await anyio.wait_readable(self._hold)
             try:
-                data, ancillary, _flags, _addr = self._hold.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+                return held_pid(self._hold)
             except BlockingIOError:
                 continue
-            return _sender(data, ancillary)
 
     # -- from the link's reader thread (frames routed by AgentReplies)
 

@@ -6,7 +6,7 @@ command could ``cat .env``. When a jail starts, every workspace entry matching t
 write, rename or unlink of it fails (``EROFS``/``EBUSY``); a hard link to it crosses a mount
 (``EXDEV``); a symlink to it or a ``..`` path reaches the mask. In ``rw`` mode what the host's
 git executes or obeys later is bound **read-only** (:func:`git_binds`, the list in
-:func:`sandbox.mounts.gitreview.obeyed`): every git directory's ``config``, ``hooks``, ``info``,
+:func:`sandbox.mounts.gitobeyed.obeyed`): every git directory's ``config``, ``hooks``, ``info``,
 ``objects/info`` (alternates), ``commondir``, ``worktrees``, the submodules' under
 ``.git/modules``, ``core.hooksPath``'s directory in the worktree, hook managers' files (``.husky``,
 ``lefthook.yml``, ``.pre-commit-config.yaml``), ``.gitmodules`` and the ``.git`` files of
@@ -52,48 +52,35 @@ another's entries. Where that rule may not hold, nothing is trusted:
   virtiofs ...): only devices that ``/proc/self/mountinfo`` (read at each search) names with a
   type in :data:`TRUSTED_FILE_SYSTEMS` are trusted; elsewhere, and with no ``/proc`` (macOS),
   every search walks the whole workspace as it did before the cache;
-- a cache file that is not a regular file of ours, that others may write, whose CRC-32 does not
-  match (a flipped bit could rename a mask), whose records are not shaped as ours (a name with a
-  ``/`` or ``..``), or whose key names another format or code (the release and the size and
-  mtime of the modules that decide a mask) is ignored and rewritten: never an error;
-- a data directory inside the workspace is not used: a jail in ``rw`` mode could forge it.
+- a cache file that is damaged, forged, not ours or kept inside the workspace is ignored and
+  rewritten (:mod:`sandbox.backends.seal_cache` keeps the records, in memory and on disk).
 
 So a secret created before the jail opens is masked whatever the cache holds: the directory it
 was created, renamed or moved into had its ctime moved (or too recently to judge), and is listed
-again. The disk cache is as trusted as the rest of the data directory (the user's, mode 0700: a
-process of the user's outside any jail could also edit this code). It lives in memory (the last
-:data:`LRU_SIZE` workspaces: ``serve`` and the library open many jails on one) and in the data
-directory's ``cache/seal`` (``sandbox run``'s separate processes), a file per workspace and glob
-list (the last :data:`KEPT_FILES`), mode 0600, written whole with ``os.replace``; its key is the
-workspace's real path and the path as given (absolute globs match that), the glob list and the
-code's version.
+again.
 
 Standard library only: ``sandbox run``'s quick path builds its jail with it.
 """
 
 from __future__ import annotations
 
-import _thread  # threading's lock without threading's import (the quick path)
 import contextlib
 import functools
 import json
-import marshal
 import os
 import stat
 import time
-import zlib
-from collections import OrderedDict
-from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from sandbox import datadir
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.backends import seal_cache
+from sandbox.errors import InvalidArgument
 from sandbox.patterns import DEFAULT_DENY_READ, NameSet, PatternSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from pathlib import Path
 
+    from sandbox.backends.seal_cache import Tree
     from sandbox.profile import Profile
 
 NOT_SEARCHED = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__"})
@@ -110,13 +97,6 @@ TRUSTED_FILE_SYSTEMS = frozenset(
     {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "zfs", "f2fs", "bcachefs", "jfs"}
 )
 """Local file systems whose directory times this kernel sets itself on every change."""
-LRU_SIZE = 4
-"""Workspaces whose last search is kept in memory."""
-KEPT_FILES = 64
-"""Searches kept on disk (a workspace and glob list each), the least recently written dropped."""
-CACHE_FORMAT = 2
-_MAGIC = b"sandbox-seal\n"
-_MODULES = ("backends/seal.py", "patterns.py", "_jailside/glob.py")  # what decides a mask
 
 
 class Seal(NamedTuple):
@@ -131,22 +111,6 @@ class Seal(NamedTuple):
 
 class TooManySecrets(Exception):
     pass
-
-
-class _Dir(NamedTuple):
-    """One directory as a search found it (see the module doc)."""
-
-    dev: int
-    ino: int
-    mtime: int
-    ctime: int
-    trusted: bool  # neither racy nor on an untrusted file system
-    masked: tuple[tuple[str, bool], ...]  # entries directly in it: name, is a directory
-    entered: tuple[str, ...]  # sub-directories searched: names
-    repo: bool  # it holds a .git entry: a repository whose internals are sealed in rw (git_binds)
-
-
-Tree = dict[str, _Dir]  # workspace-relative directory ("" the root) -> what it held
 
 
 class _Globs:
@@ -180,13 +144,13 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     root = os.fspath(workspace)
     every = (*DEFAULT_DENY_READ, *deny_read)
     real = os.path.realpath(root)
-    key = json.dumps([CACHE_FORMAT, _code_version(), real, root, every])
-    kept = cache_file(key, real)
-    known = _CACHE.recall(key, kept)
+    key = json.dumps([seal_cache.CACHE_FORMAT, seal_cache.code_version(), real, root, every])
+    kept = seal_cache.cache_file(key, real)
+    known = seal_cache.CACHE.recall(key, kept)
     search = _Search(root, _globs(every, root), known)
     tree = search.run()
     if search.changed or len(tree) != len(known):
-        _CACHE.keep(key, tree, kept)
+        seal_cache.CACHE.keep(key, tree, kept)
     git = os.path.isdir(os.path.join(root, ".git")) and not os.path.islink(os.path.join(root, ".git"))
     nested = tuple(sorted(rel for rel, found in tree.items() if rel and found.repo))
     return Seal(tuple(sorted(search.masked)), git, nested)
@@ -220,7 +184,7 @@ class _Search:
                 pending += [prefix + name for name in found.entered]
         return tree
 
-    def visit(self, rel: str) -> _Dir | None:
+    def visit(self, rel: str) -> seal_cache.DirRecord | None:
         path = f"{self.root}/{rel}" if rel else self.root
         cached = self.known.get(rel)
         if cached is not None and cached.trusted:
@@ -236,7 +200,7 @@ class _Search:
             self.changed = True
         return found
 
-    def list(self, path: str, rel: str) -> _Dir | None:
+    def list(self, path: str, rel: str) -> seal_cache.DirRecord | None:
         # One descriptor for the fstat and the listing: the times recorded are this listing's.
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if rel else 0)
         try:
@@ -252,7 +216,9 @@ class _Search:
             os.close(fd)
         racy = max(st.st_mtime_ns, st.st_ctime_ns) > self.started - RACY_NS
         trusted = not racy and st.st_dev in self.devices
-        return _Dir(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, trusted, masked, entered, repo)
+        return seal_cache.DirRecord(
+            st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, trusted, masked, entered, repo
+        )
 
     def entries(self, fd: int, rel: str) -> tuple[tuple[tuple[str, bool], ...], tuple[str, ...], bool]:
         masked: list[tuple[str, bool]] = []
@@ -298,168 +264,6 @@ def _trusted_devices() -> frozenset[int]:
     return frozenset(found)
 
 
-@cache
-def _code_version() -> list[object]:
-    """The release, and the size and mtime of the modules that decide a mask (an edited checkout)."""
-    from sandbox import __version__
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    stamps: list[object] = [__version__]
-    for name in _MODULES:
-        try:
-            st = os.stat(os.path.join(here, name))
-            stamps += [st.st_size, st.st_mtime_ns]
-        except OSError:
-            stamps.append(None)
-    return stamps
-
-
-class _Cache:
-    """The last searches: in memory for this process, on disk for the next ones."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.trees: OrderedDict[str, Tree] = OrderedDict()
-        self.lock = _thread.allocate_lock()
-
-    def recall(self, key: str, kept: Path | None) -> Tree:
-        with self.lock:
-            tree = self.trees.get(key)
-            if tree is not None:
-                self.trees.move_to_end(key)
-                return tree
-        tree = (_load(key, kept) if kept else None) or {}
-        if tree:
-            self.remember(key, tree)
-        return tree
-
-    def remember(self, key: str, tree: Tree) -> None:
-        with self.lock:
-            self.trees[key] = tree
-            self.trees.move_to_end(key)
-            while len(self.trees) > self.size:
-                self.trees.popitem(last=False)
-
-    def keep(self, key: str, tree: Tree, kept: Path | None) -> None:
-        self.remember(key, tree)
-        if kept:
-            _store(key, tree, kept)
-
-    def clear(self) -> None:
-        with self.lock:
-            self.trees.clear()
-
-
-_CACHE = _Cache(LRU_SIZE)
-
-
-def cache_file(key: str, workspace: str) -> Path | None:
-    """Where the search of ``key`` is kept on disk: ``None`` without a data directory, or with one
-    inside the (real) ``workspace``, whose jails could write it (a forged cache hides a secret)."""
-    try:
-        folder = datadir.subdir("cache") / "seal"
-    except SandboxError:
-        return None
-    real = os.path.realpath(folder)
-    if real == workspace or real.startswith(workspace.rstrip("/") + "/"):
-        return None
-    return folder / f"{zlib.crc32(key.encode()):08x}"
-
-
-def _load(key: str, path: Path) -> Tree | None:
-    """The tree kept on disk for ``key``; ``None`` for any file that is missing, not ours or not sound."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with open(fd, "rb") as kept:
-            st = os.fstat(kept.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                return None
-            return _decode(key, kept.read())
-    return None
-
-
-def _decode(key: str, data: bytes) -> Tree | None:
-    head = len(_MAGIC) + 4
-    if not data.startswith(_MAGIC) or int.from_bytes(data[len(_MAGIC) : head], "big") != zlib.crc32(data[head:]):
-        return None
-    try:
-        kept_key, rows = marshal.loads(data[head:])
-    except Exception:  # marshal's own errors, or not a pair: not ours either way
-        return None
-    if kept_key != key or not isinstance(rows, dict):
-        return None
-    tree: Tree = {}
-    for rel, row in rows.items():
-        found = _row(row)
-        if found is None:
-            return None
-        tree[rel] = found
-    return tree
-
-
-_NOT_NAMES = frozenset({"", ".", ".."})
-
-
-def _row(row: object) -> _Dir | None:
-    """A kept record, if shaped as one: its names never reach out of their directory.
-
-    Its times are not checked: a value that is not the directory's own fails the comparison with
-    ``lstat`` and the directory is listed. (At every ``sandbox run``: C-speed checks only.)"""
-    if type(row) is not tuple or len(row) != len(_Dir._fields):
-        return None
-    masked, entered = row[5], row[6]
-    if type(masked) is not tuple or type(entered) is not tuple or type(row[4]) is not bool or type(row[7]) is not bool:
-        return None
-    if masked and not all(type(m) is tuple and len(m) == 2 and _name(m[0]) and type(m[1]) is bool for m in masked):
-        return None
-    if entered:
-        try:
-            joined = "\0".join(entered)  # TypeError unless every name is a str
-        except TypeError:
-            return None
-        if "/" in joined or not _NOT_NAMES.isdisjoint(entered):
-            return None
-    return _Dir._make(row)
-
-
-def _name(name: object) -> bool:
-    return type(name) is str and "/" not in name and name not in _NOT_NAMES
-
-
-def _prune(folder: Path, keep: int) -> None:
-    """Leave ``keep`` files in ``folder``: the most recently written (a temporary file too, if old)."""
-    try:
-        with os.scandir(folder) as entries:
-            kept = sorted((e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in entries)
-    except OSError:
-        return
-    for _, path in kept[: max(0, len(kept) - keep)]:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _store(key: str, tree: Tree, path: Path) -> None:
-    """Write ``tree`` whole (a reader sees the old file or the new one), mode 0600; silently not at all on error."""
-    payload = marshal.dumps((key, {rel: tuple(found) for rel, found in tree.items()}))
-    data = _MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        if not os.path.lexists(path):
-            _prune(path.parent, KEPT_FILES - 1)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.{_thread.get_ident()}")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)  # left by a crash: O_EXCL makes ours with our mode
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with open(fd, "wb") as out:
-                out.write(data)
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-
-
 def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bool) -> list[tuple[str, str, bool]]:
     """``(source, target, read-only)`` binds after the workspace's own: (``rw``) git's protected
     paths, then the masks. bwrap takes them in this order; Docker mounts parents first anyway."""
@@ -469,7 +273,7 @@ def binds(workspace: str, seal: Seal, empty_dir: str, empty_file: str, *, rw: bo
 
 
 def git_binds(workspace: str, nested: Sequence[str] = ()) -> list[tuple[str, str, bool]]:
-    """(``rw``) What the host's git obeys, read-only (:func:`sandbox.mounts.gitreview.obeyed`): each git
+    """(``rw``) What the host's git obeys, read-only (:func:`sandbox.mounts.gitobeyed.obeyed`): each git
     directory's config, hooks, info, alternates, ``commondir`` and worktrees, ``core.hooksPath``'s
     directory, hook managers' files, submodules' and worktrees' ``.git`` files; the same for each
     ``nested`` repository (a directory holding a ``.git``, found by the search). The git directories
@@ -477,9 +281,9 @@ def git_binds(workspace: str, nested: Sequence[str] = ()) -> list[tuple[str, str
     be renamed away and replaced by a directory holding a planted copy."""
     from pathlib import Path
 
-    from sandbox.mounts import gitreview  # imported here: most jails are not rw repositories
+    from sandbox.mounts import gitobeyed  # imported here: most jails are not rw repositories
 
-    found = gitreview.obeyed(Path(workspace), nested)
+    found = gitobeyed.obeyed(Path(workspace), nested)
     for rel in found.missing:
         _make_dir(f"{workspace}/{rel}")
     for rel in found.missing_files:

@@ -203,7 +203,8 @@ def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decisio
     from sandbox.policy import load_ruleset
     from sandbox.policy.gate import Gate, SessionState, ToolCall
     from sandbox.policy.rules import RuleStore
-    from sandbox.profile import Env, Policy
+    from sandbox.profile_policy import Policy
+    from sandbox.profile_tables import Env
 
     settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent", classifier=args.classifier)
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)

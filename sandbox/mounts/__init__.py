@@ -31,11 +31,13 @@ being copied, cannot change them, and the changeset lists them as ``untracked``.
 
 The package is the copy-out engine, below the backends, importing nothing above it: :mod:`.stamps`
 (entry versions, walks), :mod:`.changeset` (changes, reports, the consent rule, an apply's target),
-:mod:`.links` (where a link leads), :mod:`.gitreview` (a repository's changes for review),
+:mod:`.links` (where a link leads), :mod:`.gitreview` (a repository's changes for review, read
+by :mod:`.gitfiles` and :mod:`.gitconfig`), :mod:`.gitobeyed` (what the host's git obeys),
 :mod:`.flags` (a change's review flags), :mod:`.hostfs` (host-side file operations, private trees),
-:mod:`.envdirs` (environment directories and their cache), :mod:`.journal` (the guarded,
-crash-safe apply), :mod:`.winpaths` and :mod:`.winapply` (Windows' names and apply), :mod:`.trees`
-(the copy and the overlay). This face names what the rest of the package's users need, and
+:mod:`.envdirs` (environment directories and their cache), :mod:`.applyplan` (an apply's guard and
+steps), :mod:`.journal` (the guarded, crash-safe apply), :mod:`.dirfds` (directories opened
+without following links), :mod:`.winpaths` and :mod:`.winapply` (Windows' names and apply),
+:mod:`.trees` (the copy and the overlay). This face names what the rest of the package's users need, and
 imports each only when it is first asked for (``sandbox run``'s quick path reads
 :mod:`.gitreview` without the trees and the event loop).
 """

@@ -11,7 +11,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from sandbox.mounts import gitreview, winpaths
+from sandbox.mounts import gitobeyed, gitreview, winpaths
 
 if TYPE_CHECKING:
     from sandbox.mounts.stamps import Stamp
@@ -31,9 +31,9 @@ def change_flags(rel: str, kind: Kind, before: Stamp | None, after: Stamp | None
         flags.append("git-hook")
     if parts[:2] == (".git", "config"):
         flags.append("git-config")
-    if not flags and gitreview.is_repository(workspace) and gitreview.obeyed_in_worktree(workspace, rel):
+    if not flags and gitreview.is_repository(workspace) and gitobeyed.obeyed_in_worktree(workspace, rel):
         flags.append("git-hook")  # core.hooksPath's directory, .husky, lefthook.yml, a file the config includes
-    if rel in gitreview.HOST_TOOL_FILES:
+    if rel in gitobeyed.HOST_TOOL_FILES:
         flags.append("tool-config")  # mise runs its hooks at the next prompt
     if any(p.startswith(".") for p in parts) and not flags:
         flags.append("dotfile")

@@ -24,22 +24,27 @@ is escaped (no terminal control sequences).
 Consent (:mod:`sandbox.changes`): the ``.git`` entries form one group, ``git``, applied as a unit.
 Naming ``.git`` or any entry under it selects the whole group; without consent the group is held
 back whole when :attr:`GitSummary.risky` is not empty, and otherwise applied with the rest.
+
+The reading is apart: :mod:`sandbox.mounts.gitfiles` (refs, commits, the index as files) and
+:mod:`sandbox.mounts.gitconfig` (the config parser); so is what the host's git obeys, which
+``rw``'s seal and the review flags ask about (:mod:`sandbox.mounts.gitobeyed`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 import re
 import stat
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from sandbox.mounts.gitconfig import ConfigError, parse_config
+from sandbox.mounts.gitfiles import OBJECT_ID, View, index_difference, read_commit, shown_text
+
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterator
 
     from sandbox.mounts.changeset import Change
 
@@ -103,10 +108,6 @@ _DATA = frozenset(
 _NOT_DATA = frozenset({("objects", "info", "alternates"), ("objects", "info", "http-alternates")})
 _INFO_DATA = frozenset({"exclude", "refs"})
 _OBJECT = re.compile(r"^\.git/objects/([0-9a-f]{2})/([0-9a-f]{38}|[0-9a-f]{62})$")
-_ID = re.compile(rb"^[0-9a-f]{40}$|^[0-9a-f]{64}$")
-_READ_MAX = 1 << 20  # a ref, config or compressed commit larger than this is not read
-_LARGE_MAX = 1 << 26  # the index and packed-refs of a large repository
-_COMMIT_MAX = 1 << 16  # of a commit object, only this much is inflated: headers and subject
 _COMMITS_MAX = 100  # per ref
 _SHOWN = 5  # commits listed per ref in text
 
@@ -140,206 +141,6 @@ def _is_data(parts: tuple[str, ...]) -> bool:
     if parts[0] not in _DATA or parts in _NOT_DATA:
         return False
     return parts[0] != "info" or len(parts) == 1 or (len(parts) == 2 and parts[1] in _INFO_DATA)
-
-
-# -- what the host's git obeys ------------------------------------------------------------------------
-
-GITDIR_OBEYED = ("config", "config.worktree", "commondir", "hooks", "info", "objects/info", "worktrees")
-"""Inside a git directory: what names a program for git to run (config, hooks, attributes that
-select drivers) or points git elsewhere (``commondir``, alternates in ``objects/info``, linked
-worktrees' ``gitdir``/``commondir``). The rest (objects, refs, logs, the index) is data."""
-GITDIR_MADE = frozenset({"hooks", "info", "objects/info"})
-"""Of those, what ``git init`` makes: made when missing, so that it can be sealed (see seal.py)."""
-HOOK_MANAGERS = frozenset(
-    {
-        ".husky", ".lefthook", ".lefthook-local", ".config/lefthook.yml", ".config/lefthook.yaml",
-        "lefthook.yml", "lefthook.yaml", "lefthook.json", "lefthook.toml", ".lefthook.yml", ".lefthook.yaml",
-        "lefthook-local.yml", "lefthook-local.yaml", ".lefthook-local.yml", ".lefthook-local.yaml",
-        ".pre-commit-config.yaml", ".pre-commit-config.yml", ".gitmodules",
-    }
-)  # fmt: skip
-"""Worktree paths whose content an installed hook runs (husky's ``.husky/<hook>``, lefthook's and
-pre-commit's ``run:``/``entry:`` commands), and ``.gitmodules`` (the URLs ``submodule update`` fetches)."""
-HOST_TOOL_FILES = frozenset(
-    {
-        "mise.toml", "mise.local.toml", ".mise.toml", ".mise.local.toml", ".config/mise.toml",
-        ".config/mise/config.toml", ".mise/config.toml",
-    }
-)  # fmt: skip
-"""Not git's, listed here with git's because they are sealed and flagged alike: files a host tool
-runs commands from on its own, unasked (mise runs a trusted directory's hooks and env scripts at
-every prompt, and trusts a path, not its content). direnv's ``.envrc`` is trusted by content (a
-changed file waits for ``direnv allow``) and is a dotfile; see docs/threat-model.md for the rest."""
-
-
-@dataclass(frozen=True)
-class Obeyed:
-    """A repository's workspace-relative paths the host's git (or a hook manager) obeys."""
-
-    gitdirs: tuple[str, ...]  # git directories: .git and the submodules' under .git/modules
-    protected: tuple[str, ...]  # present entries of GITDIR_OBEYED, hook dirs, managers, gitdir files
-    missing: tuple[str, ...]  # directories git would obey that do not exist yet (made, then sealed)
-    missing_files: tuple[str, ...] = ()  # files likewise: config.worktree where read, included files
-
-
-def obeyed(workspace: Path, nested: Iterable[str] = ()) -> Obeyed:
-    """What the repositories of ``workspace`` obey, read as files from the host, and the
-    :data:`HOST_TOOL_FILES` present.
-
-    The repositories: the workspace's own and those ``nested`` (workspace-relative directories
-    holding a ``.git``). A ``.git`` *file* (a linked worktree's or a submodule's checkout) is itself
-    what git obeys: it names the git directory. ``core.hooksPath`` and included files are read
-    from each git directory's config and kept when they lead inside the workspace (outside it, the
-    jail cannot write them); submodules' and linked worktrees' ``.git`` files are found from git's
-    own records (the submodules' git directories under ``.git/modules``, the worktrees' ``gitdir``
-    files), not from ``.gitmodules``.
-    """
-    roots = [root for root in ("", *nested) if os.path.lexists(workspace / root / GIT)]
-    files = [f"{root}/{GIT}".lstrip("/") for root in roots if os.path.isfile(workspace / root / GIT)]
-    gitdirs = [gitdir for root in roots if is_repository(workspace / root) for gitdir in _git_dirs(workspace, root)]
-    protected = [f"{r}/{n}".lstrip("/") for r in roots for n in HOOK_MANAGERS if os.path.lexists(workspace / r / n)]
-    protected += files + [rel for rel in HOST_TOOL_FILES if os.path.lexists(workspace / rel)]
-    missing: list[str] = []
-    for gitdir in gitdirs:
-        for name in GITDIR_OBEYED:
-            rel = f"{gitdir}/{name}"
-            if os.path.lexists(workspace / rel):
-                protected.append(rel)
-            elif name in GITDIR_MADE:
-                missing.append(rel)
-        hooks = hooks_dir(workspace, gitdir)
-        if hooks is not None:
-            (protected if os.path.lexists(workspace / hooks) else missing).append(hooks)
-    absent = [f"{d}/config.worktree" for d in gitdirs if f"{d}/config.worktree" not in protected]
-    absent = [rel for rel in absent if _reads_worktree_config(workspace, rel.removesuffix("/config.worktree"))]
-    for target in (target for gitdir in gitdirs for target in includes(workspace, gitdir)):
-        (protected if os.path.lexists(workspace / target) else absent).append(target)
-    protected += _gitdir_files(workspace, gitdirs)
-    return Obeyed(tuple(gitdirs), tuple(dict.fromkeys(protected)), tuple(dict.fromkeys(missing)), tuple(absent))
-
-
-def git_dirs(workspace: Path, root: str = "") -> Iterator[str]:
-    """``root``'s git directory, then its submodules' (what :mod:`sandbox.gitsweep` looks in)."""
-    return _git_dirs(workspace, root)
-
-
-def _git_dirs(workspace: Path, root: str) -> Iterator[str]:
-    """``root``'s git directory, then its submodules' under ``.git/modules`` (names may hold ``/``; modules nest)."""
-    yield f"{root}/{GIT}".lstrip("/")
-    pending = [f"{root}/{GIT}/modules".lstrip("/")]
-    while pending:
-        rel = pending.pop()
-        try:
-            entries = sorted(os.scandir(workspace / rel), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            child = f"{rel}/{entry.name}"
-            if os.path.isfile(workspace / child / "HEAD"):
-                yield child
-                pending.append(f"{child}/modules")
-            else:
-                pending.append(child)  # a name with a "/": foo/bar
-
-
-def hooks_dir(workspace: Path, gitdir: str = GIT) -> str | None:
-    """``core.hooksPath`` of ``gitdir``'s config, workspace-relative, when it leads inside the
-    workspace's worktree (``None`` when unset, outside, or the config is unreadable)."""
-    values = _config(workspace, gitdir).get("core.hookspath")
-    if not values:
-        return None
-    own = gitdir == GIT or gitdir.endswith(f"/{GIT}")  # a repository's own, not a submodule's under modules/
-    top = workspace / gitdir.removesuffix(GIT) if own else _module_worktree(workspace, gitdir)
-    return _inside(workspace, os.path.join(top, os.path.expanduser(values[-1])))
-
-
-_INCLUDE_DEPTH = 10  # git's own limit on nested includes
-
-
-def includes(workspace: Path, gitdir: str = GIT) -> list[str]:
-    """The files inside the workspace that ``gitdir``'s config includes (``include.path``,
-    ``includeIf.*.path``, whatever the condition), followed through those the host holds as git
-    does: a relative path is relative to the including file."""
-    found: list[str] = []
-    pending = [(f"{gitdir}/config", 0)]
-    while pending:
-        rel, depth = pending.pop()
-        for key, values in _config(workspace, rel, file=True).items():
-            if key != "include.path" and not (key.startswith("includeif.") and key.endswith(".path")):
-                continue
-            for value in values:
-                target = _inside(workspace, os.path.join(workspace / rel, "..", os.path.expanduser(value)))
-                if target is not None and target not in found:
-                    found.append(target)
-                    if depth < _INCLUDE_DEPTH:
-                        pending.append((target, depth + 1))
-    return found
-
-
-def _inside(workspace: Path, path: str) -> str | None:
-    """``path`` (absolute), workspace-relative when it lies inside the workspace (the root excluded)."""
-    inside = os.path.relpath(os.path.normpath(path), workspace)
-    return None if inside == "." or inside.startswith("..") or os.path.isabs(inside) else inside.replace(os.sep, "/")
-
-
-def _module_worktree(workspace: Path, gitdir: str) -> Path:
-    """A submodule's worktree: its config's ``core.worktree`` (relative to the git directory)."""
-    values = _config(workspace, gitdir).get("core.worktree")
-    return Path(os.path.normpath(workspace / gitdir / values[-1])) if values else workspace
-
-
-def _config(workspace: Path, rel: str, *, file: bool = False) -> dict[str, list[str]]:
-    """The config of git directory ``rel`` (or the config file ``rel``) as the host holds it; empty
-    when missing or not understood (a config this parser cannot read is the host user's own:
-    sealed whole in rw, and read by git, not by us)."""
-    try:
-        return parse_config(_read(workspace / rel if file else workspace / rel / "config", _READ_MAX) or b"")
-    except ConfigError:
-        return {}
-
-
-def _reads_worktree_config(workspace: Path, gitdir: str) -> bool:
-    values = _config(workspace, gitdir).get("extensions.worktreeconfig") or ["false"]
-    return values[-1].lower() in ("true", "yes", "on", "1")
-
-
-def _gitdir_files(workspace: Path, gitdirs: Iterable[str]) -> Iterator[str]:
-    """The ``.git`` files inside the workspace that point at one of ``gitdirs`` or its worktrees."""
-    for gitdir in gitdirs:
-        if not (gitdir == GIT or gitdir.endswith(f"/{GIT}")):
-            found = _module_worktree(workspace, gitdir) / GIT
-            if found.is_relative_to(workspace) and os.path.isfile(found):
-                yield found.relative_to(workspace).as_posix()
-        for record in _host_files(workspace, f"{gitdir}/worktrees"):
-            if record.count("/") == gitdir.count("/") + 2 and record.endswith("/gitdir"):
-                pointed = Path((_read(workspace / record, 4096) or b"").decode("utf-8", "replace").strip())
-                if pointed.is_relative_to(workspace) and os.path.isfile(pointed):
-                    yield pointed.relative_to(workspace).as_posix()
-
-
-def obeyed_in_worktree(workspace: Path, rel: str) -> bool:
-    """Whether worktree path ``rel`` is a hook manager's file, under the host's ``core.hooksPath``
-    or a file the host's config includes."""
-    if any(rel == name or rel.startswith(f"{name}/") for name in HOOK_MANAGERS):
-        return True
-    hooks, included = _root_config_paths(workspace)
-    return rel in included or (hooks is not None and (rel == hooks or rel.startswith(f"{hooks}/")))
-
-
-def _root_config_paths(workspace: Path) -> tuple[str | None, tuple[str, ...]]:
-    # Asked once per change of a changeset: the config is read again only when it changed.
-    try:
-        st = os.stat(workspace / GIT / "config")
-    except OSError:
-        return None, ()
-    return _root_config_paths_of(workspace, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _root_config_paths_of(workspace: Path, _ino: int, _size: int, _mtime: int) -> tuple[str | None, tuple[str, ...]]:
-    return hooks_dir(workspace), tuple(includes(workspace))
 
 
 # -- the summary ------------------------------------------------------------------------------------
@@ -382,7 +183,7 @@ def summarise(workspace: Path, kept_tree: Path, changes: list[Change]) -> GitSum
     modules = next((c.status for c in changes if c.path == ".gitmodules"), None)
     if not is_repository(workspace) or not (inside or modules):
         return None
-    old, new = _View(workspace), _View(workspace, kept_tree, inside)
+    old, new = View(workspace), View(workspace, kept_tree, inside)
     summary = GitSummary(entries=len(inside), gitmodules=modules)
     paths = {c.path: c for c in inside}
     try:
@@ -395,7 +196,7 @@ def summarise(workspace: Path, kept_tree: Path, changes: list[Change]) -> GitSum
     return summary
 
 
-def _summarise_refs(summary: GitSummary, old: _View, new: _View, paths: dict[str, Change]) -> None:
+def _summarise_refs(summary: GitSummary, old: View, new: View, paths: dict[str, Change]) -> None:
     before, after = old.refs(), new.refs()
     fresh = {m[1] + m[2] for p in paths if paths[p].status != "deleted" and (m := _OBJECT.match(p))}
     packs = any(p.startswith(".git/objects/pack/") and p.endswith(".pack") for p in paths)
@@ -413,14 +214,14 @@ def _ref_change(was: str | None, now: str | None) -> str:
     return "created" if was is None else "deleted" if now is None else "moved"
 
 
-def _new_commits(view: _View, tip: str, fresh: set[str], packs: bool) -> tuple[list[dict[str, str]], bool]:
+def _new_commits(view: View, tip: str, fresh: set[str], packs: bool) -> tuple[list[dict[str, str]], bool]:
     """The commits reachable from ``tip`` whose loose objects the changeset adds, newest first."""
     if tip not in fresh:
         return [], packs and not view.has_object(tip)
     found: list[dict[str, str]] = []
     queue, seen = [tip], {tip}
     while queue and len(found) < _COMMITS_MAX:
-        commit = _read_commit(view, queue.pop(0))
+        commit = read_commit(view, queue.pop(0))
         if commit is None:
             return found, True
         found.append(commit.shown())
@@ -431,16 +232,16 @@ def _new_commits(view: _View, tip: str, fresh: set[str], packs: bool) -> tuple[l
     return found, False
 
 
-def _summarise_state(summary: GitSummary, old: _View, new: _View, paths: dict[str, Change]) -> None:
+def _summarise_state(summary: GitSummary, old: View, new: View, paths: dict[str, Change]) -> None:
     if ".git/HEAD" in paths:
-        was, now = _text(old.read(".git/HEAD")), _text(new.read(".git/HEAD"))
+        was, now = shown_text(old.read(".git/HEAD")), shown_text(new.read(".git/HEAD"))
         summary.head = [was, now] if was != now else None
     if ".git/index" in paths:
-        summary.index = {"changed": True, "paths_differ": _index_difference(old, new)}
+        summary.index = {"changed": True, "paths_differ": index_difference(old, new)}
     summary.packed_refs = ".git/packed-refs" in paths
 
 
-def _summarise_config(summary: GitSummary, old: _View, new: _View, paths: dict[str, Change]) -> None:
+def _summarise_config(summary: GitSummary, old: View, new: View, paths: dict[str, Change]) -> None:
     if ".git/config" not in paths:
         return
     try:
@@ -484,262 +285,8 @@ def _summarise_entries(summary: GitSummary, inside: list[Change]) -> None:
             summary.risky.append(f"{change.path} is never applied: {change.reason}")
 
 
-# -- reading the repository as files ------------------------------------------------------------------
-
-
-class _View:
-    """The repository as files: the host's, or the host's overlaid with the kept changes."""
-
-    def __init__(self, workspace: Path, kept: Path | None = None, changes: Iterable[Change] = ()) -> None:
-        self.workspace = workspace
-        self.kept = kept
-        self.changed = {c.path: c for c in changes}
-
-    def read(self, rel: str, limit: int = _READ_MAX) -> bytes | None:
-        change = self.changed.get(rel)
-        if change is None:
-            return _read(self.workspace / rel, limit)
-        if self.kept is None or change.status == "deleted" or change.kind != "file":
-            return None
-        return _read(self.kept / rel, limit)
-
-    def files(self, rel: str) -> set[str]:
-        """The regular files below ``rel``."""
-        found = set(_host_files(self.workspace, rel))
-        for path, change in self.changed.items():
-            if path.startswith(f"{rel}/"):
-                present = change.status != "deleted" and change.kind == "file"
-                (found.add if present else found.discard)(path)
-        return found
-
-    def has_object(self, oid: str) -> bool:
-        return self.read(f".git/objects/{oid[:2]}/{oid[2:]}") is not None
-
-    def refs(self) -> dict[str, str]:
-        """Every ref: ``packed-refs`` overridden by the loose ones (ids, or ``ref: …`` when symbolic)."""
-        found = _packed_refs(self.read(".git/packed-refs", _LARGE_MAX) or b"")
-        for path in sorted(self.files(".git/refs")):
-            value = _ref_value(self.read(path))
-            if value is not None:
-                found[path[len(".git/") :]] = value
-        return found
-
-
-def _read(path: Path, limit: int) -> bytes | None:
-    """The regular file ``path`` (last component not followed) of at most ``limit`` bytes; else ``None``."""
-    try:
-        # getattr: Windows (the winjob backend's copy of a repository) has none of the three.
-        flags = sum(getattr(os, name, 0) for name in ("O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC", "O_BINARY"))
-        fd = os.open(path, os.O_RDONLY | flags)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        return fh.read(limit)
-
-
-def _host_files(workspace: Path, rel: str) -> Iterator[str]:
-    top = workspace / rel
-    for dirpath, _dirs, files in os.walk(top):  # os.walk follows no symlinked directory
-        base = PurePosixPath(rel) / PurePosixPath(Path(dirpath).relative_to(top).as_posix())
-        for name in files:
-            yield str(base / name)
-
-
-def _ref_value(data: bytes | None) -> str | None:
-    line = (data or b"").strip()
-    if _ID.match(line):
-        return line.decode()
-    if line.startswith(b"ref: "):
-        return _escape(line.decode("utf-8", "replace"))
-    return None
-
-
-def _packed_refs(data: bytes) -> dict[str, str]:
-    found = {}
-    for line in data.splitlines():
-        oid, _, name = line.partition(b" ")
-        if _ID.match(oid) and name.startswith(b"refs/"):
-            found[_escape(name.decode("utf-8", "replace"))] = oid.decode()
-    return found
-
-
-def _text(data: bytes | None) -> str:
-    return _escape((data or b"").decode("utf-8", "replace").strip()) if data is not None else "(none)"
-
-
-# -- commits ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Commit:
-    oid: str
-    parents: list[str]
-    author: str
-    subject: str
-
-    def shown(self) -> dict[str, str]:
-        return {"id": self.oid, "subject": self.subject, "author": self.author}
-
-
-def _read_commit(view: _View, oid: str) -> _Commit | None:
-    """The loose commit ``oid``, inflated no further than :data:`_COMMIT_MAX`; ``None`` when it is not one."""
-    data = view.read(f".git/objects/{oid[:2]}/{oid[2:]}")
-    if data is None:
-        return None
-    try:
-        raw = zlib.decompressobj().decompress(data, _COMMIT_MAX)
-    except zlib.error:
-        return None
-    header, _, body = raw.partition(b"\0")
-    if not header.startswith(b"commit "):
-        return None
-    return _parse_commit(oid, body)
-
-
-def _parse_commit(oid: str, body: bytes) -> _Commit:
-    head, _, message = body.partition(b"\n\n")
-    parents, author = [], ""
-    for line in head.split(b"\n"):
-        name, _, value = line.partition(b" ")
-        if name == b"parent" and _ID.match(value):
-            parents.append(value.decode())
-        elif name == b"author":
-            author = _escape(re.sub(rb" \d+ [+-]\d{4}$", b"", value).decode("utf-8", "replace"))
-    subject = " ".join(message.split(b"\n\n", 1)[0].decode("utf-8", "replace").split())
-    return _Commit(oid, parents, author, _escape(subject[:100]))
-
-
-# -- the index ----------------------------------------------------------------------------------------
-
-
-def _index_difference(old: _View, new: _View) -> int | None:
-    """How many paths differ (mode or blob) between the two indexes; ``None`` if one is not v2/v3."""
-    before = _index_entries(old.read(".git/index", _LARGE_MAX))
-    after = _index_entries(new.read(".git/index", _LARGE_MAX))
-    if before is None or after is None:
-        return None
-    return sum(before.get(path) != after.get(path) for path in set(before) | set(after))
-
-
-def _index_entries(data: bytes | None) -> dict[bytes, bytes] | None:
-    if data is None or data[:4] != b"DIRC" or int.from_bytes(data[4:8]) not in (2, 3):
-        return None
-    found, offset = {}, 12
-    try:
-        for _ in range(int.from_bytes(data[8:12])):
-            offset, path, value = _index_entry(data, offset)
-            found[path] = value
-    except ValueError:
-        return None
-    return found
-
-
-def _index_entry(data: bytes, offset: int) -> tuple[int, bytes, bytes]:
-    """One v2/v3 entry at ``offset``: the next offset, its path, its mode and object id."""
-    flags = int.from_bytes(data[offset + 60 : offset + 62])
-    start = offset + 62 + (2 if flags & 0x4000 else 0)
-    end = data.index(b"\0", start)
-    value = data[offset + 24 : offset + 28] + data[offset + 40 : offset + 60]
-    return offset + ((end - offset) // 8 + 1) * 8, data[start:end], value
-
-
-# -- configuration --------------------------------------------------------------------------------
-
-
-class ConfigError(ValueError):
-    """A config file this parser does not fully understand (and so does not trust)."""
-
-
-_SECTION = re.compile(r'^\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\\n]|\\.)*)")?\s*\]\s*(?:[#;].*)?$')
-_UNESCAPE = re.compile(r"\\(.)")
-_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9-]*)\s*(?:=(.*))?$")
-
-
-def parse_config(data: bytes) -> dict[str, list[str]]:
-    """The keys of a git config file (``section[.subsection].name``, lower case but the
-    subsection) and their values in order. Includes are keys like any other, never followed."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("not UTF-8") from exc
-    found: dict[str, list[str]] = {}
-    section: str | None = None
-    lines = iter(text.split("\n"))
-    for number, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            section = _section(line, number)
-            line = line[line.index("]") + 1 :].strip()
-            if not line or line[0] in "#;":
-                continue
-        if section is None:
-            raise ConfigError(f"line {number}: a key outside any section")
-        name, value = _key_value(line, lines, number)
-        found.setdefault(f"{section}.{name}", []).append(value)
-    return found
-
-
-def _section(line: str, number: int) -> str:
-    close = line.find("]")
-    match = _SECTION.match(line[: close + 1]) if close > 0 else None
-    if match is None:
-        raise ConfigError(f"line {number}: a section header this parser does not read")
-    name, sub = match[1], match[2]
-    if sub is None:
-        head, _, rest = name.partition(".")  # the deprecated [section.sub] form
-        return f"{head.lower()}.{rest.lower()}" if rest else head.lower()
-    return name.lower() + "." + _UNESCAPE.sub(r"\1", sub)
-
-
-def _key_value(line: str, lines: Iterator[str], number: int) -> tuple[str, str]:
-    match = _KEY.match(line)
-    if match is None:
-        raise ConfigError(f"line {number}: not a key = value line")
-    if match[2] is None:
-        return match[1].lower(), "true"
-    value = match[2]
-    while value.endswith("\\") and not value.endswith("\\\\"):
-        value = value[:-1] + next(lines, "")
-    return match[1].lower(), _value(value, number)
-
-
-def _value(raw: str, number: int) -> str:
-    out, quoted, i = [], False, 0
-    while i < len(raw):
-        char = raw[i]
-        if char == "\\":
-            if i + 1 >= len(raw) or raw[i + 1] not in 'ntb"\\':
-                raise ConfigError(f"line {number}: an escape this parser does not read")
-            out.append({"n": "\n", "t": "\t", "b": "\b"}.get(raw[i + 1], raw[i + 1]))
-            i += 2
-            continue
-        if char == '"':
-            quoted = not quoted
-        elif char in "#;" and not quoted:
-            break
-        else:
-            out.append(char)
-        i += 1
-    if quoted:
-        raise ConfigError(f"line {number}: an unclosed quote")
-    return _escape("".join(out).strip())
-
-
-# -- showing it -------------------------------------------------------------------------------------
-
-
-def _escape(text: str) -> str:
-    """``text`` with every unprintable character (terminal controls among them) escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _short(oid: str | None) -> str:
-    return oid[:7] if oid and _ID.match(oid.encode()) else str(oid)
+    return oid[:7] if oid and OBJECT_ID.match(oid.encode()) else str(oid)
 
 
 def _ref_lines(refs: list[dict[str, Any]]) -> Iterator[str]:

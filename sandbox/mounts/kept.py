@@ -25,7 +25,7 @@ import anyio.to_thread
 
 from sandbox import datadir, diffbound, textsafe
 from sandbox.errors import Conflict, InvalidArgument
-from sandbox.mounts import envdirs, gitreview, journal
+from sandbox.mounts import applyplan, envdirs, gitreview
 from sandbox.mounts.changeset import ApplyReport, Change, Changeset, apply_order, needs_consent, with_contents
 from sandbox.mounts.gitreview import GitSummary
 from sandbox.mounts.stamps import WINDOWS, Stamp, open_unfollowed, sha256_file
@@ -279,7 +279,7 @@ class Kept:
         if not picked:
             return chosen
 
-        plan = journal.Plan(self._tree())
+        plan = applyplan.Plan(self._tree())
         for change in sorted(picked, key=apply_order):
             plan.add(change)
         if not plan.report.conflicts:

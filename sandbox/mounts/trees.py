@@ -22,7 +22,7 @@ import anyio
 
 from sandbox import datadir
 from sandbox.errors import Conflict, InvalidArgument, ToolFailed, map_errors
-from sandbox.mounts import envdirs, journal, winapply
+from sandbox.mounts import applyplan, envdirs, journal, winapply
 from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ class CopyTree:
 
         with journal.locked(self.workspace):
             journal.recover_locked(self.workspace)
-            plan = journal.Plan(self)
+            plan = applyplan.Plan(self)
             for change in selected(changeset, only, include_flagged, plan.report):
                 plan.add(change)
             kept_back = journal.execute(self.workspace, plan.steps)

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
     from sandbox.network.denial import Denial
     from sandbox.network.proxy import EgressProxy, ProxyThread
-    from sandbox.profile import Network, Profile
+    from sandbox.profile import Profile
+    from sandbox.profile_tables import Network
     from sandbox.vocabulary import Answer
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.policy.gate import LiveRules
+from sandbox.policy.liverules import LiveRules
 from sandbox.policy.rules import RuleSet, RuleStore
 from sandbox.policy.trust import PROJECT_POLICY, TrustStore, project_rules
 

@@ -8,7 +8,7 @@ verdict, a missing reason, invalid JSON, an error, a timeout or no classifier at
 ``failed`` judgement, which never allows: the call is asked, or refused where nobody can be asked.
 
 Judgements come from a Python callable (:class:`CallbackClassifier`), the client of ``sandbox
-serve`` (a ``classify.request``, :class:`sandbox.server.RpcClassifier`) or the built-in client of
+serve`` (a ``classify.request``, :class:`sandbox.server_requests.RpcClassifier`) or the built-in client of
 an OpenAI-compatible chat-completions endpoint (:class:`ChatClassifier`). Identical requests are
 judged once per session (:class:`SessionState.judgements`).
 """
@@ -37,7 +37,7 @@ from sandbox.errors import InvalidArgument
 from sandbox.vocabulary import ClassifierVerdict, OperatingMode, Operation, PermissionMode  # noqa: TC001
 
 if TYPE_CHECKING:
-    from sandbox.profile import Policy
+    from sandbox.profile_policy import Policy
 
 MAX_REASON = 2000
 MAX_USER_MESSAGE = 4000

@@ -12,15 +12,16 @@ a write outside the writable roots (workspace, scratch, the jail's /tmp) is aske
 never covered by a session grant, like the Write tool's outside path, and never called a read.
 
 Wrappers (sudo, env, nice, timeout, xargs, bash -c, sh -c, eval, find -exec, …) are unwrapped and
-the inner command judged. What cannot be known statically (a command name from ``$(…)``, code
-from a variable, syntax the parser rejects) is never exempt and is confirmed in every mode: the
-point of an obfuscated command is to look harmless, so "follows the mode" would let ``auto``
-run it.
+the inner command judged (:mod:`sandbox.policy.wrappers` names them). What cannot be known
+statically (a command name from ``$(…)``, code from a variable, syntax the parser rejects) is never
+exempt and is confirmed in every mode: the point of an obfuscated command is to look harmless, so
+"follows the mode" would let ``auto`` run it.
+
+The deny layer's commands and what they destroy are :mod:`sandbox.policy.destructive`'s.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import itertools
 import os
@@ -28,14 +29,16 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from sandbox.policy import targets
+from sandbox.policy.destructive import BLOCK_DEVICE, DELETERS, DENY_LAYER_NAMES, HARMLESS_DEVICES, DenyLayer, has_glob
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
 from sandbox.policy.shell import Simple, Unparseable, Word, expand_braces, parse
 from sandbox.policy.verdict import EXEMPT, Finding, strongest
+from sandbox.policy.wrappers import ESCALATION, INTERPRETERS, SHELLS, WRAPPERS, program_reader, unwrap
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,145 +46,12 @@ if TYPE_CHECKING:
     from sandbox.policy.paths import PathPolicy, ResolvedPath
     from sandbox.vocabulary import Layer
 
-Doom = Literal["deny", "ask"]  # what deleting a path is: a deny-layer target, or an asked one
-
 MAX_DEPTH = 6
 SENSITIVE_VAR = re.compile(
     r"^(PATH|LD_\w*|DYLD_\w*|BASH_ENV|ENV|IFS|PS4|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|GIT_\w*|PAGER|\w*_PAGER"
     r"|EDITOR|VISUAL|BROWSER|PYTHONPATH|PYTHONSTARTUP|NODE_OPTIONS|PERL5OPT|PERL5LIB|RUBYOPT|CDPATH|HOME"
     r"|BASH_FUNC_\w*|HISTFILE)$"
 )
-SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "rbash"})
-INTERPRETERS = frozenset(
-    {
-        "python",
-        "python2",
-        "python3",
-        "perl",
-        "ruby",
-        "node",
-        "nodejs",
-        "php",
-        "lua",
-        "deno",
-        "bun",
-        "tclsh",
-        "osascript",
-        "pwsh",
-        "powershell",
-    }
-)
-ESCALATION = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
-# Wrappers that run their operand as a command: name -> positionals to skip before it.
-WRAPPERS: dict[str, int] = {
-    "env": 0,
-    "nice": 0,
-    "ionice": 0,
-    "timeout": 1,
-    "nohup": 0,
-    "stdbuf": 0,
-    "time": 0,
-    "setsid": 0,
-    "command": 0,
-    "builtin": 0,
-    "exec": 0,
-    "xargs": 0,
-    "chrt": 1,
-    "taskset": 1,
-    "flock": 1,
-    "busybox": 0,
-    "sudo": 0,
-    "doas": 0,
-    "pkexec": 0,
-    "run0": 0,
-    "unbuffer": 0,
-    "watch": 0,
-    "strace": 0,
-    "ltrace": 0,
-    "chroot": 1,
-    "firejail": 0,
-    "caffeinate": 0,
-    "script": 0,
-    "torsocks": 0,
-    "proxychains": 0,
-}
-FORMATTERS = frozenset(
-    {
-        "mke2fs",
-        "mkswap",
-        "wipefs",
-        "fdisk",
-        "sfdisk",
-        "cfdisk",
-        "gdisk",
-        "sgdisk",
-        "parted",
-        "mkntfs",
-        "mkdosfs",
-        "newfs",
-        "format",
-        "blkdiscard",
-        "mklabel",
-        "mkexfatfs",
-        "mkudffs",
-    }
-)
-# Tools that format with one of their subcommands, lower-cased (diskutil's verbs ignore case;
-# diskutil list only reads).
-FORMAT_SUBCOMMANDS: dict[str, frozenset[str]] = {
-    "diskutil": frozenset(
-        {"erasedisk", "erasevolume", "reformat", "partitiondisk", "zerodisk", "randomdisk", "secureerase"}
-    ),
-    "cryptsetup": frozenset({"luksformat", "erase", "lukserase"}),
-    "nvme": frozenset({"format", "sanitize"}),
-}
-DELETERS = frozenset({"rm", "rmdir", "unlink", "shred", "srm", "wipe", "trash", "trash-put"})
-_COARSE_NAMES = DELETERS | FORMATTERS | frozenset(FORMAT_SUBCOMMANDS) | {"dd", "find", "mv"}
-# Deleting a home directory is in the deny layer: every child of these is one (Fedora Atomic's
-# /home is a link to /var/home), and so are root's homes on Linux and macOS.
-HOME_PARENTS = frozenset({"/home", "/Users", "/var/home"})
-ROOT_HOMES = frozenset({"/root", "/var/root"})
-# Deleting one of these is asked, not denied: seed 004 moved system directories out of its deny
-# layer, and in a jail they are read-only anyway.
-SYSTEM_DIRS = frozenset(
-    {
-        "/bin",
-        "/boot",
-        "/dev",
-        "/etc",
-        "/lib",
-        "/lib32",
-        "/lib64",
-        "/libx32",
-        "/media",
-        "/mnt",
-        "/opt",
-        "/proc",
-        "/run",
-        "/sbin",
-        "/srv",
-        "/sys",
-        "/tmp",
-        "/usr",
-        "/var",
-        "/snap",
-        "/nix",
-        "/System",
-        "/Library",
-        "/Applications",
-        "/Volumes",
-        "/private",
-        "/cores",
-        "/lost+found",
-    }
-)
-DRIVE_ROOT = re.compile(r"^(?:[A-Za-z]:[\\/]*|/mnt/[A-Za-z]/*|/cygdrive/[A-Za-z]/*|/[A-Za-z]/*)$")
-BLOCK_DEVICE = re.compile(
-    r"^/dev/(?:sd[a-z]+\d*|hd[a-z]+\d*|vd[a-z]+\d*|xvd[a-z]+\d*|nvme\d+(?:n\d+)?(?:p\d+)?|mmcblk\d+(?:p\d+)?"
-    r"|r?disk\d+(?:s\d+)?|dm-\d+|md\d+|loop\d+|mapper/.+|sr\d+|zram\d+|disk/.+)$"
-)
-HARMLESS_DEVICES = re.compile(r"^/dev/(?:null|zero|stdout|stderr|stdin|tty|fd/\d+|urandom|random|full)$")
-WILDCARD_COMPONENT = re.compile(r"^[.*?]*\*[.*?]*$")
 PUBLISHERS: dict[str, str] = {
     "npm": "publish",
     "pnpm": "publish",
@@ -240,10 +110,6 @@ def judge(
     return CommandVerdict(strongest(list(findings), default), findings, external, tuple(judge_.resolved))
 
 
-def _has_glob(text: str) -> bool:
-    return any(char in text for char in "*?[")
-
-
 class _Judge:
     def __init__(self, paths: PathPolicy, rules: RuleSet) -> None:
         self.paths = paths
@@ -253,21 +119,10 @@ class _Judge:
         self.resolved: list[ResolvedPath] = []
         self.cwd: str | None = paths.workspace
         self.depth = 0
-        self.critical = self._critical_paths()
+        self.deny = DenyLayer(paths)
         self.exemption: Exemption | None = None
         self.writes: WriteExemption | None = None
         self.programs: tuple[str, ...] = ()
-
-    def _critical_paths(self) -> frozenset[str]:
-        """What deleting is denied: the root, root's homes, the homes' parents, each home and its ancestors."""
-        critical = {"/", *ROOT_HOMES, *HOME_PARENTS}
-        for home in self.paths.homes:
-            critical.add(home)
-            parent = os.path.dirname(home)
-            while parent not in ("/", ""):
-                critical.add(parent)
-                parent = os.path.dirname(parent)
-        return frozenset(critical)
 
     def add(self, layer: Layer, rule_id: str, reason: str) -> None:
         if rule_id in BUILTIN_IDS and not self.rules.enabled(rule_id):
@@ -321,7 +176,7 @@ class _Judge:
         words = [Word(t.strip("()`"), "$" in t) for t in tokens]
         for index, word in enumerate(words):
             name = os.path.basename(word.text)
-            if name in _COARSE_NAMES or name.startswith("mkfs"):
+            if name in DENY_LAYER_NAMES or name.startswith("mkfs"):
                 end = next(
                     (j for j in range(index, len(tokens)) if tokens[j] in (";", "&&", "||", "|", ";;", "&", "\n")),
                     len(tokens),
@@ -331,15 +186,8 @@ class _Judge:
     def _pipe_to_shell(self, cmd: Simple) -> None:
         if cmd.stage == 0 or not cmd.words or cmd.words[0].dynamic:
             return
-        words = list(cmd.words)
-        while words and os.path.basename(words[0].text) in ESCALATION | {"env", "command", "exec"}:
-            words = [w for w in words[1:] if not w.text.startswith("-")]
-        if not words:
-            return
-        name = os.path.basename(words[0].text)
-        args = [w.text for w in words[1:]]
-        program_from_stdin = not [a for a in args if not a.startswith("-")] or "-" in args or "-s" in args
-        if name in SHELLS | INTERPRETERS and program_from_stdin and "-c" not in args:
+        name = program_reader(cmd.words)
+        if name is not None:
             self.add("ask", "ask.pipe-to-shell", f"the pipeline feeds data to {name} as a program")
 
     # -- one simple command -----------------------------------------------------------------
@@ -440,7 +288,9 @@ class _Judge:
             self.add("ask", "ask.sudo", f"{name} runs a command with elevated privileges")
         if name == "command" and args and args[0].text in ("-v", "-V"):
             return  # a lookup, runs nothing
-        inner = self._wrapped(name, args)
+        assignments, inner = unwrap(name, args)
+        for assignment in assignments:
+            self._assignment(assignment)
         if name == "xargs":
             unknown_args = True
             self.add("mode", "shell.xargs", "xargs builds arguments from its input at run time")
@@ -448,38 +298,6 @@ class _Judge:
             self._argv(inner, unknown_args)
         elif name in ("env", "xargs", "watch", "script"):
             self.add("mode", "shell.command", f"{name} without a command")
-
-    def _wrapped(self, name: str, args: list[Word]) -> list[Word]:
-        """The inner command of a wrapper: skip its options, assignments and fixed operands."""
-        takes = {
-            "sudo": "ugUhpCrtD",
-            "doas": "uC",
-            "env": "uCS",
-            "nice": "n",
-            "ionice": "cnp",
-            "timeout": "sk",
-            "stdbuf": "ioe",
-            "xargs": "IinPdLsaE",
-            "flock": "wE",
-            "exec": "a",
-            "watch": "nd",
-            "strace": "oepsu",
-        }.get(name, "")
-        index = 0
-        while index < len(args):
-            text = args[index].text
-            if text == "--":
-                index += 1
-                break
-            if name == "env" and "=" in text and not text.startswith("-"):
-                self._assignment(text)
-            elif not text.startswith("-") or text == "-":
-                break
-            elif len(text) == 2 and text[1] in takes:
-                index += 1
-            index += 1
-        skip = WRAPPERS[name]
-        return args[index + skip :]
 
     def _shell(self, name: str, args: list[Word]) -> None:
         has_c, index = False, 0
@@ -628,7 +446,7 @@ class _Judge:
         return ok
 
     def _expand_glob(self, text: str) -> list[str]:
-        if not _has_glob(text) or self.cwd is None:
+        if not has_glob(text) or self.cwd is None:
             return [text]
         pattern = self.paths.expand(text, self.cwd)
         # Bounded: a glob over a huge tree must not make the gate slow; what we saw stands for it.
@@ -693,106 +511,5 @@ class _Judge:
     # -- the deny layer ---------------------------------------------------------------------------
 
     def _deny_layer(self, name: str, args: Sequence[Word]) -> None:
-        texts = [word.text for word in args]
-        if name in FORMATTERS or name.startswith("mkfs"):
-            self.add("deny", "deny.format", f"{name} formats or partitions a disk")
-        elif {text.lower() for text in texts} & FORMAT_SUBCOMMANDS.get(name, frozenset()):
-            self.add("deny", "deny.format", f"{' '.join([name, *texts[:1]])} formats or erases a disk")
-        self._deletion(name, args, texts)
-        self._device_write(name, texts)
-
-    def _deletion(self, name: str, args: Sequence[Word], texts: list[str]) -> None:
-        positionals = _positionals(args)
-        if name in DELETERS:
-            targets = positionals
-        elif name == "mv":
-            targets = positionals[:-1]
-        elif name == "find" and ({"-delete"} & set(texts) or self._find_runs_rm(texts)):
-            targets = list(itertools.takewhile(lambda w: not w.text.startswith(("-", "(", "!")), args))
-        elif name == "":
-            targets = positionals  # an unknown command name: judge its operands as if it deleted
-        else:
-            return
-        dooms = {word.text: self._doom(word) for word in targets}
-        who = name or "this command"
-        doomed = [text for text, doom in dooms.items() if doom == "deny"]
-        asked = [text for text, doom in dooms.items() if doom == "ask"]
-        if doomed:
-            self.add("deny", "deny.delete-root", f"{who} would delete {doomed[0]}: the root, a home or a drive root")
-            return
-        if asked:
-            self.add(
-                "ask",
-                "ask.delete-system-dir",
-                f"{who} would delete {asked[0]}, a top-level system directory (read-only in a jail)",
-            )
-        recursive = {"-r", "-R", "--recursive"} & shape(name, texts).flags or name == "find"
-        if name and recursive and any(w.dynamic for w in targets):
-            self.add("ask", "shell.dynamic-delete", "deletes recursively a path only known at run time")
-
-    @staticmethod
-    def _find_runs_rm(texts: list[str]) -> bool:
-        return any(
-            texts[i] in ("-exec", "-execdir", "-ok", "-okdir")
-            and i + 1 < len(texts)
-            and os.path.basename(texts[i + 1]) in DELETERS
-            for i in range(len(texts))
-        )
-
-    def _doom(self, word: Word) -> Doom | None:
-        """``deny`` for the root, a home or a drive root; ``ask`` for another top-level system directory."""
-        text = word.text
-        if DRIVE_ROOT.match(text):
-            return "deny"
-        if word.dynamic or (self.cwd is None and not text.startswith(("/", "~"))):
-            return None
-        lexical = self.paths.expand(text, self.cwd)
-        candidates = {lexical} if _has_glob(lexical) else {lexical, os.path.realpath(lexical)}
-        dooms = {self._doom_of(_emptied(candidate)) for candidate in candidates}
-        return "deny" if "deny" in dooms else "ask" if "ask" in dooms else None
-
-    def _doom_of(self, path: str) -> Doom | None:
-        if _matches(path, self.critical) or _matches(os.path.dirname(path), HOME_PARENTS):
-            return "deny"  # the second: /home/alice, /Users/al*, any user's home
-        return "ask" if _matches(path, SYSTEM_DIRS) else None
-
-    def _device_write(self, name: str, texts: list[str]) -> None:
-        positionals = [t for t in texts if not t.startswith("-")]
-        if name == "dd":
-            targets = [t[3:] for t in texts if t.startswith("of=")]
-        elif name in ("tee", "shred", "wipe", "badblocks", "blkdiscard", "truncate"):
-            targets = positionals
-        elif name in ("cp", "mv", "install", "ln", "rsync", "pv", "cat") and positionals:
-            targets = positionals[-1:] if name != "cat" else []
-        else:
-            return
-        for target in targets:
-            lexical = self.paths.expand(target, self.cwd or "/")
-            if BLOCK_DEVICE.match(lexical) or BLOCK_DEVICE.match(os.path.realpath(lexical)):
-                self.add("deny", "deny.raw-device", f"{name} writes to the raw block device {target}")
-                return
-
-
-def _emptied(path: str) -> str:
-    """The directory a path empties: ``/usr/*`` and ``~/.*`` delete the directory's whole content."""
-    while path != "/" and WILDCARD_COMPONENT.match(os.path.basename(path)):
-        path = os.path.dirname(path)
-    return path
-
-
-def _matches(path: str, paths: frozenset[str]) -> bool:
-    """``path`` is one of ``paths``, or a glob that names one (``/u*`` is /usr)."""
-    if path in paths:
-        return True
-    return _has_glob(path) and any(fnmatch.fnmatchcase(candidate, path) for candidate in paths)
-
-
-def _positionals(args: Sequence[Word]) -> list[Word]:
-    out: list[Word] = []
-    ended = False
-    for word in args:
-        if not ended and word.text == "--":
-            ended = True
-        elif ended or not word.text.startswith("-") or word.text == "-":
-            out.append(word)
-    return out
+        for finding in self.deny.judge(name, args, self.cwd):
+            self.add(finding.layer, finding.rule_id, finding.reason)

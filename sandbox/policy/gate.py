@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 from sandbox import datadir
 from sandbox.errors import InvalidArgument, ToolDenied
 from sandbox.policy import commands, exemptions
+from sandbox.policy.classifierbash import HINT_RULES, bash_exemptions
+from sandbox.policy.filetargets import RULE_LEVEL, first_rule, glob_base
+from sandbox.policy.grantkinds import grant_kind
 from sandbox.policy.paths import PathPolicy, ResolvedPath
-from sandbox.policy.rules import CompiledRule, RuleSet
+from sandbox.policy.rules import RuleSet
 from sandbox.tools.params import BashParams, GlobParams, ToolSpec, lookup
 
 if TYPE_CHECKING:
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 
     from sandbox.policy.classifier import Judgement
     from sandbox.policy.delegates import ResolvedDelegate
+    from sandbox.policy.liverules import LiveRules
     from sandbox.policy.verdict import Finding
     from sandbox.vocabulary import (
         ClassifierMode,
@@ -38,32 +42,9 @@ if TYPE_CHECKING:
         PermissionMode,
         PluginRisk,
         Root,
-        RuleAction,
     )
 
-_GLOB_CHARS = frozenset("*?[{")
-_RULE_LEVEL: dict[RuleAction, Level] = {"allow": "allow", "block": "deny", "ask": "confirm"}
 CONTRACT_MODES: frozenset[str] = frozenset({"plan", "goal"})  # seed 003 §10: no Write, Edit nor plugin tool
-# Seed 004: the older confirm rules are hints handed to the classifier, not prompts, once it is on
-# (``policy.classifier = "auto"``); so are the findings that mark a command as not knowable
-# statically. A user's ask rule and a protected path stay in the ask layer: the model cannot waive them.
-HINT_RULES: frozenset[str] = frozenset(
-    {
-        "ask.delete-system-dir",
-        "ask.sudo",
-        "ask.git-force-push",
-        "ask.publish",
-        "ask.pipe-to-shell",
-        "path.external-write",  # seed 004: a write outside the project is the classifier's to judge
-        "shell.dynamic-command",
-        "shell.dynamic-code",
-        "shell.dynamic-delete",
-        "shell.too-deep",
-        "parse.unparseable",
-    }
-)
-# Tools with several verbs: "allow this kind for the session" covers the verb, not the whole tool.
-_VERBED = frozenset({"git", "npm", "yarn", "pnpm", "bun", "cargo", "pip", "pip3", "uv", "docker", "kubectl", "gh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,30 +106,6 @@ class SessionState:
         self._denied.pop(turn_id, None)
 
 
-@dataclass(frozen=True)
-class LiveRules:
-    """Rules that follow their files (seed 004: saved configuration takes effect at once).
-
-    ``load`` reads the rules and the user's global mode afresh; ``files`` are what it reads (the
-    user's rules store, the trust store, the project's policy file). A running session's gate
-    looks at their modification stamps before each call and reloads when one changed.
-    """
-
-    load: Callable[[], tuple[RuleSet, PermissionMode | None]]
-    files: tuple[Path, ...]
-
-    def stamp(self) -> tuple[tuple[int, int] | None, ...]:
-        return tuple(_stamp(path) for path in self.files)
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
 class Gate:
     def __init__(
         self,
@@ -162,7 +119,7 @@ class Gate:
         live: LiveRules | None = None,
         programs: Sequence[str] = (),
     ) -> None:
-        """``settings`` is a ``sandbox.profile.Policy``; ``rules`` defaults to the profile's own.
+        """``settings`` is a ``sandbox.profile_policy.Policy``; ``rules`` defaults to the profile's own.
 
         With ``live``, rules and the global mode saved while the session runs reach it at its next call.
         ``programs`` are the profile's ``env.workspace_path`` entries (relative to the workspace):
@@ -429,32 +386,19 @@ class Gate:
         return replace(base, level="confirm", reason=what, rule_id="path.external", decided_by="mode")
 
     def _file_rule(self, spec: ToolSpec, target: ResolvedPath, base: Decision) -> Decision | None:
-        rule = _first_rule(self._file_rules, spec.name, target)
+        rule = first_rule(self._file_rules, spec.name, target)
         if rule is None:
             return None
         text = f"matches your {rule.rule.action} rule {rule.rule.id} ({rule.rule.path})"
-        level = _RULE_LEVEL[rule.rule.action]
+        level = RULE_LEVEL[rule.rule.action]
         return replace(base, level=level, reason=text, rule_id=rule.rule.id, grantable=level != "confirm")
-
-    def _exemption(self) -> commands.Exemption | None:
-        """The classifier's extra exemptions for Bash (none while it is off: the mode decides as before)."""
-        if self.classifier_mode() == "off":
-            return None
-        settings = self.settings
-        declared = exemptions.declared_dependencies if settings.exemptions.declared_dependencies else None
-        local = exemptions.local_git if settings.exemptions.in_project_writes else None
-        pushes = exemptions.trusted_push(settings.trusted.git_remotes, self.paths.workspace)
-        check: commands.Exemption | None = exemptions.combine(
-            declared, local, pushes if settings.trusted.git_remotes else None
-        )
-        return check
 
     def _bash(self, call: ToolCall, mode: PermissionMode) -> Decision:
         assert isinstance(call.params, BashParams)
-        writes = None
+        check, writes = None, None  # while the classifier is off, the mode decides as before
         if self.classifier_mode() != "off":
-            writes = exemptions.write_check(self.trusted, self.settings.exemptions.in_project_writes)
-        verdict = commands.judge(call.params.command, self.paths, self.rules, self._exemption(), writes, self.programs)
+            check, writes = bash_exemptions(self.settings, self.trusted, self.paths.workspace)
+        verdict = commands.judge(call.params.command, self.paths, self.rules, check, writes, self.programs)
         base = Decision(
             "allow",
             verdict.finding.reason,
@@ -508,7 +452,7 @@ class Gate:
                 classify=True,
                 hints=hints,
                 grantable=True,
-                kind=_kind(base),
+                kind=grant_kind(base.tool, base.resource, targeted=base.target is not None),
             )
         return None
 
@@ -550,7 +494,7 @@ class Gate:
         """The canonical path a file tool will touch (for Glob: the directory its pattern starts in)."""
         raw = getattr(params, spec.path_field, None) if spec.path_field else None
         if isinstance(params, GlobParams):
-            raw = _glob_base(params.pattern, raw)
+            raw = glob_base(params.pattern, raw)
         return self.paths.resolve(raw or ".")
 
     def recheck(self, decision: Decision, params: BaseModel) -> None:
@@ -566,54 +510,3 @@ class Gate:
                 approved=decision.target.canonical,
                 now=now.canonical,
             )
-
-
-def _kind(decision: Decision) -> str:
-    """What "allow this kind for the session" covers after a classifier's block: for Bash the
-    commands' names (and the verb of git, npm …), for another tool the tool and the directory."""
-    if decision.tool != "Bash":
-        where = os.path.dirname(decision.resource) if decision.target is not None else ""
-        return f"{decision.tool}:{where}"
-    from sandbox.policy.shell import Unparseable, parse
-
-    try:
-        script = parse(decision.resource)
-    except Unparseable:
-        return f"Bash:={decision.resource}"  # only the very same text
-    names: list[str] = []
-    for cmd in script.commands:
-        words = [w.text for w in cmd.words]
-        if not words or cmd.words[0].dynamic:
-            return f"Bash:={decision.resource}"
-        name = os.path.basename(words[0])
-        verb = next((w for w in words[1:] if not w.startswith("-")), None) if name in _VERBED else None
-        names.append(f"{name} {verb}" if verb else name)
-    if script.nested:
-        return f"Bash:={decision.resource}"
-    return "Bash:" + " | ".join(dict.fromkeys(names))
-
-
-def _glob_base(pattern: str, path: str | None) -> str:
-    """The fixed leading components of a glob: ``../../etc/*.conf`` searches ``../../etc``."""
-    parts = pattern.split("/")
-    fixed: list[str] = []
-    for part in parts[:-1]:
-        if _GLOB_CHARS & set(part):
-            break
-        fixed.append(part)
-    prefix = "/".join(fixed) if fixed != [""] else "/"
-    if pattern.startswith("/") or pattern.startswith("~"):
-        return prefix or "/"
-    return os.path.join(path or ".", prefix) if prefix else (path or ".")
-
-
-def _first_rule(rules: list[CompiledRule], tool: str, target: ResolvedPath) -> CompiledRule | None:
-    order = {"block": 0, "ask": 1, "allow": 2}
-    matching = [
-        r
-        for r in rules
-        if r.rule.tool in (tool, "*")
-        and r.paths is not None
-        and (r.paths.matches(target.canonical) or r.paths.matches(target.lexical))
-    ]
-    return min(matching, key=lambda r: order[r.rule.action]) if matching else None

@@ -183,7 +183,7 @@ class RuleSet:
 
     @classmethod
     def from_settings(cls, settings: Any) -> RuleSet:
-        """From a profile's ``policy`` section (``sandbox.profile.Policy``)."""
+        """From a profile's ``policy`` section (``sandbox.profile_policy.Policy``)."""
         check_removable(settings.remove_rules)
         return cls(
             user=tuple(parse_rules(settings.rules, "profile")),

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from sandbox.errors import InvalidArgument, ToolDenied
-from sandbox.profile import MAX_TIMEOUT_S
+from sandbox.profile_tables import MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from sandbox.vocabulary import PluginRisk, Risk

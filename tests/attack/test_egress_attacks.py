@@ -545,7 +545,7 @@ def _connect_as_nobody(path: Path) -> int:
 
 @pytest.mark.root
 def test_the_proxys_socket_is_not_reachable_by_another_local_user() -> None:
-    from sandbox.profile import Network
+    from sandbox.profile_tables import Network
 
     egress = Egress.start(Network(mode="allowlist", allow=("good.test",)))
     try:

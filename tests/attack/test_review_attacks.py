@@ -230,7 +230,8 @@ async def test_hostile_names_cannot_forge_review_lines_over_json_rpc_and_mcp(
     backend: base.Backend, workspace: Path, private_mode: str
 ) -> None:
     from sandbox.mcp import review
-    from sandbox.server import ChangesShowParams, Server
+    from sandbox.server import Server
+    from sandbox.server_messages import ChangesShowParams
 
     cid = await _hostile_session(backend, workspace, private_mode)
     shown = await Server(cast("Any", None)).changes_show(ChangesShowParams(changeset_id=cid))

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.anyio]
 
-SERVER_MAX_LINE = 64 * 1024 * 1024  # sandbox.server.MAX_LINE: what one line may hold
+SERVER_MAX_LINE = 64 * 1024 * 1024  # sandbox.jsonrpc.MAX_LINE: what one line may hold
 ANSWER_S = 90.0  # generous: a reply the server owes within this is "answered"
 # 12,000 lines sharing every other one: difflib alone takes many seconds (quadratic); under the
 # size bound, so the review's deadline is what ends it. 40,000: past the size bound.

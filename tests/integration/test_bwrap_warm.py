@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base, bwrap_warm, cgroups, confine
+from sandbox.backends import base, bwrap_spare, bwrap_warm, cgroups, confine
 from sandbox.errors import BackendUnavailable
 from tests.conftest import backend_or_skip, make_profile, survivors
 
@@ -107,7 +107,7 @@ async def test_each_call_runs_in_its_own_cgroup_from_its_first_instruction(jail:
         assert "call-" not in agent
 
 
-async def _placed_spare(jail: bwrap_warm.WarmBwrapJail) -> tuple[bwrap_warm.Spare, int]:
+async def _placed_spare(jail: bwrap_warm.WarmBwrapJail) -> tuple[bwrap_spare.Spare, int]:
     spare = jail._spare
     assert spare is not None, "no spare was asked for after the call"
     await anyio.to_thread.run_sync(spare.placed.wait, 10)

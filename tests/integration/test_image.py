@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox import image
+from sandbox import image, imagehost
 from sandbox.errors import BackendUnavailable
 from tests.conftest import backend_or_skip, make_profile
 
@@ -172,9 +172,11 @@ def _hide(monkeypatch: pytest.MonkeyPatch, command: str) -> list[str]:
 
 def test_missing_debootstrap_is_named_for_an_ordinary_user(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide(monkeypatch, "debootstrap")
-    monkeypatch.setattr(image, "is_root", lambda: False)
-    with pytest.raises(image.BuildError, match=r"debootstrap is not installed .*: sudo apt-get install debootstrap"):
-        image.ensure_command("debootstrap", "debootstrap", "the offline image build needs it")
+    monkeypatch.setattr(imagehost, "is_root", lambda: False)
+    with pytest.raises(
+        imagehost.BuildError, match=r"debootstrap is not installed .*: sudo apt-get install debootstrap"
+    ):
+        imagehost.ensure_command("debootstrap", "debootstrap", "the offline image build needs it")
 
 
 @pytest.mark.root
@@ -185,7 +187,7 @@ def test_missing_debootstrap_is_installed_by_root(
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         pytest.skip("installing with apt-get needs root and apt-get")
     _hide(monkeypatch, "debootstrap")
-    path = image.ensure_command("debootstrap", "debootstrap", "the offline image build needs it")
+    path = imagehost.ensure_command("debootstrap", "debootstrap", "the offline image build needs it")
     assert os.access(path, os.X_OK) and path.endswith("/debootstrap")
     assert "installing debootstrap with apt-get" in capsys.readouterr().out
 
@@ -206,10 +208,10 @@ def test_unreachable_docker_host_is_named(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_no_daemon_names_the_package_for_an_ordinary_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    monkeypatch.setattr(image, "is_root", lambda: False)
-    monkeypatch.setattr(image, "_try_connect", lambda: (None, "connection refused"))
-    monkeypatch.setattr(image, "DOCKER_SOCKET", "/nonexistent/docker.sock")  # no socket a user could be refused
-    monkeypatch.setattr(image, "ENGINE_DIRS", "/nonexistent")  # nor an engine outside the user's PATH
+    monkeypatch.setattr(imagehost, "is_root", lambda: False)
+    monkeypatch.setattr(imagehost, "_try_connect", lambda: (None, "connection refused"))
+    monkeypatch.setattr(imagehost, "DOCKER_SOCKET", "/nonexistent/docker.sock")  # no socket a user could be refused
+    monkeypatch.setattr(imagehost, "ENGINE_DIRS", "/nonexistent")  # nor an engine outside the user's PATH
     _hide(monkeypatch, "dockerd")
-    with pytest.raises(image.BuildError, match=r"no Docker daemon answers .*sudo apt-get install docker\.io"):
-        image.connect()
+    with pytest.raises(imagehost.BuildError, match=r"no Docker daemon answers .*sudo apt-get install docker\.io"):
+        imagehost.connect()

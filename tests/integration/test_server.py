@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from sandbox.audit import AuditLog
-from sandbox.profile import MAX_TIMEOUT_S
+from sandbox.profile_tables import MAX_TIMEOUT_S
 from tests.conftest import backend_or_skip, survivors
 from tests.rpc_client import SANDBOX, Client, serve
 

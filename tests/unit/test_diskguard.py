@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandbox.diskguard import DEFAULT_RESERVE, SLACK, Guard, Space
-from sandbox.profile import Limits
+from sandbox.profile_tables import Limits
 
 GiB = 2**30
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox import profile
+from sandbox import profile_tables
 from sandbox.mounts import envdirs
 
 if TYPE_CHECKING:
@@ -89,10 +89,10 @@ def test_lock_files_key_the_cache(tmp_path: Path) -> None:
 
 
 def test_profile_entries_are_plain_paths() -> None:
-    assert profile.Mount(environment=(".venv", "web/node_modules/")).environment == (".venv", "web/node_modules")
+    assert profile_tables.Mount(environment=(".venv", "web/node_modules/")).environment == (".venv", "web/node_modules")
     with pytest.raises(ValueError, match="pattern"):
-        profile.Mount(environment=("*.egg-info",))
+        profile_tables.Mount(environment=("*.egg-info",))
     with pytest.raises(ValueError, match="leaves the workspace"):
-        profile.Mount(environment=("../elsewhere",))
+        profile_tables.Mount(environment=("../elsewhere",))
     with pytest.raises(ValueError, match="'off' or 'project'"):
-        profile.Mount(environment_cache="home")
+        profile_tables.Mount(environment_cache="home")

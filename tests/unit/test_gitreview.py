@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox import changes
-from sandbox.mounts import gitreview
-from sandbox.mounts.gitreview import ConfigError, parse_config
+from sandbox.mounts import gitobeyed, gitreview
+from sandbox.mounts.gitconfig import ConfigError, parse_config
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -357,7 +357,7 @@ def test_obeyed_lists_every_git_directory_and_what_points_at_one(tmp_path: Path)
     git(ws, "commit", "-q", "-m", "first")
     git(ws, "worktree", "add", "-q", str(ws / "inner-wt"))
     git(ws, "init", "-q", "vendor/x")
-    found = gitreview.obeyed(ws, ["vendor/x", "deps/lib", "inner-wt"])
+    found = gitobeyed.obeyed(ws, ["vendor/x", "deps/lib", "inner-wt"])
     assert found is not None
     assert found.gitdirs == (".git", ".git/modules/deps/lib", "vendor/x/.git")
     for path in (".git/config", ".git/hooks", ".git/worktrees", ".git/modules/deps/lib/config", "vendor/x/.git/hooks"):
@@ -365,14 +365,14 @@ def test_obeyed_lists_every_git_directory_and_what_points_at_one(tmp_path: Path)
     for path in (".husky", ".gitmodules", "deps/lib/.git", "inner-wt/.git"):
         assert path in found.protected
     assert ".githooks" in found.missing  # made, then sealed (sandbox/backends/seal.py)
-    assert gitreview.obeyed(tmp_path / "lib" / ".git") == gitreview.Obeyed((), (), ())
+    assert gitobeyed.obeyed(tmp_path / "lib" / ".git") == gitobeyed.Obeyed((), (), ())
 
 
 def test_a_hooks_path_outside_the_workspace_is_not_ours_to_seal(tmp_path: Path) -> None:
     git(tmp_path, "init", "-q", "ws")
     for value, expected in (("../elsewhere", None), ("/etc/hooks", None), ("hooks", "hooks"), (".", None)):
         git(tmp_path / "ws", "config", "core.hooksPath", value)
-        assert gitreview.hooks_dir(tmp_path / "ws") == expected
+        assert gitobeyed.hooks_dir(tmp_path / "ws") == expected
 
 
 def test_includes_are_followed_inside_the_workspace_only(tmp_path: Path) -> None:
@@ -382,5 +382,5 @@ def test_includes_are_followed_inside_the_workspace_only(tmp_path: Path) -> None
     git(ws, "config", "--add", "include.path", "/etc/gitconfig")
     git(ws, "config", "includeIf.gitdir:~/work/.path", "../conf/mine")
     (ws / "team.gitconfig").write_text("[include]\n\tpath = nested/more\n")
-    assert gitreview.includes(ws) == ["team.gitconfig", "conf/mine", "nested/more"]
-    assert gitreview.obeyed(ws).missing_files == ("conf/mine", "nested/more")
+    assert gitobeyed.includes(ws) == ["team.gitconfig", "conf/mine", "nested/more"]
+    assert gitobeyed.obeyed(ws).missing_files == ("conf/mine", "nested/more")

@@ -180,16 +180,16 @@ def test_other_failures_get_no_line(stderr: str) -> None:
 
 
 def test_session_open_takes_allow_indexes_as_the_flag_does() -> None:
-    from sandbox import session
     from sandbox.policy.approvals import CallbackApprover
-    from sandbox.server import SessionOpenParams
+    from sandbox.server_messages import SessionOpenParams
+    from sandbox.session.opening import profile_for
 
     async def deny(_request: object) -> str:
         return "deny"
 
     params = SessionOpenParams(workspace="/w", profile="untrusted-deps", allow_indexes=["npm"])
-    prof = session._profile(params.options(CallbackApprover(deny)))
+    prof = profile_for(params.options(CallbackApprover(deny)))
     assert prof.network.mode == "allowlist" and "registry.npmjs.org" in prof.network.allow
     with pytest.raises(InvalidArgument) as refused:
-        session._profile({"profile": "untrusted", "allow_indexes": ["pypi"]})
+        profile_for({"profile": "untrusted", "allow_indexes": ["pypi"]})
     assert refused.value.message.startswith("allow_indexes allowlist") and "untrusted-deps" in refused.value.message

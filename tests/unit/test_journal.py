@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox.errors import Conflict
-from sandbox.mounts import CopyTree, journal, walk
+from sandbox.mounts import CopyTree, applyplan, dirfds, journal, walk
 from tests.unit.copy_trees import copy_of
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ async def test_a_conflict_found_before_the_commit_point_changes_nothing(
     changes = await tree.changes()
     stage = journal._stage
 
-    def user_edits_meanwhile(dirs: journal._Dirs, step: journal.Step) -> None:
+    def user_edits_meanwhile(dirs: dirfds.Dirs, step: applyplan.Step) -> None:
         stage(dirs, step)
         (tree.workspace / "c.txt").write_text("the user was faster\n")
 

@@ -127,9 +127,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     (  # what a user configures: profiles, the guarantees they ask for, network rules, images
         "sandbox.profile",
+        "sandbox.profile_tables",
+        "sandbox.profile_policy",
         "sandbox.guarantees",
         "sandbox.downloads",
         "sandbox.image",
+        "sandbox.imagehost",
         "sandbox.network.policy",
         "sandbox.network.indexes",
         "sandbox.network.places",
@@ -147,7 +150,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sandbox.exec", "sandbox.tools", "sandbox.compare"),  # running a command, a tool, a comparison
     ("sandbox.policy", "sandbox.plugins", "sandbox.audit"),  # the permission layer
     ("sandbox.session",),
-    ("sandbox.server", "sandbox.mcp", "sandbox.cli"),  # the faces
+    (  # the faces
+        "sandbox.server",
+        "sandbox.server_messages",
+        "sandbox.server_requests",
+        "sandbox.jsonrpc",
+        "sandbox.mcp",
+        "sandbox.cli",
+    ),
 )
 
 
@@ -255,3 +265,16 @@ def test_the_whole_package_fences_see_what_they_must() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _layer("sandbox.network.places") == 1 and _layer("sandbox.network.egress") == 3
     assert _layer("sandbox.mounts.journal") == 2 and _layer("sandbox.cli.run") == len(LAYERS) - 1
+
+
+MAX_LINES = 600
+"""A module past this holds more than one idea: split it by concept (issue 34)."""
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = sorted(
+        f"{name}: {lines} lines"
+        for name, path in _all_modules().items()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    )
+    assert long == []

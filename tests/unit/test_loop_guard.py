@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox.backends.fake import Call, FakeBackend, Script
-from sandbox.session import Sandbox, is_patch_command
+from sandbox.session import Sandbox
+from sandbox.session.repair import is_patch_command
 from tests.conftest import backend_or_skip
 from tests.unit import fake_support
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox import profile as profiles
+from sandbox import profile_tables
 from sandbox.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -38,13 +39,13 @@ def test_shipped_profiles_validate(name: str) -> None:
     ],
 )
 def test_sizes(text: object, expected: int) -> None:
-    assert profiles.parse_size(text) == expected
+    assert profile_tables.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["lots", "-1", "1 XB", True, -5, "0.1", "1.3k", 1.5])
 def test_bad_sizes(bad: object) -> None:
     with pytest.raises(ValueError, match="size|byte"):
-        profiles.parse_size(bad)
+        profile_tables.parse_size(bad)
 
 
 def test_error_names_file_key_and_problem(tmp_path: Path) -> None:
@@ -190,7 +191,7 @@ def test_the_ci_profiles_commented_allowlist_is_valid() -> None:
     text = profiles.available()["ci"].read_text()
     commented = text[text.index('# mode = "allowlist"') :].splitlines()
     example = "\n".join(line.removeprefix("#") for line in commented)
-    network = profiles.Network.model_validate(tomllib.loads(example))
+    network = profile_tables.Network.model_validate(tomllib.loads(example))
     assert network.mode == "allowlist" and "pypi.org" in network.allow and not network.ask
 
 

@@ -1,8 +1,9 @@
-"""The sealing's cached search (sandbox/backends/seal.py), tested by attack: a secret created, renamed
-into place or removed after a cached search is judged right by the next one; a directory changed
-too recently to judge is listed again; a cache file that is corrupt, partial, forged where others
-could write it, or kept inside the workspace is ignored, never an error; workspaces and glob lists
-do not share a cache; another process reuses the disk cache.
+"""The sealing's cached search (sandbox/backends/seal.py, its records kept by seal_cache.py), tested
+by attack: a secret created, renamed into place or removed after a cached search is judged right by
+the next one; a directory changed too recently to judge is listed again; a cache file that is
+corrupt, partial, forged where others could write it, or kept inside the workspace is ignored,
+never an error; workspaces and glob lists do not share a cache; another process reuses the disk
+cache.
 
 Each test counts the directories a search *lists*, so that a test where the cache did no work
 (every directory listed again) fails instead of passing for the wrong reason.
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox.backends import seal
+from sandbox.backends import seal, seal_cache
 from sandbox.patterns import DEFAULT_DENY_READ
 
 if TYPE_CHECKING:
@@ -34,9 +35,9 @@ AGE_S = 0.12
 
 @pytest.fixture(autouse=True)
 def fresh_memory() -> Iterator[None]:
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     yield
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def listed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     found: list[str] = []
     listing = seal._Search.list
 
-    def counting(self: seal._Search, path: str, rel: str) -> seal._Dir | None:
+    def counting(self: seal._Search, path: str, rel: str) -> seal_cache.DirRecord | None:
         found.append(rel)
         return listing(self, path, rel)
 
@@ -86,8 +87,8 @@ def warm(ws: Path, listed: list[str], deny_read: tuple[str, ...] = ()) -> seal.S
 def kept_file(ws: Path, deny_read: tuple[str, ...] = ()) -> Path:
     every = (*DEFAULT_DENY_READ, *deny_read)
     real = os.path.realpath(ws)
-    key = json.dumps([seal.CACHE_FORMAT, seal._code_version(), real, os.fspath(ws), every])
-    path = seal.cache_file(key, real)
+    key = json.dumps([seal_cache.CACHE_FORMAT, seal_cache.code_version(), real, os.fspath(ws), every])
+    path = seal_cache.cache_file(key, real)
     assert path is not None
     return path
 
@@ -177,10 +178,10 @@ def test_a_racy_directory_is_listed_again(ws: Path, listed: list[str], monkeypat
     assert len(listed) == 6  # all listed again
     key, tree = _only_tree()
     assert not any(d.trusted for d in tree.values())
-    seal._CACHE.remember(key, {**tree, "": tree[""]._replace(masked=(), trusted=False)})
+    seal_cache.CACHE.remember(key, {**tree, "": tree[""]._replace(masked=(), trusted=False)})
     assert seal.find(ws).masked_paths == (".env",)
     # The same forgery marked trusted would be believed: what the racy flag is for.
-    seal._CACHE.remember(key, {**tree, "": tree[""]._replace(masked=(), trusted=True)})
+    seal_cache.CACHE.remember(key, {**tree, "": tree[""]._replace(masked=(), trusted=True)})
     assert seal.find(ws).masked_paths == ()
 
 
@@ -210,8 +211,8 @@ def test_a_directory_mtime_put_back_does_not_hide_a_secret(ws: Path, listed: lis
     assert seal.find(ws).masked_paths == (".env", "docs/late.pem") and listed == ["docs"]
 
 
-def _only_tree() -> tuple[str, seal.Tree]:
-    (key, tree), *others = seal._CACHE.trees.items()
+def _only_tree() -> tuple[str, seal_cache.Tree]:
+    (key, tree), *others = seal_cache.CACHE.trees.items()
     assert not others
     return key, tree
 
@@ -240,7 +241,7 @@ def _forged(kept: Path, **root: Any) -> None:
     changes: dict[str, Any] = root or {"masked": ()}
     forged = {rel: tuple(d._replace(**changes) if rel == "" else d) for rel, d in tree.items()}
     payload = marshal.dumps((key, forged))
-    kept.write_bytes(seal._MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload)
+    kept.write_bytes(seal_cache._MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload)
 
 
 def _forged_open(kept: Path) -> None:
@@ -279,12 +280,12 @@ def test_a_damaged_cache_file_is_ignored_and_rewritten(ws: Path, listed: list[st
     warm(ws, listed)
     kept = kept_file(ws)
     DAMAGE[damage](kept)
-    seal._CACHE.clear()  # a new process: the disk is all it has
+    seal_cache.CACHE.clear()  # a new process: the disk is all it has
     listed.clear()
     assert seal.find(ws).masked_paths == (".env",)
     assert len(listed) == 6  # nothing of it believed
     if kept.is_file() and not kept.is_symlink():
-        seal._CACHE.clear()
+        seal_cache.CACHE.clear()
         listed.clear()
         assert seal.find(ws).masked_paths == (".env",) and listed == []  # rewritten, sound again
 
@@ -295,7 +296,7 @@ def test_a_forged_file_is_believed_only_where_only_we_can_write(ws: Path, listed
     warm(ws, listed)
     kept = kept_file(ws)
     _forged(kept)
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     assert seal.find(ws).masked_paths == ()
 
 
@@ -303,8 +304,8 @@ def test_a_data_directory_inside_the_workspace_is_not_used(ws: Path, monkeypatch
     """A jail in ``rw`` mode could write it, and a forged cache would hide a secret."""
     inside = ws / "docs" / "data"
     monkeypatch.setenv("SANDBOX_DATA_DIR", str(inside))
-    assert seal.cache_file("k", os.path.realpath(ws)) is None and seal.cache_file("k", "/") is None
-    assert seal.cache_file("k", os.path.realpath(ws / "src")) is not None  # a sibling is fine
+    assert seal_cache.cache_file("k", os.path.realpath(ws)) is None and seal_cache.cache_file("k", "/") is None
+    assert seal_cache.cache_file("k", os.path.realpath(ws / "src")) is not None  # a sibling is fine
     for _ in range(2):
         assert seal.find(ws).masked_paths == (".env",)
     assert not (inside / "cache" / "seal").exists()
@@ -312,8 +313,8 @@ def test_a_data_directory_inside_the_workspace_is_not_used(ws: Path, monkeypatch
 
 def test_a_foreign_version_is_ignored(ws: Path, listed: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     warm(ws, listed)
-    seal._CACHE.clear()
-    monkeypatch.setattr(seal, "_code_version", lambda: ["0.0.0-other"])
+    seal_cache.CACHE.clear()
+    monkeypatch.setattr(seal_cache, "code_version", lambda: ["0.0.0-other"])
     listed.clear()
     assert seal.find(ws).masked_paths == (".env",) and len(listed) == 6
 
@@ -334,7 +335,7 @@ def test_two_workspaces_do_not_share_a_cache(ws: Path, listed: list[str], tmp_pa
 
 def test_more_workspaces_than_the_memory_holds(tmp_path: Path) -> None:
     spaces = []
-    for index in range(seal.LRU_SIZE + 2):
+    for index in range(seal_cache.LRU_SIZE + 2):
         space = tmp_path / f"w{index}"
         space.mkdir()
         (space / f"{index}.key").write_text("k")
@@ -342,7 +343,7 @@ def test_more_workspaces_than_the_memory_holds(tmp_path: Path) -> None:
     for _ in range(2):
         for index, space in enumerate(spaces):
             assert seal.find(space).masked_paths == (f"{index}.key",)
-    assert len(seal._CACHE.trees) == seal.LRU_SIZE
+    assert len(seal_cache.CACHE.trees) == seal_cache.LRU_SIZE
 
 
 def test_changed_globs_are_judged_afresh(ws: Path, listed: list[str]) -> None:
@@ -401,14 +402,14 @@ def test_the_disk_cache_is_shared_across_processes(ws: Path, data_dir: Path) -> 
     assert child() == ([".env"], [])  # the first process's walk, read from disk
     (ws / "src" / "pkg" / "deep" / "deeper" / "id_ecdsa").write_text("k")
     assert child() == ([".env", "src/pkg/deep/deeper/id_ecdsa"], ["src/pkg/deep/deeper"])
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     assert seal.find(ws).masked_paths == (".env", "src/pkg/deep/deeper/id_ecdsa")  # and this one reads it
 
 
 def test_the_disk_keeps_the_latest_searches_only(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(seal, "KEPT_FILES", 3)
+    monkeypatch.setattr(seal_cache, "KEPT_FILES", 3)
     spaces = [tmp_path / f"w{index}" for index in range(5)]
     for space in spaces:
         space.mkdir()
@@ -416,5 +417,5 @@ def test_the_disk_keeps_the_latest_searches_only(
         time.sleep(0.01)  # distinct mtimes on coarse clocks
     folder = data_dir / "cache" / "seal"
     assert len(list(folder.iterdir())) == 3
-    seal._CACHE.clear()
+    seal_cache.CACHE.clear()
     assert all(kept_file(space).exists() for space in spaces[-3:])  # the last three written

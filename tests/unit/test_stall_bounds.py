@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from sandbox import diffbound, jsonbound, review, server
-from sandbox._jailside.agent import HEADER as AGENT_HEADER
+from sandbox import diffbound, jsonbound, jsonrpc, review
+from sandbox._jailside.channel import HEADER as AGENT_HEADER
 from sandbox.backends.agentlink import FrameError, Link, _report
 from sandbox.backends.child import FdReceiveStream
 from sandbox.errors import Conflict
@@ -130,7 +130,7 @@ async def test_an_agent_frame_longer_than_any_ends_the_link() -> None:
 @pytest.mark.anyio
 async def test_the_line_reader_skips_an_overlong_line_and_reads_on() -> None:
     read, write = os.pipe()
-    lines = server.Lines(FdReceiveStream(read), 1000, b"first\n")
+    lines = jsonrpc.Lines(FdReceiveStream(read), 1000, b"first\n")
     async with anyio.create_task_group() as tg:
 
         async def feed() -> None:
@@ -149,8 +149,8 @@ async def test_the_line_reader_skips_an_overlong_line_and_reads_on() -> None:
 
 
 def test_running_out_of_a_resource_is_that_requests_structured_error() -> None:
-    error = server._unexpected(ExceptionGroup("call", [OSError(errno.EMFILE, "Too many open files")]), "tool.call")
-    assert error.code == server.SANDBOX_ERROR and error.data["data"]["errno"] == "EMFILE"
-    assert server._unexpected(MemoryError(), "tool.call").data["data"]["errno"] == "ENOMEM"
-    ours = server._unexpected(ExceptionGroup("call", [Conflict("changed meanwhile")]))
-    assert ours.code == server.SANDBOX_ERROR and ours.data["code"] == "CONFLICT"
+    error = jsonrpc.unexpected(ExceptionGroup("call", [OSError(errno.EMFILE, "Too many open files")]), "tool.call")
+    assert error.code == jsonrpc.SANDBOX_ERROR and error.data["data"]["errno"] == "EMFILE"
+    assert jsonrpc.unexpected(MemoryError(), "tool.call").data["data"]["errno"] == "ENOMEM"
+    ours = jsonrpc.unexpected(ExceptionGroup("call", [Conflict("changed meanwhile")]))
+    assert ours.code == jsonrpc.SANDBOX_ERROR and ours.data["code"] == "CONFLICT"

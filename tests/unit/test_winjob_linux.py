@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sandbox.backends import AUTO_ORDER, BACKENDS, base, winjob
+from sandbox.backends import AUTO_ORDER, BACKENDS, base, winjob_command, winjob_process, winjob_view
 from sandbox.errors import BackendUnavailable
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the Linux view; tests/wine covers Windows")
@@ -30,17 +30,17 @@ def test_a_named_winjob_is_refused_not_weakened() -> None:
 
 
 def test_crash_codes_are_named() -> None:
-    assert winjob.ntstatus_name(0xC0000005) == "0xC0000005 STATUS_ACCESS_VIOLATION"
-    assert winjob.ntstatus_name(0xC0001234) == "0xC0001234"
-    assert winjob.ntstatus_name(3) is None
+    assert winjob_process.ntstatus_name(0xC0000005) == "0xC0000005 STATUS_ACCESS_VIOLATION"
+    assert winjob_process.ntstatus_name(0xC0001234) == "0xC0001234"
+    assert winjob_process.ntstatus_name(3) is None
 
 
 def test_command_lines_quote_as_windows_parses_them() -> None:
-    assert winjob.command_line(["a b", "c"]) == '"a b" c'
-    assert winjob.command_line(winjob.shell_argv('echo "x" & exit 2', comspec="cmd.exe")) == (
+    assert winjob_command.command_line(["a b", "c"]) == '"a b" c'
+    assert winjob_command.command_line(winjob_command.shell_argv('echo "x" & exit 2', comspec="cmd.exe")) == (
         'cmd.exe /d /s /c "echo "x" & exit 2"'
     )
-    assert winjob.shell_argv("Get-Date", "powershell")[0] == "powershell.exe"
+    assert winjob_command.shell_argv("Get-Date", "powershell")[0] == "powershell.exe"
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_case_collisions_name_every_path_of_a_group() -> None:
 def test_the_copy_view_moves_paths_under_the_workspace_only() -> None:
     from pathlib import PureWindowsPath
 
-    view = winjob.View(PureWindowsPath("C:\\Work\\proj"), PureWindowsPath("C:\\Data\\copy-1"))  # type: ignore[arg-type]
+    view = winjob_view.View(PureWindowsPath("C:\\Work\\proj"), PureWindowsPath("C:\\Data\\copy-1"))  # type: ignore[arg-type]
     assert view.into("c:\\work\\PROJ\\src\\a.py") == "C:\\Data\\copy-1\\src\\a.py"
     assert view.into("C:\\Work\\project2\\x") == "C:\\Work\\project2\\x"  # a sibling, not inside
     assert view.out("C:\\Data\\copy-1") == "C:\\Work\\proj"

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base, winjob
+from sandbox.backends import base, winjob_command, winjob_job, winjob_process
 
 if TYPE_CHECKING:
     from sandbox.backends.base import Jail
@@ -31,9 +31,10 @@ pytestmark = pytest.mark.anyio
 PY = sys.executable
 ctypes_any: Any = ctypes  # WinDLL exists only on Windows
 TREE = str(Path(__file__).with_name("tree.py"))
-UNDER_WINE = winjob.wine_version() is not None
+UNDER_WINE = winjob_job.wine_version() is not None
 windows_only = pytest.mark.skipif(
-    UNDER_WINE, reason=f"needs real Windows: Wine {winjob.wine_version()} accepts job limits and tokens, enforces none"
+    UNDER_WINE,
+    reason=f"needs real Windows: Wine {winjob_job.wine_version()} accepts job limits and tokens, enforces none",
 )
 
 
@@ -47,7 +48,7 @@ def alive(pid: int) -> bool:
     try:
         code = ctypes.c_ulong()
         k.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code))
-        return code.value == winjob.STILL_ACTIVE
+        return code.value == winjob_job.STILL_ACTIVE
     finally:
         k.CloseHandle(ctypes.c_void_p(handle))
 
@@ -120,7 +121,7 @@ async def test_cmd_builtin_and_batch(jail: Jail, workspace: Path) -> None:
 async def test_crash_reports_the_ntstatus(jail: Jail) -> None:
     result = await executor.run(jail, [PY, "-c", "import faulthandler; faulthandler._read_null()"])
     assert result.exit_code == 0xC0000005, hex(result.exit_code)
-    assert winjob.ntstatus_name(result.exit_code) == "0xC0000005 STATUS_ACCESS_VIOLATION"
+    assert winjob_process.ntstatus_name(result.exit_code) == "0xC0000005 STATUS_ACCESS_VIOLATION"
 
 
 async def test_timeout_kills_the_whole_tree(jail: Jail, tmp_path: Path) -> None:
@@ -287,9 +288,12 @@ async def test_bash_tool_timeout_kills_the_tree(jail: Jail, tmp_path: Path) -> N
 
 
 def test_shell_argv_choices() -> None:
-    assert winjob.shell_argv("dir", "powershell")[-2:] == ["-Command", "dir"]
-    assert winjob.command_line(winjob.shell_argv('echo "a b"', comspec="cmd.exe")) == 'cmd.exe /d /s /c "echo "a b""'
+    assert winjob_command.shell_argv("dir", "powershell")[-2:] == ["-Command", "dir"]
+    assert (
+        winjob_command.command_line(winjob_command.shell_argv('echo "a b"', comspec="cmd.exe"))
+        == 'cmd.exe /d /s /c "echo "a b""'
+    )
     from sandbox.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument):
-        winjob.shell_argv("x", "fish")
+        winjob_command.shell_argv("x", "fish")

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base, winjob
+from sandbox.backends import base, winjob, winjob_job
 from sandbox.errors import GuaranteeUnavailable
 from sandbox.mounts import Change, Changeset, verbatim
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 pytestmark = pytest.mark.anyio
-UNDER_WINE = winjob.wine_version() is not None
+UNDER_WINE = winjob_job.wine_version() is not None
 CMD = os.environ.get("COMSPEC", "cmd.exe")
 
 

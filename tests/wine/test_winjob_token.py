@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox import exec as executor
-from sandbox.backends import base, winjob
+from sandbox.backends import base, winjob, winjob_job
 
 if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 pytestmark = pytest.mark.anyio
-UNDER_WINE = winjob.wine_version() is not None
+UNDER_WINE = winjob_job.wine_version() is not None
 windows_only = pytest.mark.skipif(
     UNDER_WINE,
-    reason=f"needs real Windows: Wine {winjob.wine_version()} accepts restricted tokens, integrity levels and "
+    reason=f"needs real Windows: Wine {winjob_job.wine_version()} accepts restricted tokens, integrity levels and "
     "file ACLs but enforces none of them",
 )
 CMD = os.environ.get("COMSPEC", "cmd.exe")

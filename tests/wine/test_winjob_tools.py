@@ -12,7 +12,7 @@ import pytest
 from anyio.abc import ByteReceiveStream, ObjectReceiveStream
 
 from sandbox import _jailside
-from sandbox.backends import base, winjob
+from sandbox.backends import base, winjob_command
 from sandbox.errors import ShellNotFound
 from sandbox.tools import run as tools
 from sandbox.tools.bash import run_bash
@@ -123,14 +123,14 @@ async def test_bash_runs_in_the_profiles_shell(workspace: Path, profile: Profile
     ps = profile.with_overrides(**{"winjob.shell": "powershell"})
     async with await base.get("winjob").open_jail(workspace, ps) as jail:
         assert getattr(jail, "shell", None) == "powershell"
-        assert winjob.shell_argv("Get-Date", jail.shell)[0] == "powershell.exe"  # type: ignore[attr-defined]
+        assert winjob_command.shell_argv("Get-Date", jail.shell)[0] == "powershell.exe"  # type: ignore[attr-defined]
 
 
 async def test_bash_shell_is_git_bash_or_refused(workspace: Path, profile: Profile) -> None:
     bashed = profile.with_overrides(**{"winjob.shell": "bash"})
     async with await base.get("winjob").open_jail(workspace, bashed) as jail:
         params = BashParams(command="echo $((6 * 7)); uname -s", timeout=60)
-        if winjob.git_bash() is None:
+        if winjob_command.git_bash() is None:
             with pytest.raises(ShellNotFound, match="Git for Windows"):
                 await run_bash(jail, params, env={})
             return
@@ -145,8 +145,8 @@ def test_git_bash_never_picks_the_wsl_launcher(tmp_path: Path) -> None:
     env = {"SystemRoot": str(system), "PATH": str(system / "System32"), "ProgramFiles": str(system)}
     (system / "Git" / "bin").mkdir(parents=True)
     (system / "Git" / "bin" / "bash.exe").write_bytes(b"MZ")  # under SystemRoot: refused as well
-    assert winjob.git_bash(env) is None
+    assert winjob_command.git_bash(env) is None
     programs = tmp_path / "Program Files"
     (programs / "Git" / "bin").mkdir(parents=True)
     (programs / "Git" / "bin" / "bash.exe").write_bytes(b"MZ")
-    assert winjob.git_bash({**env, "ProgramFiles": str(programs)}) == str(programs / "Git" / "bin" / "bash.exe")
+    assert winjob_command.git_bash({**env, "ProgramFiles": str(programs)}) == str(programs / "Git" / "bin" / "bash.exe")

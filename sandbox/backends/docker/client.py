@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from pathlib import Path
 
-    from sandbox.profile import Docker as DockerSettings
     from sandbox.profile import Profile
+    from sandbox.profile_tables import Docker as DockerSettings
 
 T = TypeVar("T")
 

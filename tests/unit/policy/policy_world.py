@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, get_args
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.policy.gate import Gate, ToolCall
-from sandbox.profile import Env, Policy
+from sandbox.profile_policy import Policy
+from sandbox.profile_tables import Env
 from sandbox.tools.params import ToolSpec, lookup, validate
 from sandbox.vocabulary import PluginRisk
 

@@ -74,7 +74,7 @@ def test_hints_are_handed_to_the_model(world: World) -> None:
 def test_a_user_ask_rule_and_a_protected_path_stay_asked(world: World) -> None:
     RuleStore().add("ask", "npm publish")
     from sandbox.policy import load_ruleset
-    from sandbox.profile import Policy
+    from sandbox.profile_policy import Policy
 
     rules = load_ruleset(Policy(), world.ws)
     decision = _bash(world, "npm publish", rules=rules)

@@ -89,7 +89,7 @@ def test_the_write_check_covers_trusted_dirs_and_the_workspace_by_switch(world: 
 def test_a_trusted_path_that_trusts_everything_is_refused_by_the_profile() -> None:
     from pydantic import ValidationError
 
-    from sandbox.profile import Trusted
+    from sandbox.profile_policy import Trusted
 
     for bad in ("/", "//", "/etc/..", "~", "~/", "~/..", "", " "):
         with pytest.raises(ValidationError):

@@ -351,7 +351,8 @@ def _replies(fd: int) -> list[dict[str, object]]:
 @settings(max_examples=EXAMPLES["rpc"], deadline=None, suppress_health_check=FIXTURES_OK)
 @given(frame=frames, cut=st.integers(min_value=0, max_value=400))
 def test_random_and_truncated_frames_get_json_rpc_errors_and_the_server_survives(frame: bytes, cut: int) -> None:
-    from sandbox.server import Server, Writer
+    from sandbox.jsonrpc import Writer
+    from sandbox.server import Server
 
     r, w = os.pipe()
     os.set_blocking(r, False)

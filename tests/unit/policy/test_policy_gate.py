@@ -12,7 +12,7 @@ from sandbox.policy import live_rules
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.rules import RuleSet, RuleStore, UserRule
 from sandbox.policy.trust import TrustStore
-from sandbox.profile import Policy
+from sandbox.profile_policy import Policy
 from sandbox.tools.params import REGISTRY, BashParams, lookup, validate
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from sandbox.policy import load_ruleset
 from sandbox.policy.rules import RuleStore
 from sandbox.policy.shell import _bashlex_parse, _fast_parse
 from sandbox.policy.trust import TrustStore, project_rules
-from sandbox.profile import Policy
+from sandbox.profile_policy import Policy
 
 if TYPE_CHECKING:
     from pathlib import Path

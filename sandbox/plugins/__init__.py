@@ -1,18 +1,6 @@
 """Plugin tools (seed 003 §11): declared in a manifest, registered after the user's grant, run in the jail.
 
-A plugin is a directory with a JSON manifest::
-
-    {"id": "weather", "description": "…",
-     "tools": [{"name": "forecast", "description": "The forecast for a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"]},
-                "risk": "low", "command": ["python3", "${PLUGIN_DIR}/forecast.py"], "timeout": 20}]}
-
-``id`` is letters, digits, ``.``, ``_`` and ``-``; each tool is exposed to the model as
-``plugin_<idSafe>_<name>`` (``idSafe``: the id with every other character than a letter, a digit
-or ``_`` replaced by ``_``) and named ``plugin.<id>.<name>`` inside. ``risk`` is ``low``,
-``medium`` or ``high``; a missing or invalid one is ``medium``, with a warning. ``parameters`` is
-a JSON Schema (an object's); arguments that do not validate are INVALID_ARGUMENT, nothing runs.
+A plugin is a directory with a JSON manifest (its format: :mod:`sandbox.plugins.manifest`).
 
 A session declares plugins when it opens (their directories are bound read-only at
 ``/run/sandbox/plugins/<id>`` in the jail: a container's mounts are fixed when it starts) and
@@ -22,14 +10,8 @@ ask, a timeout or a denial: not registered), or when the user granted it up fron
 registrations belong to one session.
 
 A call then passes the five boundaries like a built-in tool's and runs the tool's ``command`` in
-the jail: the workspace as its working directory, the environment Bash gets plus
-``SANDBOX_PLUGIN_DIR``, ``SANDBOX_PLUGIN_ID`` and ``SANDBOX_PLUGIN_TOOL`` (``${PLUGIN_DIR}`` in a
-command word is replaced by the plugin's directory in the jail). The arguments arrive on stdin as
-one JSON object; stdout must be one JSON value. An object with a ``content`` key is a result:
-``content`` (a string, or any JSON value, shown as JSON), ``isError`` (true: the call failed,
-TOOL_FAILED) and ``details`` (an object, passed on). Any other JSON value is the content itself.
-A non-zero exit, stdout that is not JSON, a timeout or an abort fail the call (TOOL_FAILED,
-TIMEOUT, ABORTED), keeping stdout and stderr (bounded) in the details.
+the jail (:mod:`sandbox.plugins.execution`). Here: a declared plugin and its checks (where its
+manifest and directory may lie), its tools' argument models, and a session's tools.
 """
 
 from __future__ import annotations
@@ -39,124 +21,21 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sandbox import envrules
-from sandbox import exec as executor
-from sandbox.backends.environment import SAFE_PATH
 from sandbox.errors import InvalidArgument, ToolDenied
-from sandbox.profile import MAX_TIMEOUT_S
+from sandbox.plugins.manifest import DEFAULT_RISK, Manifest, ToolManifest, exposed_name, id_safe, risk_warnings
 from sandbox.tools.params import REGISTRY, ToolSpec
-from sandbox.tools.run import ToolResult
-from sandbox.vocabulary import PluginRisk
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
-    import anyio
-
-    from sandbox.backends.base import Jail
-    from sandbox.profile import Profile
-    from sandbox.vocabulary import ErrorCode
+    from collections.abc import Sequence
 
 JAIL_ROOT = "/run/sandbox/plugins"
-DEFAULT_RISK: PluginRisk = "medium"
-RISKS: tuple[PluginRisk, ...] = get_args(PluginRisk)
-STDOUT_CAPTURE = 8 * 1024 * 1024  # machine-read: kept whole up to this, else the call fails
-KEPT_TEXT = 16 * 1024  # of stdout and of stderr, in a result's details
-MAX_NAME = 64  # what model APIs accept as a tool's name
-PLUGIN_DIR_WORD = "${PLUGIN_DIR}"
-_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
-_TOOL = r"^[A-Za-z][A-Za-z0-9_-]{0,47}$"
 _EXTERNAL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$")
-
-
-def id_safe(plugin_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", plugin_id)
-
-
-def exposed_name(plugin_id: str, tool: str) -> str:
-    """The name the model sees: ``plugin_<idSafe>_<tool>`` (seed 003 §11, D015)."""
-    return f"plugin_{id_safe(plugin_id)}_{tool}"
-
-
-# ------------------------------------------------------------------------------ the manifest
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ToolManifest(_Model):
-    name: str = Field(pattern=_TOOL)
-    description: str = Field("", max_length=4000)
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-    risk: PluginRisk = DEFAULT_RISK  # a missing or invalid risk reads as medium (see _risk)
-    command: list[str] = Field(min_length=1)
-    timeout: float | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
-
-    @field_validator("risk", mode="before")
-    @classmethod
-    def _risk(cls, value: object) -> object:
-        return value if value in RISKS else DEFAULT_RISK
-
-    @field_validator("command")
-    @classmethod
-    def _words(cls, value: list[str]) -> list[str]:
-        if any(not word for word in value):
-            raise ValueError("every word of the command must be a non-empty string")
-        return value
-
-    @field_validator("parameters")
-    @classmethod
-    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import jsonschema
-
-        if value.get("type", "object") != "object":
-            raise ValueError("the parameters schema must describe an object (type: object)")
-        try:
-            jsonschema.validators.validator_for(value).check_schema(value)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
-        return value
-
-
-class Manifest(_Model):
-    id: str = Field(pattern=_ID)
-    name: str | None = Field(None, max_length=200)
-    version: str | None = Field(None, max_length=100)
-    description: str = Field("", max_length=4000)
-    tools: list[ToolManifest] = Field(min_length=1, max_length=100)
-
-    @model_validator(mode="after")
-    def _names(self) -> Manifest:
-        seen: set[str] = set()
-        for tool in self.tools:
-            if tool.name in seen:
-                raise ValueError(f"two tools are named {tool.name!r}")
-            seen.add(tool.name)
-            exposed = exposed_name(self.id, tool.name)
-            if len(exposed) > MAX_NAME:
-                raise ValueError(f"{exposed} is longer than {MAX_NAME} characters; shorten the id or the tool's name")
-        return self
-
-
-def _risk_warnings(raw: Any) -> list[str]:
-    """Seed 003 §11: a missing or invalid risk is medium; the manifest is told so, not refused."""
-    warnings = []
-    for tool in raw.get("tools", []) if isinstance(raw, dict) else []:
-        if not isinstance(tool, dict):
-            continue
-        name = tool.get("name", "?")
-        if "risk" not in tool:
-            warnings.append(f"tool {name}: no risk given; it is registered as medium")
-        elif tool["risk"] not in RISKS:
-            given = tool["risk"]
-            warnings.append(f"tool {name}: risk {given!r} is not low, medium or high; it is registered as medium")
-    return warnings
 
 
 # ------------------------------------------------------------------------------ arguments
@@ -280,7 +159,7 @@ class Plugin:
         if problem is not None:
             raise InvalidArgument(f"plugin manifest {file}: {problem}", file=str(file), directory=str(directory))
         named = Path(os.path.abspath(file))
-        plugin = cls(manifest, file.resolve(), directory, tuple(_risk_warnings(raw)), declared=named)
+        plugin = cls(manifest, file.resolve(), directory, tuple(risk_warnings(raw)), declared=named)
         for tool in manifest.tools:
             spec = ToolSpec(
                 exposed_name(manifest.id, tool.name),
@@ -503,100 +382,3 @@ def registration_text(plugin: Plugin) -> tuple[str, str]:
     if plugin.warnings:
         reason += "; " + "; ".join(plugin.warnings)
     return tools, reason
-
-
-# ------------------------------------------------------------------------------ execution
-
-
-def command_for(tool: PluginTool) -> list[str]:
-    return [word.replace(PLUGIN_DIR_WORD, tool.plugin.jail_dir) for word in tool.manifest.command]
-
-
-def timeout_for(tool: PluginTool, profile: Profile) -> float:
-    """The manifest's timeout (else the profile's default), never above the profile's ceiling."""
-    wanted = tool.manifest.timeout if tool.manifest.timeout is not None else profile.timeouts.default_s
-    return min(float(wanted), float(profile.timeouts.max_s))
-
-
-async def run(
-    jail: Jail,
-    tool: PluginTool,
-    params: PluginArgs,
-    *,
-    env: Mapping[str, str],
-    cwd: str,
-    abort: anyio.Event | None = None,
-) -> ToolResult:
-    """Boundary 5 for a plugin tool: its command in the jail, JSON on stdin, JSON read from stdout."""
-    timeout = timeout_for(tool, jail.profile)
-    plugin_env = {
-        **env,
-        # A plugin is the user's tool, not the project's: its bare command words (`python3`, `node`)
-        # are found in the system directories only, never in the workspace's .venv/bin (issue 31, 1).
-        "PATH": SAFE_PATH,
-        "SANDBOX_PLUGIN_DIR": tool.plugin.jail_dir,
-        "SANDBOX_PLUGIN_ID": tool.plugin.id,
-        "SANDBOX_PLUGIN_TOOL": tool.manifest.name,
-    }
-    result = await executor.run(
-        jail,
-        command_for(tool),
-        stdin=json.dumps(params.arguments()).encode(),
-        timeout=timeout,
-        env=plugin_env,
-        cwd=cwd,
-        capture_bytes=STDOUT_CAPTURE,
-        abort=abort,
-    )
-    details: dict[str, Any] = {
-        "plugin": tool.plugin.id,
-        "tool": tool.manifest.name,
-        "exit_code": result.exit_code,
-        "signal": result.signal,
-        "duration_ms": result.duration_ms,
-        "stdout": _kept(result.stdout),
-        "stderr": _kept(result.stderr),
-        "stdout_bytes": result.stdout_bytes,
-        "stderr_bytes": result.stderr_bytes,
-    }
-    if result.network:
-        details["network"] = result.network
-
-    def failed(code: ErrorCode, text: str) -> ToolResult:
-        stderr = result.stderr.strip()
-        if stderr:
-            text += "\n[stderr]\n" + _kept(stderr, 2000)
-        return ToolResult(ok=False, error_code=code, content=text, details=details, root="workspace")
-
-    name = tool.spec.name
-    if result.timed_out:
-        return failed("TIMEOUT", f"{name} timed out after {timeout:g} s; the process tree was killed")
-    if result.aborted:
-        return failed("ABORTED", f"{name} was aborted; the process tree was killed")
-    if result.exit_code != 0:
-        return failed("TOOL_FAILED", f"{name} failed: its command exited with {result.exit_code}")
-    if result.stdout_truncated:
-        return failed("TOOL_FAILED", f"{name} wrote more than {STDOUT_CAPTURE} bytes on stdout; its result was lost")
-    try:
-        value = json.loads(result.stdout)
-    except ValueError as exc:
-        return failed("TOOL_FAILED", f"{name} did not answer JSON on stdout ({exc})")
-    details.pop("stdout")  # it is the result below
-    if isinstance(value, dict) and "content" in value:
-        content = value["content"]
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        extra = value.get("details")
-        if isinstance(extra, dict):
-            details["result_details"] = extra
-        if value.get("isError") is True:
-            return ToolResult(ok=False, error_code="TOOL_FAILED", content=text, details=details, root="workspace")
-        return ToolResult(ok=True, content=text, details=details, root="workspace")
-    details["result"] = value
-    return ToolResult(ok=True, content=json.dumps(value, ensure_ascii=False), details=details, root="workspace")
-
-
-def _kept(text: str, limit: int = KEPT_TEXT) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[… {len(text) - limit} characters left out …]\n{text[-half:]}"

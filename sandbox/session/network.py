@@ -1,0 +1,84 @@
+"""What one session hears from its jail's network proxy: the connections it refused, and questions.
+
+With the allowlist network the jail's traffic passes a proxy that runs on its own thread
+(:mod:`sandbox.network.egress`). Each connection it refuses is audited and passed on to
+``on_denial`` (the server's notification); with ``network.ask``, each destination no rule names
+is put to the session's approver. Both are told which Bash call they belong to when exactly one
+runs. Apart from :mod:`sandbox.session` because none of this happens in a call: it comes from
+the proxy's thread at any time, and only borrows the ids of the calls running then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import anyio.from_thread
+import anyio.lowlevel
+
+from sandbox.errors import SandboxError
+from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, decide
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from sandbox.audit import AuditLog
+    from sandbox.network.denial import Denial
+    from sandbox.network.egress import Egress
+    from sandbox.policy.approvals import Approver
+    from sandbox.policy.gate import ToolCall
+    from sandbox.vocabulary import Answer
+
+
+class NetworkWatch:
+    """One session's ear on its jail's proxy, and the Bash calls its connections may belong to."""
+
+    def __init__(self, session_id: str, audit: AuditLog) -> None:
+        self.session_id, self.audit = session_id, audit
+        self.commands: dict[str, str] = {}  # the Bash calls running now: tool_call_id -> turn_id
+        self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
+
+    def listen(self, egress: Egress | None, approver: Approver | None, timeout: float) -> None:
+        """Hear the jail's proxy (on its own thread): each denial is audited and passed on, and, given
+        ``approver`` (``network.ask``), each unknown destination is put to it for ``timeout`` seconds."""
+        if egress is None:
+            return
+        token = anyio.lowlevel.current_token()
+        egress.listeners.append(lambda denial: anyio.from_thread.run_sync(self._denied, denial, token=token))
+        if approver is not None:
+            ask = self._ask_connect
+            egress.ask_with(lambda host, port: anyio.from_thread.run(ask, approver, timeout, host, port, token=token))
+
+    @contextlib.contextmanager
+    def running(self, call: ToolCall) -> Iterator[None]:
+        """While ``call`` runs the user's commands, its network denials are this call's."""
+        self.commands[call.tool_call_id] = call.turn_id
+        try:
+            yield
+        finally:
+            self.commands.pop(call.tool_call_id, None)
+
+    def _denied(self, denial: Denial) -> None:
+        """A connection the proxy refused: the audit row, and ``on_denial`` (the server's notification)."""
+        call_id = self._running_command()[0]
+        event = {"session_id": self.session_id, "tool_call_id": call_id, **dataclasses.asdict(denial)}
+        with contextlib.suppress(SandboxError):  # an unwritable log must not hide the denial itself
+            self.audit.record_denial(self.session_id, call_id, event)
+        if self.on_denial is not None:
+            self.on_denial({**event, "line": denial.line()})
+
+    def _running_command(self) -> tuple[str, str]:
+        """The Bash call a connection belongs to when exactly one runs, else ``("", "")``."""
+        return next(iter(self.commands.items())) if len(self.commands) == 1 else ("", "")
+
+    async def _ask_connect(self, approver: Approver, timeout: float, host: str, port: int) -> Answer:
+        call_id, turn_id = self._running_command()
+        request = ApprovalRequest.for_connection(self.session_id, host, port, turn_id=turn_id, tool_call_id=call_id)
+        outcome = await decide(approver, request, timeout)
+        # Who refused, told apart (the proxy's ask-timeout and ask-unavailable): only a user says no.
+        if outcome.decided_by == "timeout":
+            raise TimeoutError(outcome.reason)
+        if not outcome.allowed and outcome.decided_by != "user":
+            raise ApprovalUnavailable(outcome.reason)
+        return outcome.answer
