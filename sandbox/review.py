@@ -12,9 +12,13 @@ new file's hunk is ``@@ -0,0 +1,N @@``, a deleted file's ``@@ -1,N +0,0 @@``. Ro
 the previous bytes (or removes a file the tool created) only while the file still has the hash
 the tool left; otherwise CONFLICT and the file is left alone.
 
+The record's ``path`` is relative to the workspace root, in ``/`` form (ADR 0043), as a patch tool
+and a reviewer read it; the snapshot keeps the canonical path rollback restores.
+
 No tool deletes a file yet (Write and Edit replace content; there is no ``REM`` or ``MV``): a
 record is ``deleted`` when the runner reports no file after the tool (``after_sha256`` null).
-Restoring one needs the runner's ``restore`` to expect an absent file, which it does not yet.
+Such a record says ``reversible: false``: restoring one needs the runner's ``restore`` to expect
+an absent file, which it does not, so its rollback is refused as a conflict.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import PurePath, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
 from sandbox import datadir, diffbound
@@ -107,8 +112,10 @@ def record(
     details: dict[str, Any],
     *,
     turn_id: str = "",
+    workspace: PurePath | str | None = None,
 ) -> dict[str, Any]:
-    """Keep the previous bytes the runner returned and build the result's review record."""
+    """Keep the previous bytes the runner returned and build the result's review record
+    (its ``path`` relative to ``workspace``, the root the file lies in)."""
     existed = bool(details.get("existed"))
     before_b64 = details.get("before")
     before = base64.b64decode(before_b64) if before_b64 is not None else None
@@ -121,13 +128,25 @@ def record(
         operation=operation,
         status=_status(existed, after_sha256),
         existed=existed,
-        reversible=not existed or before is not None,
+        # A deletion cannot be undone yet (see above); a replaced file only with its old bytes.
+        reversible=after_sha256 is not None and (not existed or before is not None),
         after_sha256=after_sha256,
         turn_id=turn_id,
     )
     store.save(snap, before)
     after = "" if after_sha256 is None else details.get("after")
-    return {**_fields(snap), **_diff(before, after, existed)}
+    return {**_fields(snap), "path": relative(path, workspace), **_diff(before, after, existed)}
+
+
+def relative(path: str, root: PurePath | str | None) -> str:
+    """``path`` relative to ``root`` in ``/`` form (a Windows path too); as it is outside it."""
+    if root is None:
+        return path
+    flavour = PureWindowsPath if PureWindowsPath(str(root)).drive else PurePosixPath
+    try:
+        return flavour(path).relative_to(flavour(str(root))).as_posix()
+    except ValueError:
+        return path
 
 
 def _status(existed: bool, after_sha256: str | None) -> ChangeStatus:

@@ -33,10 +33,12 @@ async def roll_back(jail: Jail, snapshots: SnapshotStore, write_lock: anyio.Lock
             details={"snapshot_id": snapshot_id, "path": snap.path},
         )
     if not snap.reversible:
-        raise Conflict(
-            f"{snap.path}: the previous content was too large to keep; rollback is unavailable",
-            snapshot_id=snapshot_id,
+        why = (
+            "the tool removed it, and a removed file cannot be restored yet"
+            if snap.status == "deleted"
+            else "the previous content was too large to keep"
         )
+        raise Conflict(f"{snap.path}: {why}; rollback is unavailable", snapshot_id=snapshot_id)
     request = {
         "op": "restore",
         "path": snap.path,

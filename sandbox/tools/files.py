@@ -55,7 +55,13 @@ class FileTool(Tool):
         record = None
         if reviewed is not None and call.target is not None:
             record = review.record(
-                host.snapshots, call.tool_call_id, reviewed, call.target, details, turn_id=call.turn_id
+                host.snapshots,
+                call.tool_call_id,
+                reviewed,
+                call.target,
+                details,
+                turn_id=call.turn_id,
+                workspace=host.workspace,
             )
         if call.root == "external" and call.target is not None:
             details.setdefault("path", call.target)  # seed 003 §4a: an external result names its absolute path

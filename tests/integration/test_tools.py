@@ -36,6 +36,7 @@ async def test_read_write_edit_roundtrip_with_review(session: Sandbox, workspace
     assert wrote.ok and wrote.root == "workspace", wrote
     assert (workspace / "notes" / "todo.txt").read_text() == "a\nb\nc\n"
     assert wrote.review is not None and wrote.review["status"] == "added" and wrote.review["additions"] == 3
+    assert wrote.review["path"] == "notes/todo.txt"  # ADR 0043: relative to the root, whatever the backend
     edited = await session.call("Edit", {"path": "notes/todo.txt", "edits": [{"old_text": "b", "new_text": "B"}]})
     assert edited.ok and edited.review is not None
     assert (edited.review["additions"], edited.review["deletions"]) == (1, 1)

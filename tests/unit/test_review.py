@@ -90,7 +90,8 @@ def test_a_snapshot_kept_before_version_and_turn_existed_still_loads(tmp_path: P
 
 def test_a_file_the_tool_removed_is_deleted_to_0_0(tmp_path: Path) -> None:
     record = _record(tmp_path, "one\ntwo\n", None)
-    assert (record["status"], record["reversible"]) == ("deleted", True)
+    # Its rollback cannot restore an absent file (the runner's restore expects one): not reversible.
+    assert (record["status"], record["reversible"]) == ("deleted", False)
     assert (record["additions"], record["deletions"]) == (0, 2)
     assert record["hunks"] == ["@@ -1,2 +0,0 @@\n-one\n-two"]
     snap, before = _store(tmp_path).load(record["snapshot_id"])
@@ -173,3 +174,26 @@ def test_the_hunks_apply_with_patch_tools(tmp_path: Path, case: str, tool: str) 
         assert not (root / PATH).exists()
     else:
         assert (root / PATH).read_text() == after
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "shown"),
+    [
+        ("/work/ws/src/a.py", "/work/ws", "src/a.py"),
+        ("/work/ws/a.py", "/work/ws/", "a.py"),
+        ("/elsewhere/a.py", "/work/ws", "/elsewhere/a.py"),  # not under the root: as it is
+        ("C:\\Users\\me\\ws\\src\\a.py", "C:\\Users\\me\\ws", "src/a.py"),
+        ("c:\\users\\me\\ws\\a.py", "C:\\Users\\Me\\WS", "a.py"),  # Windows paths compare without case
+    ],
+)
+def test_a_records_path_is_relative_to_its_root(path: str, root: str, shown: str) -> None:
+    assert review.relative(path, root) == shown
+
+
+def test_the_record_names_its_path_relative_and_the_snapshot_keeps_it_whole(tmp_path: Path) -> None:
+    details = {"existed": False, "before": None, "after": "x\n", "after_sha256": _sha("x\n")}
+    store = _store(tmp_path)
+    record = review.record(store, "call-1", "write", "/work/ws/src/new.py", details, workspace="/work/ws")
+    assert record["path"] == "src/new.py"
+    snap, _ = store.load(record["snapshot_id"])
+    assert snap.path == "/work/ws/src/new.py"  # what rollback restores

@@ -54,10 +54,14 @@ function lines(review: ReviewChange): string {
 
 /** `Sandbox: src/a.ts modified (+3 -1), snapshot 1f2e…; /sandbox rollback 1f2e… undoes it`. */
 export function reviewNotice(review: ReviewChange, workspace: string): string {
-	const relative = path.relative(workspace, review.path);
+	// The server names the path relative to the workspace (ADR 0043); an older one named it whole.
+	const relative = path.isAbsolute(review.path) ? path.relative(workspace, review.path) : review.path;
 	const shown = relative && !relative.startsWith("..") && !path.isAbsolute(relative) ? relative : review.path;
 	const head = `Sandbox: ${shown} ${review.status} (${lines(review)}), snapshot ${review.snapshot_id}`;
-	if (!review.reversible) return `${head}; cannot be rolled back (the previous content was too large to keep)`;
+	if (!review.reversible) {
+		const why = review.status === "deleted" ? "a removed file cannot be restored yet" : "the previous content was too large to keep";
+		return `${head}; cannot be rolled back (${why})`;
+	}
 	return `${head}; /sandbox rollback ${review.snapshot_id} undoes it`;
 }
 

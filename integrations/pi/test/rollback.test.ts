@@ -47,6 +47,12 @@ describe("the review notice", () => {
 		);
 	});
 
+	it("takes the server's path relative to the workspace as it is", () => {
+		assert.match(reviewNotice({ ...RECORD, path: "src/a.ts" }, "/ws"), /^Sandbox: src\/a\.ts modified \(\+3 -1\)/);
+		const removed = { ...RECORD, path: "old.txt", status: "deleted" as const, reversible: false };
+		assert.match(reviewNotice(removed, "/ws"), /^Sandbox: old\.txt deleted .*cannot be rolled back \(a removed file cannot be restored yet\)/);
+	});
+
 	it("says when a change cannot be rolled back or its lines were not counted", () => {
 		const big = { ...RECORD, additions: null, deletions: null, truncated: true, reversible: false };
 		assert.match(reviewNotice(big, "/ws"), /\(lines not counted \(too large\)\).*cannot be rolled back/);
@@ -80,6 +86,7 @@ describe("rollback through a real sandbox session", () => {
 		assert.equal(review.version, 1);
 		assert.match(review.message_id, /^msg-7:/);
 		assert.equal(review.message_id, review.tool_call_id);
+		assert.equal(review.path, "seed.txt"); // ADR 0043: relative to the workspace
 		assert.deepEqual([review.operation, review.status, review.state, review.additions, review.deletions], ["write", "added", "active", 2, 0]);
 		assert.deepEqual(review.hunks, ["@@ -0,0 +1,2 @@\n+one\n+two"]);
 	});
