@@ -292,7 +292,7 @@ class Server:
             "mode": sandbox.gate.mode_for(sandbox.state),
             "operating_mode": sandbox.gate.settings.operating_mode,
             "notices": sandbox.notices,
-            "plugins": sandbox.plugins.listing(sandbox.gate.settings.operating_mode == "agent"),
+            "plugins": sandbox.plugins_listing(),
         }
 
     def _classifier(self, p: SessionOpenParams, builtin: Classifier | None) -> Classifier | None:
@@ -327,6 +327,8 @@ class Server:
             "session_id": p.session_id,
             "mode": sandbox.gate.mode_for(sandbox.state),
             "operating_mode": sandbox.gate.settings.operating_mode,
+            "notices": sandbox.mode_notices(),  # e.g. plan with auto: Bash may still write
+            "tools": [tool["name"] for tool in sandbox.tools_listing()],  # what the model may call now
         }
 
     @method("session.changes", SessionParams)
@@ -413,7 +415,7 @@ class Server:
     @method("plugin.list", SessionParams)
     async def plugin_list(self, p: SessionParams) -> dict[str, Any]:
         sandbox = self._session(p.session_id)
-        return {"plugins": sandbox.plugins.listing(sandbox.gate.settings.operating_mode == "agent")}
+        return {"plugins": sandbox.plugins_listing()}
 
     @method("plugin.register", PluginParams)
     async def plugin_register(self, p: PluginParams) -> dict[str, Any]:

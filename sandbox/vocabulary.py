@@ -180,11 +180,14 @@ held back or refused), every applicable entry applied."""
 ChangesetSource = Literal["run", "session", "recovered"]
 """What kept a changeset: ``sandbox run``, a server session's copy mount, or ``recovered`` from the
 private copy of an executor that was killed (``sandbox gc``, or the next session to open)."""
-NoticeCode = Literal["policy.project-ignored", "changes.recovered", "changes.private-copy", "changes.waiting"]
+NoticeCode = Literal[
+    "policy.project-ignored", "changes.recovered", "changes.private-copy", "changes.waiting", "mode.bash-may-write"
+]
 """What a session says as it opens (``session.open``'s ``notices``, MCP log messages and the first
 result's trailer): the project's policy file ignored (not trusted), a killed executor's work kept as
 a changeset, this session's writes going to a private copy, kept changesets of the workspace waiting
-for review."""
+for review; and, as it opens or changes mode, that plan or goal under ``auto`` still lets Bash
+change files unasked (seed 003: the UI must make that trade-off visible)."""
 
 
 class Notice(TypedDict):

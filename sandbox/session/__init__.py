@@ -192,6 +192,7 @@ class Sandbox:
             )
             sandbox.notices = [notice] if notice is not None else []
             sandbox.notices += [recovered_notice(line) for line in recovered]
+            sandbox.notices += sandbox.mode_notices()
             sandbox.classifier = classifier_for(options.get("classifier"), prof)
             sandbox.plugins = plugin_tools.PluginHost(declared)
             gate.tools = sandbox.plugins.lookup
@@ -374,15 +375,36 @@ class Sandbox:
         )
 
     def tools_listing(self) -> list[dict[str, Any]]:
-        """The tools the model may call in this session now: the built-ins and, in agent mode, the
-        registered plugin tools (plan and goal hide them, seed 003 §10), each with its JSON Schema."""
+        """The tools the model may call in this session now, each with its JSON Schema: in agent
+        mode the built-ins and the registered plugin tools; plan and goal hide Write, Edit and every
+        plugin tool, which they refuse whatever the permission mode (seed 003 §10)."""
+        agent = self.gate.settings.operating_mode == "agent"
         listed = [
             {"name": spec.name, "description": spec.description, "parameters": plugin_tools.schema_of(spec)}
             for spec in tool_params.REGISTRY.values()
+            if agent or spec.risk != "write"
         ]
-        if self.gate.settings.operating_mode == "agent":
+        if agent:
             listed += self.plugins.registered_tools()
         return listed
+
+    def plugins_listing(self) -> list[dict[str, Any]]:
+        """Every declared plugin and its tools; ``visible``: registered and shown to the model now
+        (never in plan or goal)."""
+        return self.plugins.listing(self.gate.settings.operating_mode == "agent")
+
+    def mode_notices(self) -> list[Notice]:
+        """What the modes in force mean that a user may not expect: plan or goal with ``auto`` still
+        runs Bash unasked, and Bash can change the workspace (seed 003: planning intent, not a
+        read-only profile)."""
+        operating, mode = self.gate.settings.operating_mode, self.gate.mode_for(self.state)
+        if operating == "agent" or mode != "auto":
+            return []
+        message = (
+            f"{operating} mode with permission mode auto: Write, Edit and plugin tools are refused, but Bash "
+            "runs without asking and can still change the workspace and scratch; choose ask to confirm each command"
+        )
+        return [{"code": "mode.bash-may-write", "message": message}]
 
     async def check_tool(
         self,

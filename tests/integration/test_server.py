@@ -265,10 +265,22 @@ async def test_session_configure_changes_the_modes_between_calls_only(client: Cl
     sid = await open_session(client, workspace, mode="ask")
     write = {"session_id": sid, "tool": "Write", "args": {"path": "m.txt", "content": "x"}}
     changed = await client.call("session.configure", {"session_id": sid, "mode": "auto"})
-    assert changed["result"] == {"session_id": sid, "mode": "auto", "operating_mode": "agent"}
+    everything = ["Bash", "Read", "Write", "Edit", "Glob", "Grep", "LS"]
+    assert changed["result"] == {
+        "session_id": sid,
+        "mode": "auto",
+        "operating_mode": "agent",
+        "notices": [],
+        "tools": everything,
+    }
     assert (await client.call("tool.call", write))["result"]["ok"] and not client.approvals
     planned = await client.call("session.configure", {"session_id": sid, "operating_mode": "plan"})
     assert planned["result"]["operating_mode"] == "plan"
+    # Plan lists no Write or Edit, and says that under auto Bash may still write unasked.
+    assert planned["result"]["tools"] == ["Bash", "Read", "Glob", "Grep", "LS"]
+    assert [n["code"] for n in planned["result"]["notices"]] == ["mode.bash-may-write"]
+    listed = (await client.call("tools.list", {"session_id": sid}))["result"]["tools"]
+    assert [tool["name"] for tool in listed] == planned["result"]["tools"]
     refused = (await client.call("tool.call", write))["result"]
     assert refused["error_code"] == "TOOL_DENIED" and "plan mode" in refused["content"]
     # With a call in flight the transition is refused (the active-turn boundary) and nothing changes.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox.backends.fake import FakeBackend
+    from sandbox.vocabulary import OperatingMode
     from tests.unit.fake_support import Client
 
 pytestmark = pytest.mark.anyio
@@ -243,9 +244,33 @@ async def test_plugin_tools_are_hidden_and_refused_in_plan_mode(
     )
     async with opened as s:
         assert "plugin_echo_say" not in [t["name"] for t in s.tools_listing()]
-        assert s.plugins.listing(visible=False)[0]["visible"] is False
+        (listed,) = s.plugins_listing()  # the session's mode decides what is visible, not the caller
+        assert (listed["registered"], listed["visible"]) == (True, False)
         refused = await s.call("plugin_echo_say", {"text": "hi"})
         assert refused.error_code == "PLUGIN_DISABLED_IN_PLAN", refused
+        s.configure(operating_mode="agent")
+        assert s.plugins_listing()[0]["visible"] is True
+        assert "plugin_echo_say" in [t["name"] for t in s.tools_listing()]
+        s.configure(operating_mode="goal")
+        assert s.plugins_listing()[0]["visible"] is False
+        assert "plugin_echo_say" not in [t["name"] for t in s.tools_listing()]
+
+
+@pytest.mark.parametrize("operating_mode", ["plan", "goal"])
+async def test_plan_and_goal_list_only_their_tools_and_say_when_bash_may_write(
+    fake: FakeBackend,  # noqa: ARG001
+    workspace: Path,
+    operating_mode: OperatingMode,
+) -> None:
+    """Seed 003: plan and goal offer Read, Glob, Grep, LS and Bash; under auto, Bash still writes unasked."""
+    async with Sandbox.open(workspace, backend="fake", mode="auto", operating_mode=operating_mode) as s:
+        assert [t["name"] for t in s.tools_listing()] == ["Bash", "Read", "Glob", "Grep", "LS"]
+        assert [n["code"] for n in s.notices] == ["mode.bash-may-write"]
+        assert "Bash runs without asking" in s.mode_notices()[0]["message"]
+        s.configure(mode="ask")
+        assert s.mode_notices() == []
+        s.configure(operating_mode="agent", mode="auto")
+        assert s.mode_notices() == [] and [t["name"] for t in s.tools_listing()] == list(tool_params.REGISTRY)
 
 
 # -- the client's own tools: tool.check ----------------------------------------------------------------

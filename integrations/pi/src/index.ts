@@ -56,6 +56,7 @@ import type {
 	OperatingMode,
 	PermissionMode,
 	SessionCloseResult,
+	SessionConfigureResult,
 	ToolResult,
 } from "./protocol.ts";
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
@@ -202,6 +203,7 @@ async function configureCommand(
 	session: SandboxSession | undefined,
 	change: { mode?: PermissionMode; operating_mode?: OperatingMode },
 	ctx: Pick<ExtensionContext, "ui">,
+	changed: (now: SessionConfigureResult) => void,
 ): Promise<void> {
 	if (!session?.alive) {
 		ctx.ui.notify("Sandbox: not running; `/sandbox restart` first.", "warning");
@@ -213,8 +215,10 @@ async function configureCommand(
 	}
 	try {
 		const now = await session.configure(change);
-		ctx.ui.notify(`Sandbox: permission mode ${now.mode}, operating mode ${now.operating_mode}`, "info");
-		ctx.ui.setStatus("sandbox", `sandbox: ${session.info.profile} ${session.info.backend}/${session.info.mount} ${now.mode}`);
+		const notices = (now.notices ?? []).map((notice) => `\n${notice.message}`).join("");
+		ctx.ui.notify(`Sandbox: permission mode ${now.mode}, operating mode ${now.operating_mode}${notices}`, notices ? "warning" : "info");
+		ctx.ui.setStatus("sandbox", statusLine(session));
+		changed(now);
 	} catch (error) {
 		ctx.ui.notify(`Sandbox: the mode was not changed: ${(error as Error).message}`, "error");
 	}
@@ -273,6 +277,42 @@ export function shellWords(line: string): string[] {
 	if (quote) throw new Error(`unclosed ${quote} in: ${line}`);
 	if (word !== undefined) words.push(word);
 	return words;
+}
+
+/** The footer: profile, backend/mount, and the modes in force now (plan and goal named). */
+export function statusLine(session: SandboxSession): string {
+	const { profile, backend, mount, mode, operating_mode: operating } = session.info;
+	return `sandbox: ${profile} ${backend}/${mount} ${mode}${operating && operating !== "agent" ? ` ${operating}` : ""}`;
+}
+
+/**
+ * Plan and goal show the model only their tools (seed 003: Read, Glob, Grep, LS and Bash): pi's
+ * active tool set loses write, edit and every sandbox plugin tool while the session is in either,
+ * and gets back exactly what this took away when it returns to agent. The server refuses them
+ * anyway; hiding them keeps the model from planning with tools it cannot use.
+ */
+export class ModeTools {
+	private readonly hidden = new Set<string>();
+
+	constructor(
+		private readonly pi: Pick<ExtensionAPI, "getActiveTools" | "setActiveTools">,
+		private readonly plugins: () => Iterable<string>,
+	) {}
+
+	apply(operatingMode: string | undefined): void {
+		if (typeof this.pi.getActiveTools !== "function" || typeof this.pi.setActiveTools !== "function") return;
+		const active = this.pi.getActiveTools();
+		if (!operatingMode || operatingMode === "agent") {
+			const back = [...this.hidden].filter((name) => !active.includes(name));
+			this.hidden.clear();
+			if (back.length > 0) this.pi.setActiveTools([...active, ...back]);
+			return;
+		}
+		const hide = new Set(["write", "edit", ...this.plugins()]);
+		const kept = active.filter((name) => !hide.has(name));
+		for (const name of active) if (hide.has(name)) this.hidden.add(name);
+		if (kept.length !== active.length) this.pi.setActiveTools(kept);
+	}
 }
 
 // -- failures without a UI ------------------------------------------------------------------------
@@ -349,8 +389,7 @@ class SandboxManager {
 		});
 		this.session = session;
 		this.tell(session, ctx);
-		const { backend, mount, mode, profile } = session.info;
-		ctx.ui.setStatus("sandbox", `sandbox: ${profile} ${backend}/${mount} ${mode}`);
+		ctx.ui.setStatus("sandbox", statusLine(session));
 		return session;
 	}
 
@@ -550,6 +589,10 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		execute: (_id: string, params: GrepToolInput, signal: AbortSignal | undefined) => executeSandboxGrep(c, ctx.cwd, params, signal),
 	}));
 
+	// Plan and goal hide write, edit and the plugin tools from the model (and agent gives them back).
+	const pluginNames = new Set<string>();
+	const modeTools = new ModeTools(pi, () => pluginNames);
+
 	// Plugin tools (seed 003 §11): each declared plugin is registered only after the user's grant
 	// (the server asks through pi's dialog); its tools then run their command inside the jail.
 	const registerPlugins = async (session: SandboxSession, ctx: ExtensionContext): Promise<void> => {
@@ -562,6 +605,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			if (ctx.hasUI) ctx.ui.notify(registrationLine(plugin), plugin.registered ? "info" : "warning");
 			if (!plugin.registered) continue;
 			for (const tool of plugin.tools) {
+				pluginNames.add(tool.name);
 				if (ours.has(tool.name)) continue;
 				ours.add(tool.name);
 				pi.registerTool(pluginToolDefinition(tool, (params, signal, id, toolCtx) => callSandbox(callContext(toolCtx, signal, id), tool.name, params)));
@@ -596,6 +640,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		try {
 			const session = await manager.ensure(ctx);
 			await registerPlugins(session, ctx);
+			modeTools.apply(session.info.operating_mode);
 			const kept = (await session.listChanges().catch(() => [])).filter((c) => c.state !== "applied");
 			if (kept.length > 0 && ctx.hasUI) {
 				ctx.ui.notify(`Sandbox: ${kept.length} changeset(s) kept from earlier sessions of this workspace wait for review: /sandbox review`, "info");
@@ -671,7 +716,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 					ctx.ui.notify(`Sandbox: ${(error as Error).message}`, "warning");
 					return;
 				}
-				await configureCommand(manager.current, change, ctx);
+				await configureCommand(manager.current, change, ctx, (now) => modeTools.apply(now.operating_mode));
 				return;
 			}
 			if (sub === "rollback") {

@@ -127,6 +127,17 @@ export interface SessionNotice {
 	file?: string;
 }
 
+/** What `session.configure` answers: the modes now in force, what they mean that a user may not
+ * expect (`mode.bash-may-write`: plan or goal under auto still runs Bash unasked), and the tools
+ * the model may call now (plan and goal list no Write, Edit or plugin tool). */
+export interface SessionConfigureResult {
+	session_id: string;
+	mode: string;
+	operating_mode: OperatingMode;
+	notices?: SessionNotice[];
+	tools?: string[];
+}
+
 /** What `session.close` answers; a copy/overlay session's changes are kept under `changeset_id`. */
 export interface SessionCloseResult {
 	closed: boolean;

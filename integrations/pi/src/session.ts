@@ -33,6 +33,7 @@ import {
 	type RollbackResult,
 	type SessionCloseResult,
 	type SessionOpenParams,
+	type SessionConfigureResult,
 	type SessionOpenResult,
 	type ToolResult,
 } from "./protocol.ts";
@@ -124,7 +125,8 @@ export function defaultSandboxBin(env: NodeJS.ProcessEnv = process.env): string 
 export class SandboxSession {
 	readonly client: SandboxClient;
 	readonly server: InitializeResult;
-	readonly info: SessionOpenResult;
+	/** What the session said when it opened; its modes follow `configure`. */
+	info: SessionOpenResult;
 	private readonly routes = new Map<string, Route>();
 	private readonly defaultApprover: Approver;
 	private counter = 0;
@@ -289,8 +291,14 @@ export class SandboxSession {
 	}
 
 	/** Change the session's permission mode or operating mode between calls (CONFLICT with a call in flight). */
-	configure(change: { mode?: PermissionMode; operating_mode?: OperatingMode }): Promise<{ mode: string; operating_mode: string }> {
-		return this.client.request("session.configure", { session_id: this.info.session_id, ...change }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	async configure(change: { mode?: PermissionMode; operating_mode?: OperatingMode }): Promise<SessionConfigureResult> {
+		const now: SessionConfigureResult = await this.client.request(
+			"session.configure",
+			{ session_id: this.info.session_id, ...change },
+			{ timeoutMs: CHANGES_TIMEOUT_MS },
+		);
+		this.info = { ...this.info, mode: now.mode, operating_mode: now.operating_mode };
+		return now;
 	}
 
 	async discardChanges(id: string): Promise<void> {

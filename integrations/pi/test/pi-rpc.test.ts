@@ -10,6 +10,7 @@ import path from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
+import { FAKE_MODEL, FAKE_PROVIDER, FakeModel, piHome } from "./fake-model.ts";
 import { SANDBOX_BIN, tempDir } from "./helpers.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -24,8 +25,8 @@ class PiRpc {
 	readonly seen: Message[] = [];
 	onUiRequest: (request: Message) => Message | undefined = () => undefined;
 
-	constructor(cwd: string, env: NodeJS.ProcessEnv) {
-		this.child = spawn(process.execPath, [piCli, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir], { cwd, env });
+	constructor(cwd: string, env: NodeJS.ProcessEnv, flags: string[] = []) {
+		this.child = spawn(process.execPath, [piCli, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir, ...flags], { cwd, env });
 		createInterface({ input: this.child.stdout }).on("line", (line) => {
 			let message: Message;
 			try {
@@ -66,6 +67,22 @@ class PiRpc {
 		return response;
 	}
 
+	/** The first message, seen already or to come, that `match`es. */
+	waitFor(match: (m: Message) => boolean, timeoutMs = 60_000): Promise<Message> {
+		const seen = this.seen.find(match);
+		if (seen) return Promise.resolve(seen);
+		return new Promise<Message>((resolve, reject) => {
+			const timer = setTimeout(() => reject(new Error(`not seen in time; saw ${JSON.stringify(this.seen).slice(-1500)}`)), timeoutMs);
+			this.waiters.push({
+				match,
+				resolve: (m) => {
+					clearTimeout(timer);
+					resolve(m);
+				},
+			});
+		});
+	}
+
 	async close(): Promise<void> {
 		this.child.stdin.end();
 		const exited = new Promise((resolve) => this.child.once("exit", resolve));
@@ -87,6 +104,41 @@ describe("pi --mode rpc with the extension", () => {
 	});
 	after(() => {
 		for (const dir of [workspace, home, dataDir]) rmSync(dir, { recursive: true, force: true });
+	});
+
+	it("/sandbox plan shows the model no write or edit and says Bash may still write; /sandbox agent gives them back", async () => {
+		const model = await FakeModel.start([{ text: "planned" }, { text: "back in agent" }]);
+		piHome(home, model);
+		const pi = new PiRpc(workspace, env("auto"), ["--provider", FAKE_PROVIDER, "--model", FAKE_MODEL]);
+		const notes: string[] = [];
+		pi.onUiRequest = (request) => {
+			if (request.method === "notify") notes.push(String(request.message));
+			return undefined;
+		};
+		const toolsOf = (request: Record<string, unknown> | undefined): string[] =>
+			((request?.tools as Array<{ function: { name: string } }> | undefined) ?? []).map((tool) => tool.function.name).sort();
+		const ended = (n: number) => () => pi.seen.filter((m) => m.type === "agent_end").length >= n;
+		try {
+			await pi.waitFor((m) => m.type === "extension_ui_request" && m.method === "setStatus" && /sandbox: \S+ bwrap/.test(String(m.statusText)));
+			assert.equal((await pi.request({ id: "p1", type: "prompt", message: "/sandbox plan" })).success, true);
+			await pi.waitFor(() => notes.some((n) => /operating mode plan/.test(n)));
+			assert.ok(notes.some((n) => /Bash runs without asking and can still change the workspace/.test(n)), notes.join("\n"));
+			assert.equal((await pi.request({ id: "p2", type: "prompt", message: "make a plan" })).success, true);
+			await pi.waitFor(ended(1));
+			const planned = toolsOf(model.requests.at(-1));
+			assert.ok(planned.includes("read") && planned.includes("bash"), planned.join());
+			assert.ok(!planned.includes("write") && !planned.includes("edit"), planned.join());
+			assert.equal((await pi.request({ id: "p3", type: "prompt", message: "/sandbox agent" })).success, true);
+			await pi.waitFor(() => notes.some((n) => /operating mode agent/.test(n)));
+			assert.equal((await pi.request({ id: "p4", type: "prompt", message: "now do it" })).success, true);
+			await pi.waitFor(ended(2));
+			const agent = toolsOf(model.requests.at(-1));
+			assert.ok(agent.includes("write") && agent.includes("edit"), agent.join());
+		} finally {
+			await pi.close();
+			await model.close();
+			rmSync(path.join(home, ".pi"), { recursive: true, force: true });
+		}
 	});
 
 	it("the user's !command runs in the jail", async () => {
