@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from sandbox.cli.options import Subparsers
     from sandbox.cli.output import Handler
     from sandbox.policy.gate import Decision
+    from sandbox.profile import Profile
 
 RULE_ACTIONS: tuple[RuleAction, ...] = get_args(RuleAction)
 
@@ -56,6 +57,7 @@ def _register_policy(subparsers: Subparsers) -> None:
     )
     options.add_operating_mode(test, help="evaluate in this operating mode (default agent)")
     options.add_workspace(test, default=Path.cwd())
+    options.add_profile(test)  # its policy table, its timeouts.max_s and its PATH: as a session would judge
     test.add_argument("--tool", help="a tool name (default Bash)")
     test.add_argument("--args", dest="tool_args", help="the tool's arguments as a JSON object")
     options.add_json(test)
@@ -180,6 +182,7 @@ def _arguments(args: argparse.Namespace, tool: str, command: str) -> dict[str, A
 
 
 def _test(args: argparse.Namespace) -> int:
+    from sandbox import profile
     from sandbox.tools.params import validate
 
     command = " ".join(options.command(args.command)).strip()
@@ -187,31 +190,32 @@ def _test(args: argparse.Namespace) -> int:
     raw = _arguments(args, tool, command)
     if not args.workspace.is_dir():
         raise InvalidArgument(f"workspace {args.workspace} is not a directory")
+    prof = profile.load(args.profile)  # the session's: ``default`` unless --profile names another
     try:
-        params = validate(tool, raw)
+        params = validate(tool, raw, max_timeout_s=prof.timeouts.max_s)
     except ToolDenied as exc:
         raise _Refused(exc, "capability.unknown-tool") from exc
     except InvalidArgument as exc:
         raise _Refused(exc, "capability.params") from exc
-    decision = _evaluate(args, tool, params)
+    decision = _evaluate(args, tool, params, prof)
     _print_decision(decision, args.json)
     return 0
 
 
-def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel) -> Decision:
+def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel, prof: Profile) -> Decision:
     from sandbox import datadir
     from sandbox.policy import load_ruleset
     from sandbox.policy.gate import Gate, SessionState, ToolCall
     from sandbox.policy.rules import RuleStore
-    from sandbox.profile_policy import Policy
-    from sandbox.profile_tables import Env
 
-    settings = Policy(mode=args.mode, operating_mode=args.operating_mode or "agent", classifier=args.classifier)
+    # The profile's [policy] table, with what the flags say instead.
+    flags = {"mode": args.mode, "operating_mode": args.operating_mode or "agent", "classifier": args.classifier}
+    settings = prof.policy.model_copy(update={k: v for k, v in flags.items() if v is not None})
     rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
     for notice in rules.notices:
         say(notice)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
-    programs = Env().workspace_path  # the default profile's: what the jail's PATH finds first
+    programs = prof.env.workspace_path  # what the jail's PATH finds first
     gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode(), programs=programs)
     call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
     return gate.evaluate(call, SessionState("policy-test"))

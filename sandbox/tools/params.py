@@ -29,7 +29,7 @@ from sandbox.profile_tables import MAX_TIMEOUT_S
 if TYPE_CHECKING:
     from sandbox.vocabulary import PluginRisk, Risk
 
-DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is known (``policy test``)
+DEFAULT_MAX_TIMEOUT_S = 300.0  # a Bash call's ceiling where no profile is given (a caller of validate() without one)
 LIST_LIMIT = 1000  # the most paths one Glob returns (the runner's own ceiling)
 
 OutputMode = Literal["content", "filesWithMatches", "count"]
@@ -48,10 +48,14 @@ class BashParams(_Params):
     @field_validator("timeout")
     @classmethod
     def _within_the_profiles_ceiling(cls, value: float, info: ValidationInfo) -> float:
-        # The session passes its profile's timeouts.max_s; without one, the historical 300 s.
-        ceiling = float((info.context or {}).get("max_timeout_s", DEFAULT_MAX_TIMEOUT_S))
+        # The session and `policy test` pass their profile's timeouts.max_s; without one, 300 s.
+        context = info.context or {}
+        if "max_timeout_s" in context:
+            ceiling, whose = float(context["max_timeout_s"]), "the profile's timeouts.max_s"
+        else:
+            ceiling, whose = DEFAULT_MAX_TIMEOUT_S, "no profile given"
         if value > ceiling:
-            raise ValueError(f"must be at most {ceiling:g} seconds (the profile's timeouts.max_s)")
+            raise ValueError(f"must be at most {ceiling:g} seconds ({whose})")
         return value
 
 

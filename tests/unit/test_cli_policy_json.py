@@ -87,3 +87,14 @@ def test_a_reader_gone_ends_the_command_quietly_with_141(argv: list[str], tmp_pa
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == 141, (done.returncode, done.stderr)
+
+
+def test_the_timeout_ceiling_is_the_profiles(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``policy test`` judges a Bash timeout as a session of the profile would: its timeouts.max_s."""
+    bash = ["--tool", "Bash", "--args"]
+    code, out = _policy_test(capsys, tmp_path, *bash, '{"command": "ls", "timeout": 500}')
+    assert (code, out["decision"]) == (0, "allow")  # over the 300 s it once quoted, under default's 3600
+    code, out = _policy_test(capsys, tmp_path, *bash, '{"command": "ls", "timeout": 5000}')
+    assert out["error_code"] == "INVALID_ARGUMENT" and "at most 3600 seconds" in out["reason"]
+    code, out = _policy_test(capsys, tmp_path, "--profile", "ci", *bash, '{"command": "ls", "timeout": 5000}')
+    assert (code, out["decision"]) == (0, "allow")  # ci's ceiling is 21600 s
