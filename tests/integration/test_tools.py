@@ -277,3 +277,24 @@ async def test_session_that_cannot_open_leaves_nothing_behind(
             pass
     assert list((data_dir / "scratch").iterdir()) == []
     assert not (data_dir / "copies").exists() or list((data_dir / "copies").iterdir()) == []
+
+
+async def test_an_approved_external_read_names_its_canonical_path(backend: base.Backend, workspace: Path) -> None:
+    """Seed 003 §4a: a file read outside the roots names the canonical absolute path it was read at
+    (every link on the way resolved: the model's ``via/os-release`` is ``/etc/os-release``, itself a
+    link to ``/usr/lib/os-release``), so the user and the model see where it really came from."""
+    (workspace / "via").symlink_to("/etc")
+    canonical = os.path.realpath("/etc/os-release")
+    asked: list[str] = []
+
+    async def allow(request: Any) -> str:
+        asked.append(request.resource)
+        return "allow-once"
+
+    async with Sandbox.open(
+        workspace, profile=_profile(backend), mode="accept-edits", approver=CallbackApprover(allow)
+    ) as s:
+        read = await s.call("Read", {"path": "via/os-release"})
+    assert asked and canonical in asked[0], asked
+    assert read.ok and read.root == "external" and read.details["path"] == canonical, read
+    assert "ID=" in read.content

@@ -13,14 +13,17 @@ import pytest
 
 from sandbox.audit import AuditLog
 from sandbox.policy.approvals import CallbackApprover
-from sandbox.policy.gate import SessionState
+from sandbox.policy.gate import SessionState, ToolCall
 from sandbox.policy.rules import RuleStore
 from sandbox.session import Sandbox
+from sandbox.tools.params import ToolSpec, lookup
+from tests.unit.policy.policy_world import PluginArgs
 
 if TYPE_CHECKING:
     from sandbox.backends.fake import FakeBackend
     from sandbox.policy.classifier import ClassifyRequest
     from sandbox.policy.gate import Decision
+    from sandbox.vocabulary import PluginRisk
     from tests.unit.policy.policy_world import World
 
 SANDBOX = str(Path(sys.executable).with_name("sandbox"))
@@ -134,6 +137,51 @@ def test_public_fetches_are_exempt_private_ones_judged() -> None:
     assert public_fetch("fetch_content", {"url": "https://docs.python.org/"}, (), False) is None
     assert public_fetch("fetch_content", {"url": "http://wiki.corp.internal/"}, ("wiki.corp.internal",), False)
     assert public_fetch("deploy", {"url": "https://example.com"}, (), True) is None
+
+
+@pytest.mark.parametrize(
+    ("risk", "url", "policy", "level", "rule_id"),
+    [
+        ("medium", "https://docs.python.org/3/", {}, "allow", "exempt.read-only-web-fetch"),
+        ("low", "https://docs.python.org/3/", {}, "allow", "exempt.read-only-web-fetch"),
+        ("medium", "http://10.0.0.7/admin", {}, "confirm", "plugin.medium"),  # private: judged, then asked
+        ("medium", "http://169.254.169.254/latest", {}, "confirm", "plugin.medium"),
+        ("high", "https://docs.python.org/3/", {}, "confirm", "plugin.high"),  # a high-risk tool is never exempt
+        ("medium", "https://docs.python.org/3/", {"classifier": "off"}, "confirm", "plugin.medium"),
+        (
+            "medium",
+            "https://docs.python.org/3/",
+            {"settings_table": {"exemptions": {"read_only_web_fetch": False}}},
+            "confirm",
+            "plugin.medium",
+        ),
+        (
+            "medium",
+            "http://wiki.corp.internal/page",
+            {
+                "settings_table": {
+                    "exemptions": {"read_only_web_fetch": False},
+                    "trusted": {"domains": ["*.corp.internal"]},
+                }
+            },
+            "allow",
+            "exempt.trusted-domain",
+        ),
+    ],
+)
+def test_the_gate_exempts_a_public_fetch_by_a_plugin_tool(
+    world: World, risk: PluginRisk, url: str, policy: dict[str, Any], level: str, rule_id: str
+) -> None:
+    """Seed 004's readOnlyWebFetch through the gate: a fetch plugin tool's public URL runs unasked
+    once the classifier is on; a private address, a high-risk tool, the classifier off or the
+    exemption off leave it to the plugin's risk; a trusted domain is exempt whatever the exemption."""
+    name = f"plugin_web_{risk}_fetch_content"
+    spec = ToolSpec(name, PluginArgs, "execute", "fetches a URL", plugin=True, plugin_risk=risk)
+    gate = world.gate(**{"mode": "ask", "classifier": "auto", "medium_risk": "confirm", **policy})
+    gate.tools = lambda wanted: spec if wanted == name else lookup(wanted)
+    call = ToolCall("s1", "t1", "c1", name, PluginArgs.model_validate({"url": url}))
+    decision = gate.evaluate(call, SessionState("s1"))
+    assert (decision.level, decision.rule_id) == (level, rule_id), decision.reason
 
 
 # -- the CLI ----------------------------------------------------------------------------------------
