@@ -128,7 +128,7 @@ async def authorize(
             )
             if not gate.settings.ask_on_block:
                 reason = f"{decision.reason} (not asked: the policy's ask_on_block is off)"
-                state.note_denied(call.turn_id, call.name, decision.resource)
+                state.note_denied(call.turn_id, call.name, decision.resource, "classifier")
                 return Authorization(decision, False, "classifier", reason, judgement=judgement)
         else:
             decision = replace(
@@ -143,7 +143,7 @@ async def authorize(
     if outcome.answer == "allow-session" and decision.grantable:
         state.grant_session(decision.kind or call.name)
     elif outcome.answer == "deny":
-        state.note_denied(call.turn_id, call.name, decision.resource)
+        state.note_denied(call.turn_id, call.name, decision.resource, outcome.decided_by)
     # Only a question someone could see was a prompt: not an unattended refusal, nor a dead channel.
     prompted = outcome.decided_by in ("user", "timeout", "cancelled", "invalid")
     return Authorization(

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sandbox.policy.verdict import Finding
     from sandbox.vocabulary import (
         ClassifierMode,
+        DecidedBy,
         ErrorCode,
         Escape,
         GateDecidedBy,
@@ -80,6 +81,21 @@ class Decision:
     kind: str | None = None  # what "allow this kind for the session" grants (else the tool)
 
 
+EARLIER_REFUSALS: dict[str, str] = {
+    "user": "the user already denied this call in this turn",
+    "client": "the client declined this call for the user earlier in this turn (no one was asked)",
+    "unattended": "this call was refused earlier in this turn: the session is unattended (no one to ask)",
+    "timeout": "the question about this call went unanswered earlier in this turn (it timed out)",
+    "cancelled": "the question about this call was cancelled earlier in this turn",
+    "disconnected": "no one could be asked about this call earlier in this turn (the approval channel is gone)",
+    "classifier": "the classifier blocked this call earlier in this turn",
+    "error": "this call was refused earlier in this turn (the approval failed)",
+    "invalid": "the answer about this call earlier in this turn was not one the sandbox understands",
+}
+"""A call refused earlier in the turn, said by who refused it: only a user's answer is "the user
+denied"."""
+
+
 @dataclass
 class SessionState:
     """Grants and denials of one session; never shared with, nor inherited by, another session."""
@@ -87,7 +103,7 @@ class SessionState:
     session_id: str
     mode: PermissionMode | None = None
     grants: set[str] = field(default_factory=set)
-    _denied: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    _denied: dict[str, dict[tuple[str, str], DecidedBy]] = field(default_factory=dict)
     judgements: dict[str, Judgement] = field(default_factory=dict)  # the classifier's, by request key
 
     def grant_session(self, tool: str) -> None:
@@ -96,11 +112,14 @@ class SessionState:
     def has_grant(self, tool: str) -> bool:
         return tool in self.grants
 
-    def note_denied(self, turn_id: str, tool: str, resource: str) -> None:
-        self._denied.setdefault(turn_id, set()).add((tool, resource))
+    def note_denied(self, turn_id: str, tool: str, resource: str, by: DecidedBy = "user") -> None:
+        """This call was refused in this turn, and by whom (the user, a timeout, an unattended
+        session, the classifier): it is not asked again in the turn."""
+        self._denied.setdefault(turn_id, {})[(tool, resource)] = by
 
-    def was_denied(self, turn_id: str, tool: str, resource: str) -> bool:
-        return (tool, resource) in self._denied.get(turn_id, ())
+    def was_denied(self, turn_id: str, tool: str, resource: str) -> DecidedBy | None:
+        """Who refused this call earlier in this turn, or ``None``."""
+        return self._denied.get(turn_id, {}).get((tool, resource))
 
     def end_turn(self, turn_id: str) -> None:
         self._denied.pop(turn_id, None)
@@ -472,13 +491,14 @@ class Gate:
     def _with_session(call: ToolCall, state: SessionState, decision: Decision) -> Decision:
         if decision.level != "confirm":
             return decision
-        if state.was_denied(call.turn_id, call.name, decision.resource):
+        refused_by = state.was_denied(call.turn_id, call.name, decision.resource)
+        if refused_by is not None:
             return replace(
                 decision,
                 level="deny",
                 decided_by="turn-denial",
                 rule_id="turn.denied",
-                reason="the user already denied this call in this turn; it is not asked again",
+                reason=f"{EARLIER_REFUSALS.get(refused_by, EARLIER_REFUSALS['error'])}; not asked again this turn",
             )
         if decision.grantable and state.has_grant(decision.kind or call.name):
             return replace(

@@ -176,3 +176,27 @@ async def test_allow_session_is_not_offered_for_always_ask_rules(world: World, s
     assert await _flow(world, approver, "npm publish", state, jail)
     assert not approver.asked[0].allow_session
     assert not state.has_grant("Bash")
+
+
+@pytest.mark.parametrize(
+    ("approver", "said"),
+    [
+        (Fixed("deny"), "the user already denied this call"),
+        (Slow(), "went unanswered earlier in this turn (it timed out)"),
+        (UnattendedApprover(), "the session is unattended (no one to ask)"),
+        (Raising(RuntimeError("boom")), "refused earlier in this turn (the approval failed)"),
+    ],
+    ids=["user", "timeout", "unattended", "error"],
+)
+async def test_a_repeated_refusal_says_who_refused_it_first(world: World, approver: Approver, said: str) -> None:
+    """A call refused in a turn is not asked again; the second refusal names who refused the first
+    (only a user's answer is "the user already denied")."""
+    state = SessionState("s1")
+    call = world.call("Bash", {"command": "make deploy"})
+    first = await authorize(world.gate("ask"), state, call, approver, timeout=0.05)
+    assert not first.allowed
+    again = await authorize(world.gate("ask"), state, call, Fixed("allow-once"), timeout=0.05)
+    assert (again.allowed, again.decision.rule_id) == (False, "turn.denied")
+    assert said in again.decision.reason, again.decision.reason
+    if not isinstance(approver, Fixed):
+        assert "the user" not in again.decision.reason
