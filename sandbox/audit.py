@@ -42,7 +42,8 @@ if TYPE_CHECKING:
         Root,
     )
 
-SCHEMA_VERSION = 4  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined (added on open)
+SCHEMA_VERSION = 5  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined; 5: the loop guard's
+# (each added on open to an older log)
 PREVIEW_CHARS = 400
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
 
@@ -110,6 +111,11 @@ class AuditRecord:
     # rw: what a call left in a git directory that git would obey, moved to the quarantine
     # (sandbox.gitsweep): a JSON list of {path, moved_to, why}; null when nothing was.
     quarantined: str | None = None
+    # Seed 003 §4d's repair-loop guard: a failed Edit or patch command's kind and attempt in its
+    # turn, and whether it ended the loop (terminate); null for every other call.
+    mutation_failure_kind: str | None = None
+    mutation_failure_attempt: int | None = None
+    terminate: bool | None = None
 
     @classmethod
     def build(
@@ -189,6 +195,9 @@ _ADDED = {
     "classifier_ms": "REAL",
     "user_choice": "TEXT",
     "quarantined": "TEXT",
+    "mutation_failure_kind": "TEXT",
+    "mutation_failure_attempt": "INTEGER",
+    "terminate": "INTEGER",
 }
 
 
@@ -372,6 +381,8 @@ def _os_error(exc: sqlite3.Error, prefix: str = "") -> OSError:
 def _typed(row: dict[str, Any]) -> dict[str, Any]:
     row["prompted"] = bool(row["prompted"])
     row["ok"] = bool(row["ok"])
+    if row["terminate"] is not None:
+        row["terminate"] = bool(row["terminate"])
     return row
 
 

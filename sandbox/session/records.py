@@ -57,6 +57,13 @@ class Recorder:
         )
         if result.details.get("quarantined"):  # rw: what the call left that git would obey (gitsweep)
             record = dataclasses.replace(record, quarantined=json.dumps(result.details["quarantined"]))
+        if "mutationFailureKind" in result.details:  # the repair loop's guard counted it (session.repair)
+            record = dataclasses.replace(
+                record,
+                mutation_failure_kind=result.details["mutationFailureKind"],
+                mutation_failure_attempt=result.details["mutationFailureAttempt"],
+                terminate=result.details["terminate"],
+            )
         self.log.record(record)
 
     def ended(self, call: ToolCall, exc: SandboxError, *, total: float, decided_by: DecidedBy) -> None:

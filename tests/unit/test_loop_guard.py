@@ -68,6 +68,15 @@ async def test_the_second_failed_edit_of_a_path_in_a_turn_terminates(session: Sa
     assert "Read the file again" in second.content and "ask the user" in second.content
     third = await session.call("Edit", {"path": "README.md", **EDIT}, turn_id="t1")
     assert guard(third) == ("edit", 3, True)  # a model that goes on is stopped again
+    # The audit keeps the guard's fields with each call's row (null where the guard counted nothing).
+    audited = [
+        (row["mutation_failure_kind"], row["mutation_failure_attempt"], row["terminate"])
+        for row in session.audit.rows()
+        if row["tool"] == "Edit"
+    ]
+    assert audited == [("edit", 1, False), ("edit", 1, False), ("edit", 2, True), ("edit", 3, True)]
+    read = await session.call("Read", {"path": "README.md"}, turn_id="t1")
+    assert not read.ok and session.audit.rows()[-1]["terminate"] is None
 
 
 async def test_a_new_turn_and_an_ended_turn_start_afresh(session: Sandbox) -> None:

@@ -60,6 +60,7 @@ import type {
 	ToolResult,
 } from "./protocol.ts";
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
+import { isEditMismatch, RepairGuard, serverStop } from "./repair.ts";
 import { observeReviews, ReviewLog, reviewNotice, rollbackCommand } from "./rollback.ts";
 import { type Approver, defaultSandboxBin, NO_ONE, SandboxSession } from "./session.ts";
 
@@ -571,7 +572,25 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			if (ctx.hasUI) ctx.ui.notify(reviewNotice(review, session.info.workspace), "info");
 		});
 	register(createWriteToolDefinition(cwd), (c, ctx) => inCopy(createWriteToolDefinition(ctx.cwd, { operations: createSandboxWriteOperations(reviewed(c, ctx)) })));
-	register(createEditToolDefinition(cwd), (c, ctx) => inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(reviewed(c, ctx)) })));
+	// The repair loop's end (seed 003 §4d): a second failed edit of a path in a turn stops pi's loop.
+	const repairs = new RepairGuard();
+	register(createEditToolDefinition(cwd), (c, ctx) => {
+		const tool = inCopy(createEditToolDefinition(ctx.cwd, { operations: createSandboxEditOperations(reviewed(c, ctx)) }));
+		return {
+			execute: async (...args) => {
+				try {
+					return await tool.execute(...args);
+				} catch (error) {
+					if (!isEditMismatch(error)) throw error;
+					const failure = repairs.editFailed(c.turnId ?? "", String((args[1] as { path?: unknown }).path ?? ""));
+					const text = `${(error as Error).message}\n${failure.note}`;
+					if (!failure.terminate) throw new Error(text, { cause: error });
+					const { note: _note, ...details } = failure;
+					return { content: [{ type: "text", text }], details: details as never, isError: true, terminate: true };
+				}
+			},
+		};
+	});
 	register(createLsToolDefinition(cwd), (c, ctx) => createLsToolDefinition(ctx.cwd, { operations: createSandboxLsOperations(c) }));
 	register(createFindToolDefinition(cwd), (c, ctx) => createFindToolDefinition(ctx.cwd, { operations: createSandboxFindOperations(c) }));
 	// pi's PI_* variables are not forwarded into the jail (the server sets PI_SCRATCH_DIR itself), so
@@ -582,7 +601,13 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		const operations = createSandboxBashOperations(c, { onResult: (result) => (server = result) });
 		const tool = createBashToolDefinition(ctx.cwd, { operations, exposeSessionEnvironment: false });
 		return {
-			execute: async (...args) => streamsApart(await tool.execute(...args), server),
+			execute: async (...args) => {
+				const result = streamsApart(await tool.execute(...args), server);
+				// The server ended a patch-command repair loop: say why, and stop pi's loop after the batch.
+				const stop = serverStop(server);
+				if (stop === undefined) return result;
+				return { ...result, content: [...result.content, { type: "text", text: stop }], terminate: true };
+			},
 		};
 	});
 	register(createGrepToolDefinition(cwd), (c, ctx) => ({

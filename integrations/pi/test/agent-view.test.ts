@@ -4,7 +4,7 @@
  * are loud (stderr, a non-zero exit) instead of a silent exit 0.
  */
 import assert from "node:assert/strict";
-import { rmSync } from "node:fs";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { after, before, describe, it } from "node:test";
 import { FakeModel, type PiRun, piHome, piPrint, type Reply } from "./fake-model.ts";
@@ -45,6 +45,38 @@ describe("what the model sees", () => {
 			assert.match(flood ?? "", /^small\n\n\[stderr\]\n/);
 			assert.match(flood ?? "", /\[stderr: the last \d+ of 588895 bytes are shown\]/);
 			assert.match(flood ?? "", /\n100000\n/); // the tail of stderr, not its head
+		} finally {
+			await model.close();
+		}
+	});
+
+	it("a second failed edit of a file in a turn stops pi's loop (terminate), the first says to Read again", async () => {
+		writeFileSync(path.join(workspace, "loop.txt"), "hello\n");
+		const edit = (oldText: string) => ({ toolCalls: [{ name: "edit", args: { path: "loop.txt", edits: [{ oldText, newText: "x" }] } }] });
+		const model = await FakeModel.start([edit("nope"), edit("nope again"), { text: "never asked" }]);
+		try {
+			piHome(home, model);
+			const ran = await run(workspace, home, dataDir, []);
+			assert.equal(ran.code, 0, ran.stderr);
+			// Two model turns: the one that asked for each edit. The second failure ended the loop.
+			assert.equal(model.requests.length, 2, JSON.stringify(model.toolResults()));
+			const [first] = model.toolResults();
+			assert.match(first ?? "", /Could not find .*\n\[a failed edit of loop\.txt: Read the file once more/s);
+			assert.equal(readFileSync(path.join(workspace, "loop.txt"), "utf8"), "hello\n");
+		} finally {
+			await model.close();
+		}
+	});
+
+	it("a second failed patch command in a turn stops pi's loop with the server's note", async () => {
+		const bash = (command: string) => ({ toolCalls: [{ name: "bash", args: { command } }] });
+		const model = await FakeModel.start([bash("git apply missing.diff"), bash("git apply missing.diff"), { text: "never asked" }]);
+		try {
+			piHome(home, model);
+			const ran = await run(workspace, home, dataDir, []);
+			assert.equal(ran.code, 0, ran.stderr);
+			assert.equal(model.requests.length, 2, JSON.stringify(model.toolResults()));
+			assert.match(model.toolResults()[0] ?? "", /can't open patch/);
 		} finally {
 			await model.close();
 		}
