@@ -222,13 +222,13 @@ class _Judge:
         else:
             self._read_target(resolved)
 
-    def _resolve(self, text: str) -> ResolvedPath | None:
+    def _resolve(self, text: str, *, entry: bool = False) -> ResolvedPath | None:
         if "\x00" in text:  # no program can be given such a path: the text is not what it seems
             self.add("ask", "parse.unparseable", "a path with a NUL byte cannot be judged; it is confirmed")
             return None
         if self.cwd is None and not text.startswith(("/", "~")):
             return None
-        resolved = self.paths.resolve(text, self.cwd)
+        resolved = self.paths.resolve(text, self.cwd, entry=entry)
         self.resolved.append(resolved)
         return resolved
 
@@ -480,7 +480,7 @@ class _Judge:
         for word in described.reads:
             ok = self._path_word(word, read_only) and ok
         for word in described.writes:
-            self._write_word(word)
+            self._write_word(word, entry=name in DELETERS)  # a deletion removes a link, not its target
         return ok and not described.writes
 
     def _path_word(self, word: Word, read_only: bool) -> bool:
@@ -493,13 +493,13 @@ class _Judge:
             ok = self._path_arg(text, read_only=True) and ok
         return ok
 
-    def _write_word(self, word: Word) -> None:
+    def _write_word(self, word: Word, *, entry: bool = False) -> None:
         if word.procsub or word.text == "-" or HARMLESS_DEVICES.match(word.text):
             return
         if word.dynamic:
             self.add("mode", "shell.dynamic-path", f"writes {word.text}, only known at run time")
             return
-        resolved = self._resolve(word.text)
+        resolved = self._resolve(word.text, entry=entry)
         if resolved is None:
             self.add("mode", "shell.unknown-cwd", "writes relative to a directory only known at run time")
             return

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Literal
 
 from sandbox.policy.flags import shape
+from sandbox.policy.paths import entry_path
 from sandbox.policy.verdict import Finding
 
 if TYPE_CHECKING:
@@ -178,7 +179,9 @@ class DenyLayer:
         if word.dynamic or (cwd is None and not text.startswith(("/", "~"))):
             return None
         lexical = self.paths.expand(text, cwd)
-        candidates = {lexical} if has_glob(lexical) else {lexical, os.path.realpath(lexical)}
+        candidates = (
+            {lexical} if has_glob(lexical) else {lexical, entry_path(lexical, through=text.endswith(("/", "/.")))}
+        )
         dooms = {self._doom_of(_emptied(candidate)) for candidate in candidates}
         return "deny" if "deny" in dooms else "ask" if "ask" in dooms else None
 

@@ -71,6 +71,16 @@ def within(root: str, path: str) -> bool:
     return path.startswith(prefix)
 
 
+def entry_path(path: str, *, through: bool) -> str:
+    """The canonical path of the entry ``path`` names, as a deletion sees it: the links on the way
+    resolved, the last component kept (``rm -rf link`` removes the link, never what it names) unless
+    the operand goes ``through`` it (``link/``, ``link/.``), which is the target."""
+    head, tail = os.path.split(path.rstrip("/") or "/")
+    if through or not tail or tail in (".", ".."):
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(head), tail)
+
+
 @dataclass(frozen=True, slots=True)
 class ResolvedPath:
     """One path argument, as written and as the kernel would reach it."""
@@ -136,10 +146,12 @@ class PathPolicy:
             return "workspace"
         return "external"
 
-    def resolve(self, raw: str, base: str | None = None) -> ResolvedPath:
+    def resolve(self, raw: str, base: str | None = None, *, entry: bool = False) -> ResolvedPath:
+        """``raw`` resolved; ``entry``: the directory entry itself is meant (a deletion), so a last
+        component that is a symlink is the link, not what it names (:func:`entry_path`)."""
         joined = self._joined(raw, base)
         lexical = os.path.normpath(joined)
-        canonical = os.path.realpath(joined)
+        canonical = entry_path(joined, through=raw.endswith(("/", "/."))) if entry else os.path.realpath(joined)
         root = self.root_of(canonical)
         return ResolvedPath(raw, lexical, canonical, root, self._escape(raw, lexical, root))
 

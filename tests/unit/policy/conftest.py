@@ -53,6 +53,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
     os.symlink(ws / "src", ws / "src_link")
     os.symlink(home / ".ssh" / "id_rsa", ws / "key_link")
     os.symlink(scratch.parent, scratch / "escape")
+    os.symlink("/", ws / "root_link")  # deleting the link is not deleting the root
+    os.symlink(home, ws / "home_link")
     return World(tmp_path, home, ws, app2, outside, scratch, data)
 
 
