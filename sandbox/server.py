@@ -292,6 +292,7 @@ class Server:
             "mode": sandbox.gate.mode_for(sandbox.state),
             "operating_mode": sandbox.gate.settings.operating_mode,
             "notices": sandbox.notices,
+            "trust": sandbox.trust,  # the project's policy file: loaded or not, and who decided
             "plugins": sandbox.plugins_listing(),
         }
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from sandbox.cli.options import Subparsers
     from sandbox.cli.output import Handler
-    from sandbox.policy.gate import Decision
+    from sandbox.policy.gate import Decision, Gate
     from sandbox.profile import Profile
 
 RULE_ACTIONS: tuple[RuleAction, ...] = get_args(RuleAction)
@@ -44,6 +44,13 @@ def register(subparsers: Subparsers) -> None:
     trust.add_argument("directory", nargs="?")
     trust.add_argument("--revoke", action="store_true", help="record the directory as untrusted")
     trust.add_argument("--list", action="store_true", help="list stored trust decisions")
+    trust.add_argument(
+        "--show",
+        action="store_true",
+        help="the effective decision for the directory (default: here) and where it comes from",
+    )
+    options.add_profile(trust)
+    options.add_json(trust)
     trust.set_defaults(func=_guard(_trust))
 
 
@@ -101,6 +108,15 @@ def _register_policy(subparsers: Subparsers) -> None:
     listing = sub.add_parser("list", help="list built-in and user rules")
     options.add_json(listing)
     listing.set_defaults(func=_guard(_list_rules))
+    show = sub.add_parser(
+        "show",
+        help="what a session of the profile in the workspace would enforce: the modes, the protected "
+        "paths, the trusted paths, domains and git remotes, the network's hosts, and the project's trust",
+    )
+    options.add_workspace(show, default=Path.cwd())
+    options.add_profile(show)
+    options.add_json(show)
+    show.set_defaults(func=_guard(_show))
 
 
 def _register_audit(subparsers: Subparsers) -> None:
@@ -203,22 +219,88 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, tool: str, params: BaseModel, prof: Profile) -> Decision:
-    from sandbox import datadir
-    from sandbox.policy import load_ruleset
-    from sandbox.policy.gate import Gate, SessionState, ToolCall
-    from sandbox.policy.rules import RuleStore
+    from sandbox.policy.gate import SessionState, ToolCall
 
     # The profile's [policy] table, with what the flags say instead.
     flags = {"mode": args.mode, "operating_mode": args.operating_mode or "agent", "classifier": args.classifier}
+    gate = _gate(args.workspace, prof, flags, args.trust_override)
+    call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
+    return gate.evaluate(call, SessionState("policy-test"))
+
+
+def _gate(workspace: Path, prof: Profile, flags: dict[str, Any], trust_override: bool | None) -> Gate:
+    """The gate a session of ``prof`` in ``workspace`` would have (its notices said on stderr)."""
+    from sandbox import datadir
+    from sandbox.policy import load_ruleset
+    from sandbox.policy.gate import Gate
+    from sandbox.policy.rules import RuleStore
+
     settings = prof.policy.model_copy(update={k: v for k, v in flags.items() if v is not None})
-    rules = load_ruleset(settings, args.workspace, trust_override=args.trust_override)
+    rules = load_ruleset(settings, workspace, trust_override=trust_override)
     for notice in rules.notices:
         say(notice)
     scratch = datadir.data_dir() / "scratch" / "policy-test"
     programs = prof.env.workspace_path  # what the jail's PATH finds first
-    gate = Gate(args.workspace, scratch, settings, rules, global_mode=RuleStore().mode(), programs=programs)
-    call = ToolCall("policy-test", "turn-1", "call-1", tool, params)
-    return gate.evaluate(call, SessionState("policy-test"))
+    return Gate(workspace, scratch, settings, rules, global_mode=RuleStore().mode(), programs=programs)
+
+
+def _show(args: argparse.Namespace) -> int:
+    """``sandbox policy show``: what is enforced, read from the gate a session would build."""
+    from sandbox import profile
+    from sandbox.policy.gate import SessionState
+    from sandbox.policy.trust import PROJECT_POLICY, TrustStore
+
+    if not args.workspace.is_dir():
+        raise InvalidArgument(f"workspace {args.workspace} is not a directory")
+    prof = profile.load(args.profile)
+    gate = _gate(args.workspace, prof, {}, None)
+    settings, paths = gate.settings, gate.paths
+    default_trust = settings.default_project_trust
+    trust = TrustStore().decision(args.workspace, default=default_trust == "always")
+    shown = {
+        "profile": prof.name,
+        "workspace": paths.workspace,
+        "mode": gate.mode_for(SessionState("policy-show")),
+        "operating_mode": settings.operating_mode,
+        "classifier": gate.classifier_mode(),
+        "protected": {
+            "deny_read": list(paths.deny_read.patterns),
+            "deny_write": list(paths.deny_write.patterns),
+            "confirm_write": list(paths.confirm_write.patterns),
+        },
+        "trusted": {
+            "paths": list(settings.trusted.paths),
+            "domains": list(settings.trusted.domains),
+            "git_remotes": list(settings.trusted.git_remotes),
+        },
+        "network": {
+            "mode": prof.network.mode,
+            "allow": list(prof.network.allow),
+            "deny": list(prof.network.deny),
+            "indexes": [str(index) for index in prof.network.indexes],  # package indexes the proxy admits
+            "ask": prof.network.ask,
+        },
+        "project": {
+            "policy_file": str(Path(paths.workspace) / PROJECT_POLICY),
+            "exists": (Path(paths.workspace) / PROJECT_POLICY).is_file(),
+            **trust.explain(default_trust),
+        },
+    }
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return 0
+    print(f"profile {shown['profile']} in {shown['workspace']}")
+    print(f"  modes: {shown['mode']}, {shown['operating_mode']}; classifier {shown['classifier']}")
+    for title, table in (("protected", shown["protected"]), ("trusted", shown["trusted"])):
+        for key, values in table.items():
+            print(f"  {title} {key.replace('_', ' ')}: {', '.join(values) or '-'}")
+    network = shown["network"]
+    listed = {key: ", ".join(network[key]) or "-" for key in ("allow", "deny", "indexes")}
+    print(f"  network: {network['mode']}; allow {listed['allow']}; deny {listed['deny']}; indexes {listed['indexes']}")
+    project = shown["project"]
+    present = "present" if project["exists"] else "absent"
+    print(f"  project policy file ({present}): {project['trusted_word']}, {project['why']}")
+    return 0
 
 
 def _print_decision(decision: Decision, as_json: bool) -> None:
@@ -430,6 +512,16 @@ def _trust(args: argparse.Namespace) -> int:
     if args.list:
         for path, trusted in store.entries().items():
             print(f"{'trusted  ' if trusted else 'untrusted'} {path}")
+        return 0
+    if args.show:
+        from sandbox import profile
+
+        default = profile.load(args.profile).policy.default_project_trust
+        found = store.decision(args.directory or Path.cwd(), default=default == "always").explain(default)
+        if args.json:
+            print(json.dumps(found, indent=2))
+        else:
+            print(f"{found['trusted_word']}: {found['directory']} ({found['why']})")
         return 0
     if not args.directory:
         raise InvalidArgument("give a directory, or --list")

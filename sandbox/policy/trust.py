@@ -37,7 +37,29 @@ _PROJECT_KEYS = frozenset({"rules", "deny_read", "deny_write", "confirm_write", 
 class TrustDecision:
     directory: str
     trusted: bool
-    source: str  # "override" | the directory whose stored decision applied | "default"
+    source: str  # "override" | "handler" | "asked" | the directory whose stored decision applied | "default"
+
+    def explain(self, default: ProjectTrust) -> dict[str, Any]:
+        """The decision and where it came from, as ``sandbox policy show``, ``sandbox trust --show``
+        and a session's ``trust`` say it (``default``: the profile's ``default_project_trust``)."""
+        if self.source == "override":
+            why = "decided for this session by its caller (trust_project)"
+        elif self.source == "handler":
+            why = "decided for this session by its pre-trust handler"
+        elif self.source == "asked":
+            why = "the user allowed it for this session when asked"
+        elif self.source == "default":
+            asked = " (a session asks when it opens)" if default == "ask" else ""
+            why = f"no stored decision: the profile's default_project_trust = {default}{asked}"
+        else:
+            why = f"the stored decision for {self.source}"
+        return {
+            "directory": self.directory,
+            "trusted": self.trusted,
+            "trusted_word": "trusted" if self.trusted else "untrusted",
+            "source": self.source,
+            "why": why,
+        }
 
 
 class TrustStore:

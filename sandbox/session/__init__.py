@@ -46,14 +46,16 @@ from sandbox.policy.approvals import Approver, UnattendedApprover
 from sandbox.policy.authorize import authorize
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
-from sandbox.policy.trust import ask_trust, ignored_notice
+from sandbox.policy.trust import TrustDecision, TrustStore, ignored_notice
 from sandbox.session import grants
 from sandbox.session.network import NetworkWatch
 from sandbox.session.opening import (
+    FIXED_TRUST,
     SessionOptions,
     classifier_for,
     declared_plugins,
     profile_for,
+    project_trust,
     project_trusted,
     recovered_notice,
     session_id_for,
@@ -133,6 +135,7 @@ class Sandbox:
         # What the session says once when it opens: ``{code, message[, file]}`` (``policy.project-ignored``:
         # the workspace's policy file was ignored because the project is not trusted).
         self.notices: list[Notice] = []
+        self.trust_override: tuple[bool | None, str] = (None, "default")  # set as the session opens
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -162,10 +165,8 @@ class Sandbox:
             # The policy is pure and may refuse (a bad rules file): decide it before a jail exists.
             # Rules saved while the session runs reach it at its next call (seed 004).
             approver = options.get("approver") or UnattendedApprover.from_settings(prof.policy)
-            trusted = options.get("trust_project")
-            if trusted is None and prof.policy.default_project_trust == "ask":  # seed 000 §10
-                timeout = float(prof.policy.approval_timeout_s)
-                trusted = await ask_trust(ws, approver, session_id=sid, timeout=timeout)
+            decision = await project_trust(options, ws, prof, approver, sid)
+            trusted = decision.trusted if decision.source in FIXED_TRUST else None
             live = live_rules(prof.policy, ws, trust_override=trusted)
             rules, global_mode = live.load()
             gate = Gate(
@@ -190,6 +191,7 @@ class Sandbox:
                 approver=approver,
                 mode=options.get("mode"),
             )
+            sandbox.trust_override = trusted, decision.source
             sandbox.notices = [notice] if notice is not None else []
             sandbox.notices += [recovered_notice(line) for line in recovered]
             sandbox.notices += sandbox.mode_notices()
@@ -387,6 +389,17 @@ class Sandbox:
         if agent:
             listed += self.plugins.registered_tools()
         return listed
+
+    @property
+    def trust(self) -> dict[str, Any]:
+        """The project's trust in force now and where it came from (``TrustDecision.explain``): fixed
+        when the session opened if its caller, its pre-trust handler or the user decided; else the
+        stored decision or the profile's default, re-read as the rules are."""
+        default = self.profile.policy.default_project_trust
+        trusted, source = self.trust_override
+        if trusted is not None:
+            return TrustDecision(str(self.workspace), trusted, source).explain(default)
+        return TrustStore().decision(self.workspace, default=default == "always").explain(default)
 
     def plugins_listing(self) -> list[dict[str, Any]]:
         """Every declared plugin and its tools; ``visible``: registered and shown to the model now

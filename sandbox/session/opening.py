@@ -9,14 +9,16 @@ or a jail is made, and none needs the session itself.
 
 from __future__ import annotations
 
+import inspect
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypedDict
 
 from sandbox import plugins as plugin_tools
 from sandbox import profile as profiles
 from sandbox.errors import InvalidArgument
 from sandbox.policy.classifier import CallbackClassifier, ChatClassifier, Classifier
-from sandbox.policy.trust import TrustStore
+from sandbox.policy.trust import TrustDecision, TrustStore, ask_trust
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
     )
 
 
+TrustHandler = Callable[["Path"], bool | None | Awaitable[bool | None]]
+"""A pre-trust handler: True or False decides the project's trust for the session; None defers."""
+
+
 class SessionOptions(TypedDict, total=False):
     """How to open a session; every key may be left out.
 
@@ -42,7 +48,10 @@ class SessionOptions(TypedDict, total=False):
     validated as the profile's own. ``mode`` is the session's permission mode (else the profile's,
     else the user's global one, else ``ask``); ``approver`` answers confirmations (else the
     profile's unattended answer); ``trust_project`` overrides the stored trust of the workspace
-    for this session; ``session_id`` names the session (letters, digits and dashes). ``network``
+    for this session; ``trust_handler`` (a pre-trust handler: an extension or a client deciding
+    first) is called with the workspace when ``trust_project`` is not given, and its True or False
+    decides for this session (None: the stored decision, then the profile's default, decide);
+    ``session_id`` names the session (letters, digits and dashes). ``network``
     overrides the profile's mode; ``allow_hosts`` adds allowlist patterns (and implies
     ``allowlist``), as ``sandbox run --allow-host`` does; ``allow_indexes`` adds package indexes
     (``pypi``, ``npm=URL`` ...) as ``--allow-index`` does. ``plugins`` are plugin manifests
@@ -66,6 +75,7 @@ class SessionOptions(TypedDict, total=False):
     approver: Approver | None
     session_id: str | None
     trust_project: bool | None
+    trust_handler: TrustHandler | None
     plugins: list[str | Path] | None
     granted_plugins: list[str] | None
     classifier: Classifier | ClassifierCallback | None
@@ -110,6 +120,36 @@ def classifier_for(given: Classifier | ClassifierCallback | None, prof: profiles
     if given is not None:
         return CallbackClassifier(given)
     return ChatClassifier.from_settings(prof.policy)
+
+
+async def project_trust(
+    options: SessionOptions, workspace: Path, prof: profiles.Profile, approver: Approver, session_id: str
+) -> TrustDecision:
+    """Whether the session loads the project's policy file, and who decided: the caller
+    (``trust_project``), the pre-trust handler, the user asked (``default_project_trust = "ask"``),
+    a stored decision, or the profile's default. Only the first three are fixed for the session;
+    a stored decision is re-read as the store changes."""
+    directory = str(workspace)  # canonical already: the session resolved it
+    given = options.get("trust_project")
+    if given is not None:
+        return TrustDecision(directory, given, "override")
+    handler = options.get("trust_handler")
+    if handler is not None:
+        decided = handler(workspace)
+        if inspect.isawaitable(decided):
+            decided = await decided
+        if decided is not None:
+            return TrustDecision(directory, bool(decided), "handler")
+    default = prof.policy.default_project_trust
+    if default == "ask":  # seed 000 §10
+        timeout = float(prof.policy.approval_timeout_s)
+        if await ask_trust(workspace, approver, session_id=session_id, timeout=timeout):
+            return TrustDecision(directory, True, "asked")
+    return TrustStore().decision(workspace, default=default == "always")
+
+
+FIXED_TRUST = frozenset({"override", "handler", "asked"})
+"""Trust decided for the session as it opened, whatever the store says later."""
 
 
 def project_trusted(workspace: Path, override: bool | None, default: ProjectTrust) -> bool:

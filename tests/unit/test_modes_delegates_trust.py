@@ -247,6 +247,74 @@ async def test_always_and_never(workspace: Path) -> None:
         assert s.notices and (await s.call("Bash", {"command": "echo blocked"})).ok
 
 
+async def test_a_pre_trust_handler_decides_first_and_the_session_says_who_decided(workspace: Path) -> None:
+    """Seed 000 §10's pre-trust handler: an extension or client decides before the store and the
+    profile's default; None defers to them. ``Sandbox.trust`` says the decision and its source."""
+    _project_policy(workspace)
+    TrustStore().set(workspace, False)  # stored: untrusted
+    seen: list[Path] = []
+
+    def trusting(where: Path) -> bool:
+        seen.append(where)
+        return True
+
+    blocked = {"command": "echo blocked"}
+    async with Sandbox.open(workspace, profile=_profile("never"), backend="fake", trust_handler=trusting) as s:
+        assert (await s.call("Bash", blocked)).error_code == "TOOL_DENIED"  # the project's rule: loaded
+        assert (s.trust["trusted"], s.trust["source"]) == (True, "handler") and "pre-trust handler" in s.trust["why"]
+    assert seen == [workspace.resolve()]
+
+    async def deferring(_where: Path) -> bool | None:
+        return None
+
+    async with Sandbox.open(workspace, profile=_profile("always"), backend="fake", trust_handler=deferring) as s:
+        assert (await s.call("Bash", blocked)).ok  # the stored "untrusted" decides
+        assert (s.trust["trusted"], s.trust["source"]) == (False, str(workspace.resolve()))
+        assert s.trust["why"] == f"the stored decision for {workspace.resolve()}"
+    async with Sandbox.open(workspace, profile=_profile("always"), backend="fake", trust_project=True) as s:
+        assert s.trust["source"] == "override"  # the caller's word wins over a handler's too
+
+
+async def test_sandbox_policy_show_and_trust_show_say_what_is_enforced(workspace: Path, tmp_path: Path) -> None:
+    """What a session would enforce, read without opening one: the protected and trusted paths,
+    domains and remotes, the network, and the project's trust with where it comes from."""
+    import json
+    import subprocess
+    import sys
+
+    profile = tmp_path / "mine.toml"
+    profile.write_text(
+        '[network]\nmode = "allowlist"\nallow = ["pypi.org"]\n'
+        '[policy]\ndeny_read = ["secrets/**"]\n'
+        '[policy.trusted]\npaths = ["build"]\ndomains = ["docs.python.org"]\ngit_remotes = ["origin"]\n'
+    )
+    _project_policy(workspace)
+
+    def sandbox(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", "from sandbox.cli import entry; entry()", *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        return done.stdout
+
+    shown = json.loads(sandbox("policy", "show", "--workspace", str(workspace), "--profile", str(profile), "--json"))
+    assert "secrets/**" in shown["protected"]["deny_read"] and "~/.ssh/**" in shown["protected"]["deny_read"]
+    assert "~/.ssh/**" in shown["protected"]["deny_write"]
+    assert shown["trusted"] == {"paths": ["build"], "domains": ["docs.python.org"], "git_remotes": ["origin"]}
+    assert (shown["network"]["mode"], shown["network"]["allow"]) == ("allowlist", ["pypi.org"])
+    assert shown["project"]["exists"] and (shown["project"]["trusted"], shown["project"]["source"]) == (
+        False,
+        "default",
+    )
+    assert "default_project_trust = never" in shown["project"]["why"]
+    sandbox("trust", str(workspace))
+    said = sandbox("trust", "--show", str(workspace))
+    assert said.startswith(f"trusted: {workspace.resolve()} (the stored decision for {workspace.resolve()})"), said
+
+
 def test_an_old_audit_log_gains_the_new_columns(tmp_path: Path) -> None:
     import sqlite3
 

@@ -187,9 +187,15 @@ def sees_end(sock: socket.socket) -> bool:
 
 
 def test_a_missing_proxy_socket_ends_the_client_connection_at_once(sock_path: Path) -> None:
-    with forwarder(sock_path) as fwd, fwd.connect() as sock:
+    with forwarder(sock_path) as fwd:
         started = time.monotonic()
-        assert sees_end(sock)
+        try:
+            sock = fwd.connect()
+        except ConnectionResetError:  # ended before our connect() returned: at once too (seen on a loaded CI)
+            sock = None
+        if sock is not None:
+            with sock:
+                assert sees_end(sock)
         assert time.monotonic() - started < 1.0
 
 
