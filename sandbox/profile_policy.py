@@ -82,6 +82,9 @@ class Policy(Table):
     # (``sandbox policy classifier``), else "off".
     classifier: ClassifierMode | None = None
     ask_on_block: bool = True  # a block is asked with the model's reason (False: refused silently)
+    # Seed 003 §8: a Bash result's credentials (a private key block, a URL's password, a token of a
+    # known format) are redacted before the result is returned, kept or shown (details.redacted counts them).
+    redact_output: bool = True
     classifier_timeout_s: float = Field(30, gt=0, le=600)
     # The built-in client (CLI, MCP, a library session without a callable): an OpenAI-compatible
     # chat-completions endpoint, its model, and the environment variable holding its API key.

@@ -29,15 +29,27 @@ _MYSQL = r"(?:mysql[a-z]*|mariadb(?:-[a-z]+)?)"  # mysql, mysqldump, mysqladmin,
 _LOGIN = r"(?:docker|podman|buildah|skopeo|nerdctl|helm|oras)"  # … login -p PASSWORD
 _HTPASSWD_B = r"(?=(?:-[A-Za-z]+\s+)*-[A-Za-z]*b)"  # a -b among its flags: the password is on the line
 _HTPASSWD_N = r"(?:-[A-Za-z]+\s+)*-[A-Za-z]*n"  # -n: printed, no file named
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (
-        re.compile(
-            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY"
-            r"( BLOCK)?-----|\Z)",
-            re.S,
-        ),
-        "[REDACTED PRIVATE KEY]",
+_PRIVATE_KEY = (
+    re.compile(
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY"
+        r"( BLOCK)?-----|\Z)",
+        re.S,
     ),
+    "[REDACTED PRIVATE KEY]",
+)
+_URL_PASSWORD = (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^\s'\"/?#]+@"), rf"\1:{REDACTED}@")
+_TOKENS = (
+    re.compile(
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+        r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
+        r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|npm_[A-Za-z0-9]{30,}"
+        r"|hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}"
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+    ),
+    REDACTED,
+)
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    _PRIVATE_KEY,
     # Authorization: Bearer x, Proxy-Authorization=Basic x (the scheme stays readable)
     (re.compile(rf"(?i)\b((?:proxy-)?authorization\s*[:=]\s*{_SCHEME}\s+)[^\s'\",;]+"), rf"\1{REDACTED}"),
     (re.compile(rf"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)(?!{_SCHEME}\s)[^\s'\",;]+"), rf"\1{REDACTED}"),
@@ -45,7 +57,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(rf"(?im)\b({_HEADER_NAME}[ \t]*:[ \t]*)[^\s'\"][^\r\n'\"]*"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), rf"\1 {REDACTED}"),
     # scheme://user:password@host, also with an empty user (redis://:pw@) and an @ inside the password
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^\s'\"/?#]+@"), rf"\1:{REDACTED}@"),
+    _URL_PASSWORD,
     # passwords glued to a flag or after one: mysql -pSECRET, sshpass -p SECRET, curl -u user:SECRET
     (re.compile(rf"(?i)(\b{_MYSQL}\b[^\n;&|]*?\s-p)(?=[^\s;&|])[^\s;&|]+"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)(\bsshpass\b[^\n;&|]*?\s-p\s*)[^\s;&|]+"), rf"\1{REDACTED}"),
@@ -71,16 +83,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         rf"\1{REDACTED}",
     ),
-    (
-        re.compile(
-            r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
-            r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
-            r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|npm_[A-Za-z0-9]{30,}"
-            r"|hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}"
-            r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
-        ),
-        REDACTED,
-    ),
+    _TOKENS,
     # "password": "x", 'token': 'x' and password: x (JSON, Python, YAML); a header the patterns above
     # already redacted is left as it is
     (
@@ -109,6 +112,20 @@ def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+_OUTPUT_PATTERNS = (_PRIVATE_KEY, _URL_PASSWORD, _TOKENS)
+
+
+def redact_output(text: str) -> tuple[str, int]:
+    """A command's output with what is unmistakably a credential taken out (a private key block, a
+    URL's password, a token of a known format), and how many were. Only those: output the model
+    reads must stay what the program printed (hashes, base64, ``password: …`` in a test fixture)."""
+    count = 0
+    for pattern, replacement in _OUTPUT_PATTERNS:
+        text, found = pattern.subn(replacement, text)
+        count += found
+    return text, count
 
 
 def redact_value(value: Any, key: str = "") -> Any:

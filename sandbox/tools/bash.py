@@ -12,6 +12,7 @@ from sandbox import remedy
 from sandbox.backends.base import NO_BASH
 from sandbox.errors import ShellNotFound
 from sandbox.gitsweep import summary as quarantine_summary
+from sandbox.redaction import redact_output
 from sandbox.tools.base import Invocation, Tool, ToolHost
 from sandbox.tools.params import BashParams
 from sandbox.tools.run import ToolResult
@@ -67,7 +68,15 @@ async def run_bash(
         raise ShellNotFound(
             "bash is not installed in the jail; the image or root filesystem needs it", backend=jail.backend
         )
+    redacted = 0
+    if jail.profile.policy.redact_output:  # seed 003 §8: before the result is kept or shown
+        (stdout, on_out), (stderr, on_err) = redact_output(result.stdout), redact_output(result.stderr)
+        redacted = on_out + on_err
+        if redacted:
+            result = result.model_copy(update={"stdout": stdout, "stderr": stderr})
     details = result.model_dump()
+    if redacted:
+        details["redacted"] = redacted
     if result.timed_out:
         given = params.timeout if "timeout" in params.model_fields_set else None
         source = remedy.for_call(given, params.timeout, jail.profile, "Bash")

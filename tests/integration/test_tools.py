@@ -298,3 +298,26 @@ async def test_an_approved_external_read_names_its_canonical_path(backend: base.
     assert asked and canonical in asked[0], asked
     assert read.ok and read.root == "external" and read.details["path"] == canonical, read
     assert "ID=" in read.content
+
+
+async def test_a_bash_results_credentials_are_redacted_before_it_is_returned(
+    backend: base.Backend, workspace: Path
+) -> None:
+    """Seed 003 §8: sensitive information is redacted before the result is kept or shown; only what
+    is unmistakably a credential, so hashes and ordinary text stay as printed."""
+    token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    (workspace / "creds.txt").write_text(f"GITHUB_TOKEN={token}\nurl=https://bot:hunter2@git.example.com/r.git\n")
+    digest = "0123456789abcdef0123456789abcdef01234567"
+    key = "-----BEGIN PRIVATE KEY-----\\nMIIEv\\n-----END PRIVATE KEY-----\\n"
+    command = f"cat creds.txt; echo {digest}; printf -- '{key}' >&2"
+    async with Sandbox.open(workspace, profile=_profile(backend), mode="auto") as s:
+        shown = await s.call("Bash", {"command": command})
+    assert shown.ok, shown
+    for text in (shown.content, shown.details["stdout"], shown.details["stderr"]):
+        assert token not in text and "hunter2" not in text and "MIIEv" not in text
+    assert "https://bot:[REDACTED]@git.example.com" in shown.details["stdout"] and digest in shown.details["stdout"]
+    assert "[REDACTED PRIVATE KEY]" in shown.details["stderr"] and shown.details["redacted"] == 3
+    opted_out = _profile(backend).with_overrides(**{"policy.redact_output": False})
+    async with Sandbox.open(workspace, profile=opted_out, mode="auto") as s:
+        raw = await s.call("Bash", {"command": "cat creds.txt"})
+    assert token in raw.details["stdout"] and "redacted" not in raw.details
