@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import PluginDisabledInPlan, ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
@@ -26,6 +26,22 @@ class Authorization:
     prompted: bool = False
     wait_ms: float = 0.0
     judgement: Judgement | None = None  # the classifier's, when it judged the call (seed 004)
+
+    def record(self) -> dict[str, Any] | None:
+        """The approval record of a call someone was asked about (seed 000: kept redacted, its scope
+        said), for the call's result; ``None`` when nobody was asked."""
+        if not self.prompted:
+            return None
+        return {
+            "decided_by": self.decided_by,
+            "answer": self.answer,
+            "allowed": self.allowed,
+            "rule_id": self.decision.rule_id,
+            "resource": redact(self.decision.resource),
+            "reason": redact(self.decision.reason),
+            "scope": "session" if self.answer == "allow-session" else "call",
+            "wait_ms": round(self.wait_ms, 1),
+        }
 
     def raise_if_denied(self) -> None:
         if not self.allowed:

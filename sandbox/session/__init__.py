@@ -317,6 +317,8 @@ class Sandbox:
                 result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
         except SandboxError as exc:
             result = _error(exc, root=auth.decision.root)
+        if (approval := auth.record()) is not None:  # someone was asked: the result says who answered what
+            result.details["approval"] = approval
         self.mutations.guard(call, auth, result)
         try:
             self.records.decided(call, auth, result, started=started, ran_at=ran_at, now=time.monotonic())

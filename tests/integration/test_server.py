@@ -64,6 +64,19 @@ async def test_approval_deny_allow_session_and_closed_pipe(client: Client, works
         "tool.call", {"session_id": sid, "tool": "Write", "turn_id": "t2", "args": {"path": "b.txt", "content": "y"}}
     )
     assert first["result"]["ok"] and second["result"]["ok"] and len(client.approvals) == asked
+    # Each asked call's result carries its approval record (who answered what, for which scope); a
+    # call that rode a grant was asked nothing and carries none.
+    record = denied["result"]["details"]["approval"]
+    assert (record["decided_by"], record["answer"], record["allowed"], record["scope"]) == (
+        "user",
+        "deny",
+        False,
+        "call",
+    )
+    assert record["resource"] == str(workspace / "a.txt") and record["rule_id"]
+    granted = first["result"]["details"]["approval"]
+    assert (granted["answer"], granted["allowed"], granted["scope"]) == ("allow-session", True, "session")
+    assert "approval" not in second["result"]["details"]
     client.answer = {"decision": "maybe"}
     bad = await client.call("tool.call", {"session_id": sid, "tool": "Bash", "args": {"command": "touch c.txt"}})
     assert bad["result"]["error_code"] == "TOOL_DENIED" and not (workspace / "c.txt").exists()

@@ -45,6 +45,7 @@ import {
 	createSandboxReadOperations,
 	createSandboxWriteOperations,
 	callSandbox,
+	observeResults,
 	type SandboxCallContext,
 } from "./operations.ts";
 import type {
@@ -278,6 +279,26 @@ export function shellWords(line: string): string[] {
 	if (quote) throw new Error(`unclosed ${quote} in: ${line}`);
 	if (word !== undefined) words.push(word);
 	return words;
+}
+
+const ANSWERED: Record<string, string> = {
+	"allow-once": "allowed once",
+	"allow-session": "allowed for this session",
+	deny: "denied",
+};
+const BY: Record<string, string> = { user: "by you", timeout: "(no answer in time)", client: "by the client for you" };
+
+/**
+ * One call's approval record (the server's `details.approval`, redacted there) as pi shows it:
+ * `Sandbox: allowed once by you: git push origin main (rule shell.command, answered in 1.2 s)`.
+ */
+export function approvalLine(record: unknown): string | undefined {
+	if (typeof record !== "object" || record === null) return undefined;
+	const r = record as { answer?: unknown; decided_by?: unknown; resource?: unknown; rule_id?: unknown; wait_ms?: unknown };
+	const answered = ANSWERED[String(r.answer)] ?? "not allowed";
+	const by = BY[String(r.decided_by)] ?? `(${String(r.decided_by)})`;
+	const waited = typeof r.wait_ms === "number" ? `, answered in ${(r.wait_ms / 1000).toFixed(1)} s` : "";
+	return `Sandbox: ${answered} ${by}: ${String(r.resource)} (rule ${String(r.rule_id)}${waited})`;
 }
 
 /** The footer: profile, backend/mount, and the modes in force now (plan and goal named). */
@@ -530,14 +551,22 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 	const turns = { count: 0 };
 	const turnId = (): string => `pi-turn-${turns.count}`;
 	const latest = { prompt: undefined as string | undefined }; // the user's latest message, for the classifier
-	const callContext = (ctx: ExtensionContext, signal: AbortSignal | undefined, idPrefix: string): SandboxCallContext => ({
-		session: () => manager.ensure(ctx),
-		approver: createUiApprover(ctx, dialogs),
-		signal,
-		idPrefix,
-		turnId: turnId(),
-		userMessage: latest.prompt,
-	});
+	// Every call someone was asked about leaves its approval record in pi's UI (seed 000: kept, redacted).
+	const callContext = (ctx: ExtensionContext, signal: AbortSignal | undefined, idPrefix: string): SandboxCallContext =>
+		observeResults(
+			{
+				session: () => manager.ensure(ctx),
+				approver: createUiApprover(ctx, dialogs),
+				signal,
+				idPrefix,
+				turnId: turnId(),
+				userMessage: latest.prompt,
+			},
+			(_session, result) => {
+				const line = approvalLine(result.details.approval);
+				if (line && ctx.hasUI) ctx.ui.notify(line, "info");
+			},
+		);
 
 	// The tools this extension provides (pi's seven, routed to the sandbox, and registered plugin tools).
 	const ours = new Set<string>();

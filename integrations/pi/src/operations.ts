@@ -38,6 +38,31 @@ export interface SandboxCallContext {
 	userMessage?: string;
 }
 
+/**
+ * `ctx` with `onResult` told of every result its session's calls return (a review record, an
+ * approval record), before the caller sees it; everything but `call` is the session's own.
+ */
+export function observeResults(ctx: SandboxCallContext, onResult: (session: SandboxSession, result: ToolResult) => void): SandboxCallContext {
+	return {
+		...ctx,
+		session: async () => {
+			const session = await ctx.session();
+			const call: SandboxSession["call"] = async (...args) => {
+				const result = await session.call(...args);
+				onResult(session, result);
+				return result;
+			};
+			return new Proxy(session, {
+				get: (target, key) => {
+					if (key === "call") return call;
+					const value: unknown = Reflect.get(target, key, target);
+					return typeof value === "function" ? value.bind(target) : value;
+				},
+			});
+		},
+	};
+}
+
 /** A pi-style client deadline: the tool's own timeout plus room for an approval dialog. */
 const APPROVAL_ROOM_MS = 3 * 60_000;
 const DEFAULT_TOOL_TIMEOUT_S = 300;

@@ -10,7 +10,7 @@
 import path from "node:path";
 import type { ExtensionUIContext } from "@earendil-works/pi-coding-agent";
 import { SandboxError } from "./errors.ts";
-import type { SandboxCallContext } from "./operations.ts";
+import { observeResults, type SandboxCallContext } from "./operations.ts";
 import { parseReview, type ReviewChange } from "./protocol.ts";
 import type { SandboxSession } from "./session.ts";
 
@@ -73,26 +73,10 @@ export function observeReviews(
 	ctx: SandboxCallContext,
 	onReview: (session: SandboxSession, review: ReviewChange) => void,
 ): SandboxCallContext {
-	return {
-		...ctx,
-		session: async () => {
-			const session = await ctx.session();
-			const call: SandboxSession["call"] = async (...args) => {
-				const result = await session.call(...args);
-				const review = result.ok ? parseReview(result.review) : undefined;
-				if (review) onReview(session, review);
-				return result;
-			};
-			// Everything but `call` is the session's own, run against the session itself.
-			return new Proxy(session, {
-				get: (target, key) => {
-					if (key === "call") return call;
-					const value: unknown = Reflect.get(target, key, target);
-					return typeof value === "function" ? value.bind(target) : value;
-				},
-			});
-		},
-	};
+	return observeResults(ctx, (session, result) => {
+		const review = result.ok ? parseReview(result.review) : undefined;
+		if (review) onReview(session, review);
+	});
 }
 
 export type RollbackOutcome = "rolled-back" | "conflict" | "unknown" | "nothing" | "not-running" | "failed";

@@ -3,12 +3,12 @@
  * records what it registers, and tools executed the way pi's agent loop executes them.
  */
 import assert from "node:assert/strict";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, realpathSync } from "node:fs";
 import path from "node:path";
 import { describe, it } from "node:test";
 import { resolveConfig, shellWords } from "../src/index.ts";
 import { SANDBOX_BIN, text } from "./helpers.ts";
-import { answering, loadExtension, sessionDirs } from "./support.ts";
+import { answering, answeringInTurn, loadExtension, sessionDirs } from "./support.ts";
 
 const TOOL_NAMES = ["bash", "edit", "find", "grep", "ls", "read", "write"];
 
@@ -119,6 +119,24 @@ describe("the pi extension", () => {
 		assert.equal(text(again).trim(), "back");
 
 		await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+	});
+
+	it("each call someone was asked about leaves its approval record in pi's UI", async () => {
+		const { tools, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
+		const { ctx, notes, asked } = answeringInTurn(dirs.workspace, ["Allow once", "Deny"]);
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const write = tools.get("write");
+			assert.ok(write);
+			await write.execute("a1", { path: "recorded.txt", content: "x" }, undefined, undefined, ctx);
+			const allowed = path.join(realpathSync(dirs.workspace), "recorded.txt");
+			assert.ok(notes.some((n) => n.startsWith(`Sandbox: allowed once by you: ${allowed} (rule `)), notes.join("\n"));
+			await write.execute("a2", { path: "refused.txt", content: "x" }, undefined, undefined, ctx).catch(() => undefined);
+			assert.ok(notes.some((n) => /^Sandbox: denied by you: .*refused\.txt \(rule \S+, answered in \d+\.\d s\)$/.test(n)), notes.join("\n"));
+			assert.equal(asked.length, 2);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
 	});
 
 	it("turns are real: a call denied in one turn is not asked again in it, but is in the next", async () => {
