@@ -47,7 +47,7 @@ from sandbox.policy.authorize import authorize
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.trust import TrustDecision, TrustStore, ignored_notice
-from sandbox.session import grants
+from sandbox.session import grants, mutations
 from sandbox.session.network import NetworkWatch
 from sandbox.session.opening import (
     FIXED_TRUST,
@@ -310,8 +310,8 @@ class Sandbox:
         try:
             auth.raise_if_denied()
             self.gate.recheck(auth.decision, params)  # TOCTOU: the target must still be the approved one
-            if spec.risk == "write":
-                async with self._write_lock:
+            if spec.risk == "write":  # the session's permit, then a slot shared by every session
+                async with mutations.mutation(self._write_lock):
                     result = await self._execute(call, auth, on_stdout, on_stderr, abort)
             else:
                 result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
