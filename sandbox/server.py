@@ -327,6 +327,7 @@ class Server:
         return {
             "session_id": p.session_id,
             "mode": sandbox.gate.mode_for(sandbox.state),
+            "mode_source": sandbox.gate.mode_source(sandbox.state),  # session, profile, global or default
             "operating_mode": sandbox.gate.settings.operating_mode,
             "notices": sandbox.mode_notices(),  # e.g. plan with auto: Bash may still write
             "tools": [tool["name"] for tool in sandbox.tools_listing()],  # what the model may call now

@@ -79,7 +79,8 @@ class SessionParams(Params):
 
 
 class SessionConfigureParams(SessionParams):
-    mode: PermissionMode | None = None
+    # "inherit": drop the session's own mode, so the profile's or the user's global one applies again
+    mode: PermissionMode | Literal["inherit"] | None = None
     operating_mode: OperatingMode | None = None
 
 

@@ -204,6 +204,16 @@ class Gate:
         mode: PermissionMode = state.mode or self.settings.mode or self.global_mode or "ask"
         return mode
 
+    def mode_source(self, state: SessionState) -> str:
+        """Where :meth:`mode_for`'s answer comes from: ``session`` (set for it), ``profile``,
+        ``global`` (the user's default, followed as it changes) or ``default``."""
+        if state.mode:
+            return "session"
+        if self.settings.mode:
+            return "profile"
+        self.follow()
+        return "global" if self.global_mode else "default"
+
     def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
         self.follow()
         mode = self.mode_for(state)

@@ -25,7 +25,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.from_thread
@@ -207,7 +207,9 @@ class Sandbox:
             cleanup_on_fail.pop_all()
         return sandbox
 
-    def configure(self, *, mode: PermissionMode | None = None, operating_mode: OperatingMode | None = None) -> None:
+    def configure(
+        self, *, mode: PermissionMode | Literal["inherit"] | None = None, operating_mode: OperatingMode | None = None
+    ) -> None:
         """Change the permission mode or the operating mode of the running session (seed 003 §6).
 
         Only between calls (seed 003 §10.1: the host validates the active-turn boundary before any
@@ -228,8 +230,8 @@ class Sandbox:
                 session_id=self.session_id,
                 operating_mode=current,
             )
-        if mode is not None:
-            self.state.mode = mode
+        if mode is not None:  # "inherit": the session's own mode goes; the profile's or the global one applies
+            self.state.mode = None if mode == "inherit" else mode
         if operating_mode is not None:
             self.gate.settings = self.gate.settings.model_copy(update={"operating_mode": operating_mode})
 

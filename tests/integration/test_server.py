@@ -282,6 +282,7 @@ async def test_session_configure_changes_the_modes_between_calls_only(client: Cl
     assert changed["result"] == {
         "session_id": sid,
         "mode": "auto",
+        "mode_source": "session",
         "operating_mode": "agent",
         "notices": [],
         "tools": everything,
@@ -314,3 +315,6 @@ async def test_session_configure_changes_the_modes_between_calls_only(client: Cl
             pass
     after = await client.call("session.configure", {"session_id": sid})
     assert after["result"]["operating_mode"] == "plan"
+    # "inherit" drops the session's own mode: the profile's or the user's global one applies again.
+    inherited = (await client.call("session.configure", {"session_id": sid, "mode": "inherit"}))["result"]
+    assert (inherited["mode"], inherited["mode_source"]) == ("ask", "default")

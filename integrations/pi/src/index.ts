@@ -201,9 +201,27 @@ export function streamsApart<T>(result: AgentToolResult<T>, server: ToolResult |
 }
 
 /** `/sandbox mode X`, `/sandbox plan|goal|agent`: the running session's modes, changed between calls (plan and goal from agent only). */
+/** A `/sandbox mode|plan|goal|agent` change; `inherit` drops the session's own permission mode. */
+type ModeChange = { mode?: PermissionMode | "inherit"; operating_mode?: OperatingMode };
+
+/** The custom entry pi keeps in its session file for each mode change (replayed on resume). */
+export const MODES_ENTRY = "sandbox-modes";
+
+/** The modes a pi session's entries last chose (`undefined` where none did), to set again on resume. */
+export function savedModes(entries: readonly unknown[]): ModeChange {
+	const saved: ModeChange = {};
+	for (const entry of entries) {
+		const e = entry as { type?: unknown; customType?: unknown; data?: ModeChange };
+		if (e?.type !== "custom" || e.customType !== MODES_ENTRY || !e.data) continue;
+		if (e.data.mode) saved.mode = e.data.mode;
+		if (e.data.operating_mode) saved.operating_mode = e.data.operating_mode;
+	}
+	return saved;
+}
+
 async function configureCommand(
 	session: SandboxSession | undefined,
-	change: { mode?: PermissionMode; operating_mode?: OperatingMode },
+	change: ModeChange,
 	ctx: Pick<ExtensionContext, "ui">,
 	changed: (now: SessionConfigureResult) => void,
 ): Promise<void> {
@@ -694,6 +712,14 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		try {
 			const session = await manager.ensure(ctx);
 			await registerPlugins(session, ctx);
+			// A resumed pi session gets back the modes it chose (a new sandbox session starts from the profile's).
+			const saved = savedModes(ctx.sessionManager?.getEntries?.() ?? []);
+			if (saved.mode || saved.operating_mode) {
+				const agentFirst = saved.operating_mode && session.info.operating_mode !== "agent" ? { operating_mode: "agent" as const } : undefined;
+				if (agentFirst) await session.configure(agentFirst);
+				await session.configure(saved);
+				ctx.ui.setStatus("sandbox", statusLine(session));
+			}
 			modeTools.apply(session.info.operating_mode);
 			const kept = (await session.listChanges().catch(() => [])).filter((c) => c.state !== "applied");
 			if (kept.length > 0 && ctx.hasUI) {
@@ -763,14 +789,18 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 				return;
 			}
 			if (sub === "mode" || sub === "plan" || sub === "goal" || sub === "agent") {
-				let change: { mode?: PermissionMode; operating_mode?: OperatingMode };
+				let change: ModeChange;
 				try {
-					change = sub === "mode" ? { mode: pick("sandbox mode", rest[0], MODES) } : { operating_mode: sub };
+					change = sub === "mode" ? { mode: pick("sandbox mode", rest[0], [...MODES, "inherit"]) } : { operating_mode: sub };
 				} catch (error) {
 					ctx.ui.notify(`Sandbox: ${(error as Error).message}`, "warning");
 					return;
 				}
-				await configureCommand(manager.current, change, ctx, (now) => modeTools.apply(now.operating_mode));
+				await configureCommand(manager.current, change, ctx, (now) => {
+					modeTools.apply(now.operating_mode);
+					// Kept with pi's session: a resumed one gets its modes back.
+					if (typeof pi.appendEntry === "function") pi.appendEntry(MODES_ENTRY, change);
+				});
 				return;
 			}
 			if (sub === "rollback") {

@@ -291,7 +291,7 @@ export class SandboxSession {
 	}
 
 	/** Change the session's permission mode or operating mode between calls (CONFLICT with a call in flight). */
-	async configure(change: { mode?: PermissionMode; operating_mode?: OperatingMode }): Promise<SessionConfigureResult> {
+	async configure(change: { mode?: PermissionMode | "inherit"; operating_mode?: OperatingMode }): Promise<SessionConfigureResult> {
 		const now: SessionConfigureResult = await this.client.request(
 			"session.configure",
 			{ session_id: this.info.session_id, ...change },

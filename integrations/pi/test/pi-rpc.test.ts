@@ -25,8 +25,9 @@ class PiRpc {
 	readonly seen: Message[] = [];
 	onUiRequest: (request: Message) => Message | undefined = () => undefined;
 
-	constructor(cwd: string, env: NodeJS.ProcessEnv, flags: string[] = []) {
-		this.child = spawn(process.execPath, [piCli, "--mode", "rpc", "--no-session", "--no-extensions", "-e", extensionDir, ...flags], { cwd, env });
+	constructor(cwd: string, env: NodeJS.ProcessEnv, flags: string[] = [], options: { keepSession?: boolean } = {}) {
+		const session = options.keepSession ? [] : ["--no-session"];
+		this.child = spawn(process.execPath, [piCli, "--mode", "rpc", ...session, "--no-extensions", "-e", extensionDir, ...flags], { cwd, env });
 		createInterface({ input: this.child.stdout }).on("line", (line) => {
 			let message: Message;
 			try {
@@ -137,6 +138,44 @@ describe("pi --mode rpc with the extension", () => {
 		} finally {
 			await pi.close();
 			await model.close();
+			rmSync(path.join(home, ".pi"), { recursive: true, force: true });
+		}
+	});
+
+	it("a resumed pi session gets its sandbox modes back, and /sandbox mode inherit drops the session's own", async () => {
+		const sessions = tempDir("pi-sbx-rpc-sessions-");
+		// pi writes its session file once it holds a conversation: one scripted exchange makes it.
+		const model = await FakeModel.start([{ text: "noted" }]);
+		piHome(home, model);
+		const modelFlags = ["--provider", FAKE_PROVIDER, "--model", FAKE_MODEL, "--session-dir", sessions];
+		const status = (pattern: RegExp) => (m: Message) =>
+			m.type === "extension_ui_request" && m.method === "setStatus" && pattern.test(String(m.statusText));
+		const said = (pi: PiRpc, pattern: RegExp) => (m: Message) =>
+			m.type === "extension_ui_request" && m.method === "notify" && pattern.test(String(m.message));
+		try {
+			const first = new PiRpc(workspace, env("ask"), modelFlags, { keepSession: true });
+			try {
+				await first.waitFor(status(/ ask$/));
+				await first.request({ id: "m1", type: "prompt", message: "/sandbox mode auto" });
+				await first.waitFor(said(first, /permission mode auto, operating mode agent/));
+				await first.request({ id: "m2", type: "prompt", message: "/sandbox plan" });
+				await first.waitFor(status(/ auto plan$/));
+				await first.request({ id: "m2b", type: "prompt", message: "remember this" });
+				await first.waitFor((m) => m.type === "agent_end");
+			} finally {
+				await first.close();
+			}
+			const resumed = new PiRpc(workspace, env("ask"), [...modelFlags, "--continue"], { keepSession: true });
+			try {
+				await resumed.waitFor(status(/ auto plan$/)); // the modes it chose, on a new sandbox session
+				await resumed.request({ id: "m3", type: "prompt", message: "/sandbox mode inherit" });
+				await resumed.waitFor(said(resumed, /permission mode ask, operating mode plan/)); // SANDBOX_MODE's again
+			} finally {
+				await resumed.close();
+			}
+		} finally {
+			await model.close();
+			rmSync(sessions, { recursive: true, force: true });
 			rmSync(path.join(home, ".pi"), { recursive: true, force: true });
 		}
 	});
