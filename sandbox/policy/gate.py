@@ -200,7 +200,9 @@ class Gate:
         return mode
 
     def mode_for(self, state: SessionState) -> PermissionMode:
-        """Session setting, then the profile, then the global default, then ``ask``."""
+        """Session setting, then the profile, then the global default (as it is now), then ``ask``."""
+        if not (state.mode or self.settings.mode):
+            self.follow()  # the user's global mode may have changed since the last call
         mode: PermissionMode = state.mode or self.settings.mode or self.global_mode or "ask"
         return mode
 

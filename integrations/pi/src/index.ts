@@ -755,7 +755,19 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 		await remindPending(manager, ctx, reminded).catch(() => undefined);
 	});
 
-	pi.on("before_agent_start", (event) => {
+	// The footer follows a global change (`/sandbox policy mode auto`, or `sandbox policy mode` in a
+	// terminal): the session follows the user's global mode as it changes, so the footer asks again.
+	const refreshStatus = async (ctx: Pick<ExtensionContext, "ui">): Promise<void> => {
+		const session = manager.current;
+		if (!session?.alive) return;
+		await session.configure({}).then(
+			() => ctx.ui.setStatus("sandbox", statusLine(session)),
+			() => undefined, // a call in flight (CONFLICT): the next turn asks again
+		);
+	};
+
+	pi.on("before_agent_start", async (event, ctx) => {
+		await refreshStatus(ctx);
 		if (event.messageType !== "custom") turns.count += 1; // a user's prompt opens a turn
 		if (event.messageType === "user") latest.prompt = event.prompt;
 		const info = manager.current?.info;
@@ -786,6 +798,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			const [sub = "", ...rest] = words;
 			if (sub === "policy" || sub === "audit") {
 				await cliCommand(resolveConfig(process.env, flag).bin, [sub, ...rest], ctx);
+				await refreshStatus(ctx);
 				return;
 			}
 			if (sub === "mode" || sub === "plan" || sub === "goal" || sub === "agent") {

@@ -121,6 +121,26 @@ describe("the pi extension", () => {
 		await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 	});
 
+	it("the footer follows a global mode change the session inherits", async () => {
+		const { commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN });
+		const { ctx } = answering(dirs.workspace, "Deny");
+		const statuses: string[] = [];
+		(ctx.ui as unknown as { setStatus: (key: string, text: string) => void }).setStatus = (_key, text) => statuses.push(text);
+		const saved = process.env.SANDBOX_MODE;
+		delete process.env.SANDBOX_MODE; // no session mode: the session inherits the global one
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			assert.match(statuses.at(-1) ?? "", / ask$/);
+			await commands.get("sandbox")?.handler("policy mode accept-edits", ctx);
+			assert.match(statuses.at(-1) ?? "", / accept-edits$/);
+			await commands.get("sandbox")?.handler("policy mode ask", ctx);
+			assert.match(statuses.at(-1) ?? "", / ask$/);
+		} finally {
+			if (saved !== undefined) process.env.SANDBOX_MODE = saved;
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
+
 	it("each call someone was asked about leaves its approval record in pi's UI", async () => {
 		const { tools, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "ask" });
 		const { ctx, notes, asked } = answeringInTurn(dirs.workspace, ["Allow once", "Deny"]);
