@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 from sandbox.errors import ToolFailed, map_errors
@@ -140,3 +141,19 @@ def _open_up(pfd: int, name: str) -> None:
         os.chmod(f"/proc/self/fd/{fd}", 0o700)  # the inode opened, whatever the name means now
     finally:
         os.close(fd)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, rename: a reader sees the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -13,7 +13,9 @@ Every error that crosses a public call is a :class:`SandboxError` carrying a sta
     ├── BackendUnavailable            BACKEND_UNAVAILABLE    backend missing, daemon gone, jail failed to start
     ├── GuaranteeUnavailable          GUARANTEE_UNAVAILABLE  a profile requires what this host cannot enforce
     ├── Conflict                      CONFLICT               apply/rollback refused: the target changed
-    └── PluginDisabledInPlan          PLUGIN_DISABLED_IN_PLAN  a plugin tool called in plan or goal mode
+    ├── PluginDisabledInPlan          PLUGIN_DISABLED_IN_PLAN  a plugin tool called in plan or goal mode
+    ├── CommandShellChanged           COMMAND_SHELL_CHANGED  the turn's pinned shell is not the one a call would run in
+    └── CommandShellInvalid           COMMAND_SHELL_INVALID  a shell id unknown, or not of this platform
 
 The codes are :data:`sandbox.vocabulary.ErrorCode`, declared once: each class below names its
 own, and the JSON-RPC schema and the pi client derive theirs from that type.
@@ -91,6 +93,14 @@ class PluginDisabledInPlan(SandboxError):
     """Seed 003 §11: no plugin tool runs in a contract mode (plan or goal; the code is shared by both)."""
 
     code = "PLUGIN_DISABLED_IN_PLAN"
+
+
+class CommandShellChanged(SandboxError):
+    code = "COMMAND_SHELL_CHANGED"
+
+
+class CommandShellInvalid(SandboxError):
+    code = "COMMAND_SHELL_INVALID"
 
 
 E = TypeVar("E", bound=BaseException)

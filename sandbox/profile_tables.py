@@ -311,10 +311,12 @@ class Bwrap(Table):
 class Winjob(Table):
     """The Windows job-object backend's settings.
 
-    ``shell``: what the Bash tool's command runs in. ``cmd`` (the default: on every Windows and
-    under Wine, the fastest to start, ``/d`` keeps the registry's AutoRun out); ``powershell``
-    (Windows PowerShell, no profile, non-interactive); ``bash`` (Git for Windows' bash, refused
-    with SHELL_NOT_FOUND where it is not installed: never another shell in its place).
+    ``shell``: what the Bash tool's command runs in, an id of the shell catalogue
+    (:mod:`sandbox.shells`, ``sandbox shells``): ``cmd`` (on every Windows and under Wine, the
+    fastest to start, ``/d`` keeps the registry's AutoRun out), ``windows-powershell`` (no profile,
+    non-interactive) or ``git-bash`` (Git for Windows' bash, refused with SHELL_NOT_FOUND where it
+    is not installed: never another shell in its place); ``powershell`` and ``bash`` are their
+    earlier spellings. Unset: the user's default (``sandbox shells default ID``), else ``cmd``.
     """
 
-    shell: Literal["cmd", "powershell", "bash"] = "cmd"
+    shell: Literal["cmd", "windows-powershell", "git-bash", "powershell", "bash"] | None = None

@@ -30,6 +30,8 @@ ErrorCode = Literal[
     "GUARANTEE_UNAVAILABLE",
     "CONFLICT",
     "PLUGIN_DISABLED_IN_PLAN",
+    "COMMAND_SHELL_CHANGED",
+    "COMMAND_SHELL_INVALID",
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------

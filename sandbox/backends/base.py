@@ -24,7 +24,13 @@ from sandbox import remedy
 from sandbox.backends import AUTO_ORDER, BACKENDS
 from sandbox.backends.jailpython import SYSTEM_BIN
 from sandbox.calls import check_workspace
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument, SandboxError
+from sandbox.errors import (
+    BackendUnavailable,
+    CommandShellInvalid,
+    GuaranteeUnavailable,
+    InvalidArgument,
+    SandboxError,
+)
 from sandbox.guarantees import Report
 from sandbox.mounts import journal
 from sandbox.threads import off_loop
@@ -136,9 +142,14 @@ class Jail(ABC):
         is its image's). Used to explain a command that resolves into what the jail hides."""
         return (str(self.workspace),)
 
-    def shell_argv(self, command: str) -> list[str]:
-        """The Bash tool's ``command`` as this jail runs it: bash, found in the system directories
-        only, through ``/bin/sh`` (a missing bash says :data:`NO_BASH`, apart from the command's 127)."""
+    def shell_argv(self, command: str, shell: str | None = None) -> list[str]:
+        """The Bash tool's ``command`` as this jail runs it in ``shell`` (an id of
+        :data:`sandbox.shells.CATALOGUE`; a POSIX jail has ``bash`` only): bash, found in the system
+        directories only, through ``/bin/sh`` (a missing bash says :data:`NO_BASH`, apart from the
+        command's 127)."""
+        if shell not in (None, "bash"):
+            why = f"shell {shell!r} is not available in a {self.backend} jail; it runs bash"
+            raise CommandShellInvalid(why, shell=shell)
         return ["/bin/sh", "-c", _BASH, "sandbox-bash", command]
 
     def runner_argv(self, program: str) -> list[str]:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from sandbox import shells
 from sandbox.backends import winjob_token
 from sandbox.backends.base import Backend, Jail
 from sandbox.backends.winjob_command import command_line, resolve, shell_argv, windows_env
@@ -111,7 +112,8 @@ class WinJobJail(Jail):
         self.private = private  # the jail's home and temp directory, removed on close
         self.enforce_limits = enforce_limits
         self.view = View(workspace, view or workspace)
-        self.shell = profile.winjob.shell  # what the Bash tool runs a command with (:data:`SHELLS`)
+        # The shell the Bash tool runs in unless a call names one: the profile's, else the user's default.
+        self.shell = shells.effective(NAME, profile.winjob.shell).id
         self.confinement: Confinement | None = None  # the token and grants (real Windows)
         self._live: set[WinJobProcess] = set()
 
@@ -119,9 +121,10 @@ class WinJobJail(Jail):
     def host_paths_shown(self) -> tuple[str, ...]:
         return (self.workspace.anchor,)  # no filesystem view of its own: the host's drives as they are
 
-    def shell_argv(self, command: str) -> list[str]:
-        """No bash on Windows: the profile's shell (cmd, PowerShell or Git's bash) runs the command."""
-        return shell_argv(command, self.shell)
+    def shell_argv(self, command: str, shell: str | None = None) -> list[str]:
+        """No bash on Windows: ``shell`` (the session's effective one: cmd, Windows PowerShell or
+        Git's bash), else the profile's, else the catalogue's first, runs the command."""
+        return shell_argv(command, shell or self.shell)
 
     async def _start(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, stdin: Stdin, runner: bool = False

@@ -16,8 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandbox import shells
 from sandbox.backends.winjob_job import NAME
-from sandbox.errors import InvalidArgument, ShellNotFound
+from sandbox.errors import CommandShellInvalid, ShellNotFound
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -91,27 +92,26 @@ def command_line(argv: Sequence[str]) -> str:
     return subprocess.list2cmdline(argv)
 
 
-SHELLS = ("cmd", "powershell", "bash")
-
-
 def shell_argv(command: str, shell: str = "cmd", comspec: str | None = None) -> list[str]:
-    """The Bash tool's ``command`` for a Windows shell (the profile's ``winjob.shell``): ``cmd`` (the
-    default; always there, and under Wine the one there is), ``powershell`` (Windows PowerShell, no
-    profile, non-interactive) or ``bash`` (Git for Windows' bash, without its rc files: refused with
-    SHELL_NOT_FOUND where it is not installed)."""
-    if shell == "powershell":
+    """The Bash tool's ``command`` for a Windows shell of :data:`sandbox.shells.CATALOGUE` (its id,
+    or ``winjob.shell``'s earlier spelling): ``cmd`` (the first; always there, and under Wine the
+    one there is), ``windows-powershell`` (no profile, non-interactive) or ``git-bash`` (Git for
+    Windows' bash, without its rc files: refused with SHELL_NOT_FOUND where it is not installed)."""
+    found = shells.find(shell, "windows")
+    if found is None:
+        ids = ", ".join(s.id for s in shells.CATALOGUE if s.platform == "windows")
+        raise CommandShellInvalid(f"unknown Windows shell {shell!r}; choose one of {ids}", shell=shell)
+    if found.id == "windows-powershell":
         return ["powershell.exe", "-NoLogo", "-NoProfile", "-NonInteractive", "-Command", command]
-    if shell == "bash":
+    if found.id == "git-bash":
         bash = git_bash()
         if bash is None:
             raise ShellNotFound(
-                "winjob.shell = 'bash' needs Git for Windows' bash (Git\\bin\\bash.exe), which is not installed "
+                "the shell git-bash needs Git for Windows' bash (Git\\bin\\bash.exe), which is not installed "
                 "here; install Git for Windows or choose shell = 'cmd' or 'powershell'",
                 backend=NAME,
             )
         return [bash, "--noprofile", "--norc", "-c", command]
-    if shell != "cmd":
-        raise InvalidArgument(f"unknown Windows shell {shell!r}; choose one of {', '.join(SHELLS)}", shell=shell)
     # /d: no AutoRun from the registry; /s with the outer quotes: the command runs exactly as given.
     return [comspec or os.environ.get("COMSPEC", "cmd.exe"), "/d", "/s", "/c", Verbatim(f'"{command}"')]
 

@@ -73,7 +73,7 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     if only_run:
         return parser
     # Imported here: a quick ``sandbox run`` loads none of the other commands' modules.
-    from sandbox.cli import changes, compare, image, inventory, mcp, policy, tools
+    from sandbox.cli import changes, compare, image, inventory, mcp, policy, shells, tools
 
     inventory.register(sub)
     changes.register(sub)
@@ -82,6 +82,7 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     mcp.register(sub)
     compare.register(sub)
     image.register(sub)
+    shells.register(sub)
     return parser
 
 

@@ -383,7 +383,8 @@ def _classifier(args: argparse.Namespace) -> int:
 def _export_policy(args: argparse.Namespace) -> int:
     """Seed 004's ``export``: the rules alone (user rules, disabled built-ins, the built-in table),
     never the settings (global modes, trust decisions) nor the audit log."""
-    from sandbox.policy.rules import BUILTIN_RULES, RuleStore, atomic_write
+    from sandbox.datadir import atomic_write
+    from sandbox.policy.rules import BUILTIN_RULES, RuleStore
 
     rules = RuleStore().ruleset()
     target: Path = args.directory

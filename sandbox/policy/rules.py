@@ -8,11 +8,9 @@ never the raw text: allowing ``git push`` must not allow ``git push; rm -rf x``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -237,7 +235,7 @@ class RuleStore:
         }
 
     def _save(self, data: dict[str, Any]) -> None:
-        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        datadir.atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def mode(self) -> PermissionMode | None:
         """The global default permission mode (``sandbox policy mode``), if one was set."""
@@ -302,19 +300,3 @@ class RuleStore:
         data["removed"] = [item for item in data["removed"] if item != rule_id]
         self._save(data)
         return f"restored built-in rule {rule_id}"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Temp file in the same directory, fsync, rename: a reader sees the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import datadir
 from sandbox.errors import InvalidArgument
 from sandbox.policy.approvals import ApprovalRequest, Approver, decide
-from sandbox.policy.rules import BUILTIN_IDS, RuleSet, atomic_write, parse_rules
+from sandbox.policy.rules import BUILTIN_IDS, RuleSet, parse_rules
 
 if TYPE_CHECKING:
     from sandbox.vocabulary import Notice, ProjectTrust
@@ -81,7 +81,7 @@ class TrustStore:
             raise InvalidArgument(f"not a directory: {directory}", path=str(directory))
         data = self._load()
         data[canonical] = {"trusted": trusted, "at": time.time()}
-        atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        datadir.atomic_write(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
         return canonical
 
     def entries(self) -> dict[str, bool]:

@@ -34,7 +34,7 @@ import anyio.to_thread
 from pydantic import ValidationError
 
 from sandbox import changes as kept_changes
-from sandbox import datadir, leftovers, owners, review
+from sandbox import datadir, leftovers, owners, review, shells
 from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
 from sandbox.backends import base
@@ -136,6 +136,7 @@ class Sandbox:
         # the workspace's policy file was ignored because the project is not trusted).
         self.notices: list[Notice] = []
         self.trust_override: tuple[bool | None, str] = (None, "default")  # set as the session opens
+        self.shells = shells.TurnShells()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -353,6 +354,12 @@ class Sandbox:
         with self.network.running(call):
             return await tool.run(self, invocation)
 
+    def shell_for(self, turn_id: str, requested: str | None) -> str:
+        """The turn's shell (:class:`sandbox.shells.TurnShells`): its first Bash call pins the effective
+        one (the profile's, else the user's default, else the platform's first)."""
+        chosen = self.profile.winjob.shell if self.jail.backend == "winjob" else None
+        return self.shells.pin(turn_id, shells.effective(self.jail.backend, chosen), requested).id
+
     def scratch_env(self) -> dict[str, str]:
         """What Bash and plugin commands get beyond the scrubbed environment: the scratch directory."""
         return {"SANDBOX_SCRATCH_DIR": str(self.scratch), "PI_SCRATCH_DIR": str(self.scratch)}
@@ -485,6 +492,7 @@ class Sandbox:
     def end_turn(self, turn_id: str) -> None:
         self.state.end_turn(turn_id)
         self.mutations.end_turn(turn_id)
+        self.shells.end_turn(turn_id)
 
     # -- the private tree of a copy/overlay session -----------------------------------------------
 

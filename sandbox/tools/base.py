@@ -55,6 +55,10 @@ class ToolHost(Protocol):
     def scratch_env(self) -> dict[str, str]:
         """What a command gets beyond the scrubbed environment (the scratch directory)."""
 
+    def shell_for(self, turn_id: str, requested: str | None) -> str:
+        """The shell id a Bash call of ``turn_id`` runs in: the turn's pinned one (COMMAND_SHELL_CHANGED
+        when the effective shell changed since, or ``requested`` names another)."""
+
 
 class Tool(ABC):
     """A built-in tool: its name, whether its target is a path the policy resolved, and its run."""

@@ -38,6 +38,7 @@ class Bash(Tool):
         return await run_bash(
             host.jail,
             params,
+            shell=host.shell_for(call.turn_id, params.shell),
             env=host.scratch_env(),
             on_stdout=call.on_stdout,
             on_stderr=call.on_stderr,
@@ -50,14 +51,16 @@ async def run_bash(
     params: BashParams,
     *,
     env: dict[str, str],
+    shell: str | None = None,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
     abort: anyio.Event | None = None,
 ) -> ToolResult:
-    """``params.command`` by the jail's shell (:meth:`~sandbox.backends.base.Jail.shell_argv`)."""
+    """``params.command`` in ``shell`` (a catalogue id; the jail's own when None), as
+    :meth:`~sandbox.backends.base.Jail.shell_argv` runs it."""
     result = await executor.run(
         jail,
-        jail.shell_argv(params.command),
+        jail.shell_argv(params.command, shell),
         timeout=params.timeout,
         env=env,
         on_stdout=on_stdout,

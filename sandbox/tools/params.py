@@ -44,6 +44,15 @@ class BashParams(_Params):
     command: str = Field(min_length=1, max_length=100_000)
     timeout: float = Field(60, ge=1, le=MAX_TIMEOUT_S)
     description: str | None = Field(None, max_length=500)
+    # The shell id the client pinned for the turn (sandbox.shells): a call that would now run in
+    # another is COMMAND_SHELL_CHANGED. Never a path: a shell is named by its catalogue id only.
+    shell: str | None = Field(
+        None,
+        min_length=1,
+        max_length=32,
+        pattern=r"^[a-z][a-z-]*$",
+        description="for clients: the shell id this turn pinned (sandbox shells); leave unset",
+    )
 
     @field_validator("timeout")
     @classmethod

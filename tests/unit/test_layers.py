@@ -132,6 +132,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sandbox.guarantees",
         "sandbox.downloads",
         "sandbox.image",
+        "sandbox.shells",
         "sandbox.imagehost",
         "sandbox.network.policy",
         "sandbox.network.indexes",

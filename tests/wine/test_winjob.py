@@ -293,7 +293,8 @@ def test_shell_argv_choices() -> None:
         winjob_command.command_line(winjob_command.shell_argv('echo "a b"', comspec="cmd.exe"))
         == 'cmd.exe /d /s /c "echo "a b""'
     )
-    from sandbox.errors import InvalidArgument
+    from sandbox.errors import CommandShellInvalid
 
-    with pytest.raises(InvalidArgument):
+    assert winjob_command.shell_argv("dir", "windows-powershell")[0] == "powershell.exe"  # the catalogue's id
+    with pytest.raises(CommandShellInvalid):  # no shell of the catalogue (seed 003 D190)
         winjob_command.shell_argv("x", "fish")

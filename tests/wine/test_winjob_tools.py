@@ -115,14 +115,14 @@ async def test_file_tools_in_a_copy_see_the_copy_under_the_workspace_path(worksp
 
 
 async def test_bash_runs_in_the_profiles_shell(workspace: Path, profile: Profile) -> None:
-    assert profile.winjob.shell == "cmd"  # the default
+    assert profile.winjob.shell is None  # unset: the user's default, else the catalogue's first
     async with await base.get("winjob").open_jail(workspace, profile) as jail:
         assert getattr(jail, "shell", None) == "cmd"
         ok = await run_bash(jail, BashParams(command="echo %COMSPEC%", timeout=30), env={})
         assert ok.ok and ok.details["stdout"].strip().lower().endswith("cmd.exe")
-    ps = profile.with_overrides(**{"winjob.shell": "powershell"})
+    ps = profile.with_overrides(**{"winjob.shell": "powershell"})  # the earlier spelling of windows-powershell
     async with await base.get("winjob").open_jail(workspace, ps) as jail:
-        assert getattr(jail, "shell", None) == "powershell"
+        assert getattr(jail, "shell", None) == "windows-powershell"
         assert winjob_command.shell_argv("Get-Date", jail.shell)[0] == "powershell.exe"  # type: ignore[attr-defined]
 
 

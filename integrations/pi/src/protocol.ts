@@ -221,7 +221,9 @@ export type ToolErrorCode =
 	| "BACKEND_UNAVAILABLE"
 	| "GUARANTEE_UNAVAILABLE"
 	| "CONFLICT"
-	| "PLUGIN_DISABLED_IN_PLAN";
+	| "PLUGIN_DISABLED_IN_PLAN"
+	| "COMMAND_SHELL_CHANGED"
+	| "COMMAND_SHELL_INVALID";
 
 export interface ToolResult {
 	ok: boolean;
