@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -37,20 +39,23 @@ class BuiltinRule:
     id: str
     layer: Layer
     description: str
+    examples: tuple[str, ...] = ()  # commands it decides (tests/unit/policy/test_builtin_rules.py)
 
 
-BUILTIN_RULES: tuple[BuiltinRule, ...] = (
-    # Seed 004's deny layer, whole: formatting a disk or writing a raw device; deleting /, a home or a drive root.
-    BuiltinRule("deny.format", "deny", "format or partition a disk (mkfs, wipefs, fdisk, diskutil eraseDisk, …)"),
-    BuiltinRule("deny.raw-device", "deny", "write to a raw block device (dd of=/dev/sda, > /dev/nvme0n1)"),
-    BuiltinRule("deny.delete-root", "deny", "delete /, a home directory (~, /home/alice, /root) or a drive root"),
-    BuiltinRule("ask.delete-system-dir", "ask", "delete another top-level system directory (/usr, /etc, /var, …)"),
-    BuiltinRule("ask.sudo", "ask", "run a command with elevated privileges (sudo, doas, su)"),
-    BuiltinRule("ask.git-force-push", "ask", "force-push to a git remote"),
-    BuiltinRule("ask.publish", "ask", "publish a package (npm/yarn/pnpm publish, twine upload, …)"),
-    BuiltinRule("ask.pipe-to-shell", "ask", "pipe data into a shell or interpreter as a program"),
-    BuiltinRule("exempt.read-only", "exempt", "read-only commands (ls, cat, grep, git status, …) run without asking"),
-)
+BUILTIN_RULES_FILE = "builtin-rules.toml"
+"""The built-in rules as data a user can read (shipped beside this module): id, layer, what each
+decides and commands it decides. The judges (commands, destructive) implement them."""
+
+
+def _builtin_rules() -> tuple[BuiltinRule, ...]:
+    text = resources.files(__package__).joinpath(BUILTIN_RULES_FILE).read_text(encoding="utf-8")
+    return tuple(
+        BuiltinRule(item["id"], item["layer"], item["description"], tuple(item.get("examples", ())))
+        for item in tomllib.loads(text)["rule"]
+    )
+
+
+BUILTIN_RULES: tuple[BuiltinRule, ...] = _builtin_rules()
 BUILTIN_IDS = frozenset(rule.id for rule in BUILTIN_RULES)
 
 
