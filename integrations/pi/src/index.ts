@@ -378,6 +378,8 @@ class SandboxManager {
 	private session: SandboxSession | undefined;
 	private starting: Promise<SandboxSession> | undefined;
 	private lost: SandboxError | undefined;
+	/** `/sandbox profile NAME`: the profile the next session opens with, over the configured one. */
+	private profileOverride: string | undefined;
 
 	constructor(
 		private readonly config: () => SandboxExtensionConfig,
@@ -412,7 +414,7 @@ class SandboxManager {
 		const session = await SandboxSession.open({
 			bin: config.bin,
 			workspace: ctx.cwd,
-			profile: config.profile,
+			profile: this.profileOverride ?? config.profile,
 			mode: config.mode,
 			backend: config.backend,
 			mount: config.mount,
@@ -473,6 +475,25 @@ class SandboxManager {
 		await this.stop();
 		this.lost = undefined;
 		return this.ensure(ctx);
+	}
+
+	/**
+	 * A profile switch reaches the running pi session: between calls, the sandbox session ends (a
+	 * copy session's changes kept as a changeset, as at exit) and a new one opens with `profile`;
+	 * a profile that cannot open leaves the earlier profile in place (and its new session).
+	 */
+	async switchProfile(profile: string, ctx: ExtensionContext): Promise<{ session: SandboxSession; ended: SessionCloseResult | undefined }> {
+		const before = this.profileOverride;
+		const ended = await this.stop();
+		this.lost = undefined;
+		this.profileOverride = profile;
+		try {
+			return { session: await this.ensure(ctx), ended };
+		} catch (error) {
+			this.profileOverride = before;
+			await this.ensure(ctx).catch(() => undefined);
+			throw error;
+		}
 	}
 }
 
@@ -786,7 +807,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("sandbox", {
 		description:
-			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox restart` starts a new sandbox server",
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox profile NAME` switches the profile (a new sandbox session; copy work kept); `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			let words: string[];
 			try {
@@ -822,6 +843,22 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			}
 			if (args.trim() === "review") {
 				await reviewCommand(manager, ctx).catch((error: Error) => ctx.ui.notify(`Sandbox review failed: ${error.message}`, "error"));
+				return;
+			}
+			if (sub === "profile") {
+				if (!rest[0]) {
+					ctx.ui.notify(`Sandbox: profile ${manager.current?.info.profile ?? "(none running)"}; /sandbox profile NAME|FILE switches`, "info");
+					return;
+				}
+				try {
+					const { session, ended } = await manager.switchProfile(rest[0], ctx);
+					const kept = ended?.changeset_id ? `; the earlier session's changes are kept as changeset ${ended.changeset_id}` : "";
+					ctx.ui.notify(`Sandbox: profile ${session.info.profile} now (a new sandbox session, ${session.info.backend}/${session.info.mount})${kept}`, "info");
+					await registerPlugins(session, ctx);
+					modeTools.apply(session.info.operating_mode);
+				} catch (error) {
+					ctx.ui.notify(`Sandbox: the profile was not switched: ${(error as Error).message}`, "error");
+				}
 				return;
 			}
 			if (args.trim() === "restart") {

@@ -121,6 +121,28 @@ describe("the pi extension", () => {
 		await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
 	});
 
+	it("/sandbox profile switches the running pi session's profile between calls", async () => {
+		const { tools, commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN, "sandbox-mode": "auto" });
+		const { ctx, notes } = answering(dirs.workspace, "Deny");
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const write = tools.get("write");
+			assert.ok(write);
+			await write.execute("p1", { path: "before-switch.txt", content: "x" }, undefined, undefined, ctx);
+			assert.equal(readFileSync(path.join(dirs.workspace, "before-switch.txt"), "utf8"), "x");
+			await commands.get("sandbox")?.handler("profile readonly", ctx);
+			assert.match(notes.at(-1) ?? "", /^Sandbox: profile readonly now \(a new sandbox session, \w+\/ro\)/);
+			await assert.rejects(write.execute("p2", { path: "after-switch.txt", content: "x" }, undefined, undefined, ctx));
+			assert.equal(existsSync(path.join(dirs.workspace, "after-switch.txt")), false);
+			await commands.get("sandbox")?.handler("profile no-such-profile", ctx);
+			assert.match(notes.at(-1) ?? "", /^Sandbox: the profile was not switched: /);
+			await commands.get("sandbox")?.handler("profile", ctx);
+			assert.match(notes.at(-1) ?? "", /^Sandbox: profile readonly;/); // the earlier one stays
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+		}
+	});
+
 	it("the footer follows a global mode change the session inherits", async () => {
 		const { commands, emit } = loadExtension({ "sandbox-bin": SANDBOX_BIN });
 		const { ctx } = answering(dirs.workspace, "Deny");
