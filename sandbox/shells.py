@@ -69,10 +69,13 @@ def effective(backend: str, chosen: str | None = None, store: ShellStore | None 
     """The shell a Bash call runs in: ``chosen`` (the profile's), else the stored default, else the
     platform's first; a choice not available on the platform is passed over."""
     platform = platform_of(backend)
+    offered = [shell for shell in CATALOGUE if shell.platform == platform]
+    if len(offered) == 1:  # a POSIX jail has bash only: nothing to choose, no file read per call
+        return offered[0]
     for name in (chosen, (store or ShellStore()).default()):
         if name and (shell := find(name, platform)) is not None:
             return shell
-    return next(shell for shell in CATALOGUE if shell.platform == platform)
+    return offered[0]
 
 
 class ShellStore:
