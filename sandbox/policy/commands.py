@@ -32,7 +32,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sandbox.policy import targets
-from sandbox.policy.destructive import BLOCK_DEVICE, DELETERS, DENY_LAYER_NAMES, HARMLESS_DEVICES, DenyLayer, has_glob
+from sandbox.policy.destructive import (
+    BLOCK_DEVICE,
+    DELETERS,
+    DENY_LAYER_NAMES,
+    HARMLESS_DEVICES,
+    DenyLayer,
+    has_glob,
+    removes_entry,
+)
 from sandbox.policy.flags import Shape, shape
 from sandbox.policy.readonly import NO_PATH_ARGS, PATTERN_FIRST, READ_ONLY, git_subcommand
 from sandbox.policy.rules import BUILTIN_IDS, RuleSet
@@ -480,7 +488,7 @@ class _Judge:
         for word in described.reads:
             ok = self._path_word(word, read_only) and ok
         for word in described.writes:
-            self._write_word(word, entry=name in DELETERS)  # a deletion removes a link, not its target
+            self._write_word(word, entry=removes_entry(name, texts))  # rm removes a link; shred writes its target
         return ok and not described.writes
 
     def _path_word(self, word: Word, read_only: bool) -> bool:

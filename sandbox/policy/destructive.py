@@ -152,7 +152,8 @@ class DenyLayer:
             targets = positionals  # an unknown command name: judge its operands as if it deleted
         else:
             return
-        dooms = {word.text: self._doom(word, cwd) for word in targets}
+        entry = removes_entry(name, texts)
+        dooms = {word.text: self._doom(word, cwd, entry=entry) for word in targets}
         who = name or "this command"
         doomed = [text for text, doom in dooms.items() if doom == "deny"]
         asked = [text for text, doom in dooms.items() if doom == "ask"]
@@ -171,7 +172,7 @@ class DenyLayer:
         if name and recursive and any(w.dynamic for w in targets):
             yield Finding("ask", "shell.dynamic-delete", "deletes recursively a path only known at run time")
 
-    def _doom(self, word: Word, cwd: str | None) -> Doom | None:
+    def _doom(self, word: Word, cwd: str | None, *, entry: bool) -> Doom | None:
         """``deny`` for the root, a home or a drive root; ``ask`` for another top-level system directory."""
         text = word.text
         if DRIVE_ROOT.match(text):
@@ -180,7 +181,9 @@ class DenyLayer:
             return None
         lexical = self.paths.expand(text, cwd)
         candidates = (
-            {lexical} if has_glob(lexical) else {lexical, entry_path(lexical, through=text.endswith(("/", "/.")))}
+            {lexical}
+            if has_glob(lexical)
+            else {lexical, entry_path(lexical, through=not entry or text.endswith(("/", "/.")))}
         )
         dooms = {self._doom_of(_emptied(candidate)) for candidate in candidates}
         return "deny" if "deny" in dooms else "ask" if "ask" in dooms else None
@@ -205,6 +208,20 @@ class DenyLayer:
             if BLOCK_DEVICE.match(lexical) or BLOCK_DEVICE.match(os.path.realpath(lexical)):
                 yield Finding("deny", "deny.raw-device", f"{name} writes to the raw block device {target}")
                 return
+
+
+REMOVERS = frozenset({"rm", "rmdir", "unlink", "trash", "trash-put"})
+"""Commands that remove the directory entry an operand names: a symlink operand is the link. shred,
+srm and wipe overwrite what a link names, and mv moves into a directory a destination link names:
+for them (and every other command) a link is judged where it leads."""
+FOLLOWING_FIND = frozenset({"-L", "-H", "-follow"})  # find follows its start points' links
+
+
+def removes_entry(name: str, texts: Sequence[str]) -> bool:
+    """Whether ``name``'s operands name directory entries (a link itself), not what links name."""
+    if name == "find":
+        return not FOLLOWING_FIND & set(texts)
+    return name in REMOVERS
 
 
 def _find_runs_rm(texts: list[str]) -> bool:

@@ -338,6 +338,10 @@ WRITERS: dict[str, Splitter] = {
     "rm": _all_written(),
     "unlink": _all_written(),
     "shred": _all_written("ns", frozenset({"iterations", "size"})),
+    "srm": _all_written(),  # the other deleters (destructive.DELETERS): what they name, they write
+    "wipe": _all_written(),
+    "trash": _all_written(),
+    "trash-put": _all_written(),
     "chmod": _chmod,
     "chown": _chown,
     "chgrp": _chown,
