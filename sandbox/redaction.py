@@ -37,7 +37,9 @@ _PRIVATE_KEY = (
     ),
     "[REDACTED PRIVATE KEY]",
 )
-_URL_PASSWORD = (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^\s'\"/?#]+@"), rf"\1:{REDACTED}@")
+# Begins at its literal "://", so the search skips ahead to each one (a scheme-first pattern tried every
+# word of a megabyte of output: 25 ms against 2).
+_URL_PASSWORD = (re.compile(r"(://[^/\s:@'\"]*):[^\s'\"/?#]+@"), rf"\1:{REDACTED}@")
 _TOKENS = (
     re.compile(
         r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
@@ -114,7 +116,17 @@ def redact(text: str) -> str:
     return text
 
 
-_OUTPUT_PATTERNS = (_PRIVATE_KEY, _URL_PASSWORD, _TOKENS)
+_TOKEN_LITERALS = (
+    *("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xox", "_live_", "_test_", "sk-"),
+    *("AIza", "npm_", "hf_", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "eyJ"),
+)  # one literal of each of _TOKENS' alternatives
+_OUTPUT_PATTERNS = (
+    (_PRIVATE_KEY, ("PRIVATE KEY",)),
+    (_URL_PASSWORD, ("://",)),
+    (_TOKENS, _TOKEN_LITERALS),
+)
+"""Each output pattern with the literals it cannot match without: a text with none of them is not
+searched (most output; the token pattern alone costs 20 ms a megabyte)."""
 
 
 def redact_output(text: str) -> tuple[str, int]:
@@ -122,9 +134,10 @@ def redact_output(text: str) -> tuple[str, int]:
     URL's password, a token of a known format), and how many were. Only those: output the model
     reads must stay what the program printed (hashes, base64, ``password: …`` in a test fixture)."""
     count = 0
-    for pattern, replacement in _OUTPUT_PATTERNS:
-        text, found = pattern.subn(replacement, text)
-        count += found
+    for (pattern, replacement), needs in _OUTPUT_PATTERNS:
+        if any(literal in text for literal in needs):
+            text, found = pattern.subn(replacement, text)
+            count += found
     return text, count
 
 

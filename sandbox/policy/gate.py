@@ -203,6 +203,10 @@ class Gate:
         """Session setting, then the profile, then the global default (as it is now), then ``ask``."""
         if not (state.mode or self.settings.mode):
             self.follow()  # the user's global mode may have changed since the last call
+        return self._mode(state)
+
+    def _mode(self, state: SessionState) -> PermissionMode:
+        """:meth:`mode_for` of rules already followed (a call's evaluation follows them first)."""
         mode: PermissionMode = state.mode or self.settings.mode or self.global_mode or "ask"
         return mode
 
@@ -218,7 +222,7 @@ class Gate:
 
     def evaluate(self, call: ToolCall, state: SessionState) -> Decision:
         self.follow()
-        mode = self.mode_for(state)
+        mode = self._mode(state)
         if call.delegate is not None:  # never wider than its owner's session
             mode = call.delegate.mode(mode)
         if self._broken is not None:

@@ -357,8 +357,8 @@ class Sandbox:
     def shell_for(self, turn_id: str, requested: str | None) -> str:
         """The turn's shell (:class:`sandbox.shells.TurnShells`): its first Bash call pins the effective
         one (the profile's, else the user's default, else the platform's first)."""
-        chosen = self.profile.winjob.shell if self.jail.backend == "winjob" else None
-        return self.shells.pin(turn_id, shells.effective(self.jail.backend, chosen), requested).id
+        now = shells.effective(self.jail.backend, self.profile.winjob.shell)  # a POSIX jail has bash only
+        return self.shells.pin(turn_id, now, requested).id
 
     def scratch_env(self) -> dict[str, str]:
         """What Bash and plugin commands get beyond the scrubbed environment: the scratch directory."""
