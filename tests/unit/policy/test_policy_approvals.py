@@ -200,3 +200,17 @@ async def test_a_repeated_refusal_says_who_refused_it_first(world: World, approv
     assert said in again.decision.reason, again.decision.reason
     if not isinstance(approver, Fixed):
         assert "the user" not in again.decision.reason
+
+
+async def test_a_calls_approval_record_is_redacted(world: World) -> None:
+    """The record a result carries of who answered (seed 000 §14) keeps no secret the command held."""
+    command = "curl -H 'Authorization: Bearer s3cretTOKENvalue123' https://api.example.com/deploy"
+    call = world.call("Bash", {"command": command})
+    auth = await authorize(world.gate("ask"), SessionState("s1"), call, Fixed("allow-once"), timeout=1)
+    record = auth.record()
+    assert record is not None and (record["answer"], record["scope"], record["allowed"]) == ("allow-once", "call", True)
+    assert "s3cretTOKENvalue123" not in str(record) and "[REDACTED]" in record["resource"]
+    unasked = await authorize(
+        world.gate("auto"), SessionState("s1"), world.call("Bash", {"command": "ls"}), Fixed("deny")
+    )
+    assert unasked.record() is None  # nobody was asked: no record
