@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -166,7 +167,7 @@ def _fetch_npm(dest: Path) -> None:
     urls = sorted({_tarball_url(key, entry) for key, entry in lock["packages"].items() if key and "version" in entry})
     if not urls:
         raise RuntimeError(f"npm resolved no packages for {NPM_PROJECT}")
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
         manifests = list(pool.map(lambda url: _download_tarball(url, tarballs), urls))
     (dest / "index.json").write_text(json.dumps(manifests, indent=1, sort_keys=True))
 
@@ -183,11 +184,24 @@ def _download_tarball(url: str, dest: Path) -> dict[str, Any]:
     name = urllib.parse.unquote(url.rsplit("/-/", 1)[0].split("/", 3)[3])
     version_file = url.rsplit("/", 1)[1]
     path = dest / f"{name.replace('/', '+')}+{version_file}"
-    with urllib.request.urlopen(url, timeout=60) as response:
-        path.write_bytes(response.read())
+    path.write_bytes(_download(url))
     manifest = _tarball_manifest(path)
     manifest["_file"] = path.name
     return manifest
+
+
+def _download(url: str, attempts: int = 6) -> bytes:
+    # A CI machine's resolver or the registry fails now and then ("Temporary failure in name
+    # resolution"): a download is tried again, waiting longer each time, before the fetch fails.
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                return bytes(response.read())
+        except OSError as error:  # URLError, a reset, a timeout
+            if attempt == attempts - 1:
+                raise RuntimeError(f"{url}: {error} ({attempts} attempts)") from error
+            time.sleep(min(2**attempt, 20) + random.random())
+    raise AssertionError("unreachable")
 
 
 def _tarball_manifest(path: Path) -> dict[str, Any]:
