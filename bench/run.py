@@ -26,6 +26,7 @@ BENCHES = [
     ("winjob under Wine: per call against the same command run directly under Wine", "bench_winjob.py"),
     ("apply: per file against journalled, all or nothing", "bench_apply.py"),
     ("network allowlist: set-up and throughput through the proxy against direct", "bench_network.py"),
+    ("secret broker: a terminated host against SNI pass-through and direct", "bench_broker.py"),
     ("a real suite with its dependencies installed in the jail against the same on the host", "bench_deps.py"),
     ("a 1 GiB flood through sandbox serve against sandbox run", "bench_flood.py"),
     ("one hostile session's floods against another session's Read latency (sandbox serve)", "bench_stall.py"),

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
         Root,
     )
 
-SCHEMA_VERSION = 5  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined; 5: the loop guard's
+SCHEMA_VERSION = 6  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined; 5: the loop guard's;
+# 6: network_denials.method and path (a request the secret broker refused)
 # (each added on open to an older log)
 PREVIEW_CHARS = 400
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
@@ -208,12 +209,13 @@ _LAYER = (
     "WHEN level = 'confirm' THEN 'ask' WHEN decided_by = 'rule' THEN 'exempt' ELSE decided_by END"
 )
 
-_DENIAL_COLUMNS = ("session_id", "tool_call_id", "host", "port", "reason", "rule", "message", "ts")
+_DENIAL_COLUMNS = ("session_id", "tool_call_id", "host", "port", "reason", "rule", "message", "method", "path", "ts")
 _DENIALS = (
     "CREATE TABLE IF NOT EXISTS network_denials (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
     "tool_call_id TEXT NOT NULL, host TEXT NOT NULL, port INTEGER NOT NULL, reason TEXT NOT NULL, rule TEXT, "
-    "message TEXT NOT NULL, ts REAL NOT NULL)"
+    "message TEXT NOT NULL, method TEXT, path TEXT, ts REAL NOT NULL)"
 )
+_DENIALS_ADDED = {"method": "TEXT", "path": "TEXT"}  # schema 6: a request the broker refused
 
 
 def _schema() -> str:
@@ -250,6 +252,14 @@ class AuditLog:
                             raise
             db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
             db.execute(_DENIALS)
+            present = {row[1] for row in db.execute("PRAGMA table_info(network_denials)")}
+            for column, kind in _DENIALS_ADDED.items():
+                if column not in present:
+                    try:
+                        db.execute(f"ALTER TABLE network_denials ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             db.close()
@@ -270,8 +280,8 @@ class AuditLog:
 
     def record_denial(self, session_id: str, tool_call_id: str, denial: Mapping[str, Any]) -> None:
         """One refused connection: ``denial`` carries host, port, reason, rule and message."""
-        values = [session_id, tool_call_id, *(denial[k] for k in _DENIAL_COLUMNS[2:-1]), time.time()]
-        values[6] = redact(values[6])  # the message may quote a URL with credentials
+        values = [session_id, tool_call_id, *(denial.get(k) for k in _DENIAL_COLUMNS[2:-1]), time.time()]
+        values[6] = redact(str(values[6]))  # the message may quote a URL with credentials
         sql = f"INSERT INTO network_denials ({', '.join(_DENIAL_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
         with self._lock, map_errors("cannot write the audit log"):
             try:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib.resources
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sandbox.errors import InvalidArgument
 from sandbox.profile_policy import Policy
-from sandbox.profile_tables import Bwrap, Docker, Env, Limits, Mount, Network, Table, Timeouts, Winjob
+from sandbox.profile_tables import Bwrap, Docker, Env, Limits, Mount, Network, Secret, Table, Timeouts, Winjob
 from sandbox.vocabulary import GUARANTEE_DESCRIPTIONS, BackendChoice, Guarantee
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class Profile(Table):
     bwrap: Bwrap = Bwrap()
     winjob: Winjob = Winjob()
     policy: Policy = Policy()
+    secrets: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Secret] = {}
     source: str | None = None
 
     @model_validator(mode="before")
@@ -88,6 +89,8 @@ class Profile(Table):
     def _check(self) -> Profile:
         if self.timeouts.default_s > self.timeouts.max_s:
             raise ValueError("timeouts.default_s is larger than timeouts.max_s")
+        if self.secrets and self.network.mode != "allowlist":
+            raise ValueError(f"secrets need network.mode = 'allowlist', not {self.network.mode!r}")
         return self
 
     def with_overrides(self, **changes: Any) -> Profile:

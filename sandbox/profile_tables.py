@@ -137,6 +137,68 @@ def _index_spec(spec: str) -> str:
 IndexSpec = Annotated[str, AfterValidator(_index_spec)]
 
 
+_SECRET_SOURCE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+|keyring:[^/]+/.+)$")
+_SECRET_AS = re.compile(r"^(bearer|basic|env-placeholder|aws-sigv4|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _secret_source(value: str) -> str:
+    if not _SECRET_SOURCE.match(value):
+        raise ValueError(f"{value!r}: a secret comes 'from' 'env:VAR', 'file:PATH' or 'keyring:SERVICE/USER'")
+    return value
+
+
+class Secret(Table):
+    """``[secrets.NAME]``: a credential the jail never reads (:mod:`sandbox.network.secrets`).
+
+    The jail gets a placeholder in ``env`` (default: NAME) and, for git, a credential helper that
+    returns it; the egress proxy puts the real value (read ``from`` the host when the session opens)
+    only into requests to ``hosts``, only where ``as`` says: ``bearer`` (``Authorization: Bearer``),
+    ``basic`` (the password of ``Authorization: Basic``), ``header:NAME``, ``env-placeholder`` (any
+    request header), ``aws-sigv4`` (the request is signed again with it as the secret access key
+    of ``access_key_id``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    from_: Annotated[str, AfterValidator(_secret_source)] = Field(alias="from")
+    hosts: tuple[EgressPattern, ...] = Field(min_length=1)
+    as_: Annotated[str, Field(pattern=_SECRET_AS.pattern)] = Field("bearer", alias="as")
+    env: Annotated[str, Field(pattern=_ENV_NAME.pattern)] | None = None
+    username: Annotated[str, Field(min_length=1, pattern=r"^[^:\s]+$")] = "x-access-token"
+    access_key_id: Annotated[str, Field(pattern=r"^[A-Z0-9]{8,128}$")] | None = None
+
+    @model_validator(mode="after")
+    def _signing_needs_a_key_id(self) -> Secret:
+        if (self.as_ == "aws-sigv4") != (self.access_key_id is not None):
+            raise ValueError("access_key_id goes with as = 'aws-sigv4', and aws-sigv4 needs it")
+        return self
+
+
+_RULE_PRESET = Literal["read-only"]
+
+
+class RequestRule(Table):
+    """``[[network.requests]]``: what requests to ``hosts`` may do (:mod:`sandbox.network.reqrules`);
+    the proxy terminates TLS to those hosts to read them. ``allow``: ``"METHODS /path*"`` rules;
+    ``preset = "read-only"``: GET, HEAD and OPTIONS anywhere; ``git_fetch``: git fetches from any
+    repository; ``git_push``: repositories one may push to (globs); ``git_refs``: the refs a push
+    may change (default: any)."""
+
+    hosts: tuple[EgressPattern, ...] = Field(min_length=1)
+    allow: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    preset: _RULE_PRESET | None = None
+    git_fetch: bool = False
+    git_push: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    git_refs: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+
+    @model_validator(mode="after")
+    def _rules_parse(self) -> RequestRule:
+        from sandbox.network.reqrules import RequestRules
+
+        RequestRules.parse(self.allow, self.preset, self.git_fetch, self.git_push, self.git_refs)
+        return self
+
+
 class Network(Table):
     """``none``: a private loopback only. ``host``: the host's network. ``allowlist``: no route
     out but the host-side filtering proxy (:mod:`sandbox.network`), which lets through only what
@@ -155,10 +217,11 @@ class Network(Table):
     indexes: tuple[IndexSpec, ...] = ()
     ask: bool = False
     transparent: bool = False  # root, bwrap: programs that ignore the proxy variables are filtered too
+    requests: tuple[RequestRule, ...] = ()
 
     @model_validator(mode="after")
     def _transparent_needs_an_allowlist(self) -> Network:
-        for key, used in (("transparent", self.transparent), ("indexes", self.indexes)):
+        for key, used in (("transparent", self.transparent), ("indexes", self.indexes), ("requests", self.requests)):
             if used and self.mode != "allowlist":
                 raise ValueError(f"network.{key} needs network.mode = 'allowlist', not {self.mode!r}")
         return self

@@ -57,6 +57,9 @@ DenialReason = Literal[
     "ask-timeout",
     "ask-unavailable",
     "over-limit",
+    "request-refused",
+    "secret-misplaced",
+    "certificate-invalid",
 ]
 """Why a connection was refused; stable codes, shown to users and recorded in the audit.
 
@@ -68,7 +71,11 @@ request the proxy understands; ``resolve-failed``, ``connect-failed``, ``upstrea
 name did not resolve, no checked address accepted the connection, the upstream proxy refused;
 ``ask-denied``, ``ask-timeout``, ``ask-unavailable``: the approver said no, did not answer in
 time, or there was none (or it failed); ``over-limit``: the session's proxy already held as many
-connections (or unfinished requests) as it takes at once."""
+connections (or unfinished requests) as it takes at once; ``request-refused``: on a host whose TLS
+the proxy terminates, no request rule allows the request's method and path (or the git push's
+repository or refs); ``secret-misplaced``: a secret's placeholder was sent where the secret is not
+substituted (another host, the URL, the body, an undeclared header); ``certificate-invalid``: the
+real server of a terminated host failed the proxy's certificate check."""
 VerdictReason = Literal["allowed", DenialReason]
 EgressRuleKind = Literal["name", "subdomains", "address"]
 ProxyProtocol = Literal["connect", "http", "socks5", "transparent-http", "transparent-tls"]

@@ -19,6 +19,10 @@ What is served (every name gets the same content, HTTP and HTTPS alike):
   DNS query the lab saw, which lets a test show that a denied connection never arrived).
 * ``/simple/`` -- a PEP 503 index holding one pure-Python wheel, ``labpkg`` 0.1.0, built here.
 * ``/repo.git`` -- a git repository over dumb HTTP, one commit (``lab.git_head``).
+* What an API, a git host and an S3 endpoint do, for the secret broker's tests: :mod:`tests.brokerlab`
+  (``/api``, ``/echo``, ``/echo-auth``, ``/redirect``, ``/s3/``, ``/private.git``, ``/other.git``),
+  with the lab's own secrets: ``lab.token``, ``lab.aws_key_id``, ``lab.aws_secret``. The journal
+  records each request's ``Authorization`` (``authorization``).
 * HTTPS with a leaf certificate for every lab name (and ``*.allowed.test`` and the lab's
   address), issued by a throw-away CA whose certificate is ``lab.ca_file``.
 * DNS over UDP and TCP: ``allowed.test``, ``sub.allowed.test``, ``other.test`` -> the lab's
@@ -53,7 +57,7 @@ import sys
 import tempfile
 import threading
 import zipfile
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
@@ -67,6 +71,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sandbox.backends.environment import CA_VARIABLES  # a machine's own settings would outrank --cacert
+from tests import brokerlab
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -85,6 +90,10 @@ NETNS_DIR = Path("/var/run/netns")
 LOCK_FILE = Path("/run/lock/sandbox-netlab.lock")
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+# The server process runs with -P (tests/ itself stays off sys.path) and the repository's root
+# put on it, so that it imports this module as tests.netlab, with brokerlab beside it.
+CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from tests.netlab import child_main; child_main(sys.argv[2:])"
 
 
 class LabError(Exception):
@@ -123,6 +132,9 @@ class NetLab:
             self.ca_file, cert, key = write_certificates(self.root / "tls", self.address)
             site = build_site(self.root / "www")
             self.big_sha256, self.git_head = site["big_sha256"], site["git_head"]
+            self.secrets = brokerlab.Secrets.generate()
+            self.token, self.aws_key_id, self.aws_secret = self.secrets
+            self.private_git_head = brokerlab.write_git_host(self.root / "git")
             self._serve(cert, key)
             on_fail.pop_all()
 
@@ -174,6 +186,16 @@ class NetLab:
     def git_url(self) -> str:
         return self.http_url("allowed.test", "/repo.git")
 
+    @property
+    def private_git_url(self) -> str:
+        """Smart HTTP over HTTPS; a push needs ``lab.token`` as the Basic password."""
+        return self.https_url("allowed.test", "/private.git")
+
+    @property
+    def other_git_url(self) -> str:
+        """The same as :attr:`private_git_url` in another repository (the same first commit)."""
+        return self.https_url("allowed.test", "/other.git")
+
     def route_via_host(self, network: str) -> None:
         """Let the lab answer sources in ``network`` (another test namespace the host routes to).
 
@@ -222,10 +244,11 @@ class NetLab:
             "cert": str(cert),
             "key": str(key),
             "records": self.records,
+            "broker": brokerlab.site_config(self.secrets, self.root / "git"),
         }
         with (self.root / "server.log").open("wb") as errors:
             self._process = subprocess.Popen(
-                [sys.executable, "-P", __file__, json.dumps(config)],
+                [sys.executable, "-P", "-c", CHILD, str(REPOSITORY_ROOT), json.dumps(config)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errors,
@@ -491,8 +514,7 @@ class Journal:
             return json.dumps(self.entries).encode()
 
 
-class LabHandler(SimpleHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class LabHandler(brokerlab.BrokerHandler):
     journal: ClassVar[Journal]
 
     def do_GET(self) -> None:
@@ -526,7 +548,9 @@ class LabHandler(SimpleHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:  # noqa: ARG002 -- the base's
         if not self.path.startswith("/_lab/"):
-            self.journal.add("http", **self.whoami(), method=self.command, path=self.path, code=int(code))
+            authorization = self.headers.get("Authorization")
+            entry = {"method": self.command, "path": self.path, "code": int(code), "authorization": authorization}
+            self.journal.add("http", **self.whoami(), **entry)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -615,7 +639,8 @@ def dns_sockets(address: str, port: int) -> tuple[socket.socket, DNSTCPServer]:
 def run_servers(config: dict[str, Any]) -> None:
     journal = Journal()
     www, address, ports = config["www"], config["address"], config["ports"]
-    handler = type("Handler", (LabHandler,), {"journal": journal})
+    site = brokerlab.Site.from_config(config["broker"])
+    handler = type("Handler", (LabHandler,), {"journal": journal, "site": site})
     factory = functools.partial(handler, directory=www)
     http = LabHTTPServer((address, ports["http"]), factory)
     alt = LabHTTPServer((address, ports["alt"]), factory)
@@ -638,10 +663,6 @@ def child_main(argv: list[str]) -> None:
     run_servers(config)
     sys.stdin.buffer.read()  # end of stdin: the lab closed, or its owner died
     os._exit(0)
-
-
-if __name__ == "__main__":
-    child_main(sys.argv[1:])
 
 
 def resolve_in(lab: NetLab, monkeypatch: Any, *, drop: tuple[str, ...] = ()) -> None:

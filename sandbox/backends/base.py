@@ -182,11 +182,9 @@ class Jail(ABC):
         if not argv:
             raise InvalidArgument("empty argv: name a command to run")
         if self.egress is not None and network:
-            from sandbox.network.egress import proxy_env
-
             if not self.egress.alive:
                 raise BackendUnavailable("the jail's egress proxy has stopped; open a new jail (session)")
-            argv, env = self.egress.wrap(argv, self.python), {**proxy_env(), **(env or {})}
+            argv, env = self.egress.wrap(argv, self.python), {**self.egress.env(), **(env or {})}
         return await self._start(argv, env=env, cwd=cwd, stdin=stdin, runner=runner)
 
     @abstractmethod
@@ -296,7 +294,9 @@ class Backend(ABC):
 
         # The proxy's bound on a question outlasts the approver's own timeout, which answers first;
         # its allowlist is the profile's with the trusted domains merged (seed 004).
-        egress = await off_loop(Egress.start, for_profile(profile), profile.policy.approval_timeout_s + 10)
+        egress = await off_loop(
+            Egress.start, for_profile(profile), profile.policy.approval_timeout_s + 10, profile.secrets
+        )
         try:
             jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs, downloads=downloads)
         except BaseException:

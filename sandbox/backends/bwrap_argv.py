@@ -21,7 +21,7 @@ from sandbox.backends.environment import SANDBOX_GID, SANDBOX_UID, bwrap_args
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
-from sandbox.network.places import JAIL_DIR
+from sandbox.network.places import BUNDLE_FILE, JAIL_DIR, SYSTEM_BUNDLE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -280,6 +280,7 @@ def jail_args(
         *seal.bwrap_args(ws, sealed, empty_dir(), empty_file(), rw=profile.mount.strategy == "rw"),
         *(["--bind", str(scratch), str(scratch)] if scratch is not None else []),
         *(["--ro-bind", str(egress_dir), JAIL_DIR] if egress_dir is not None else []),
+        *_session_bundle(egress_dir),
         *(["--bind", str(downloads), downloads_jail_dir] if downloads is not None else []),
         "--remount-ro",
         "/",
@@ -369,3 +370,12 @@ def remember_smoke(path: str, version: str) -> None:
         temp = cache.with_name(f".{cache.name}.{os.getpid()}")
         temp.write_text(json.dumps({"key": smoke_key(path), "version": version}))
         temp.replace(cache)
+
+
+def _session_bundle(egress_dir: Path | None) -> list[str]:
+    """The broker's CA bundle (the host's CAs and the session's) over the system's, for the tools
+    that read no variable (Go's, a static binary's); nothing when no host is terminated."""
+    bundle = None if egress_dir is None else egress_dir / BUNDLE_FILE
+    if bundle is None or not bundle.is_file() or not os.path.isfile(SYSTEM_BUNDLE):
+        return []
+    return ["--ro-bind", str(bundle), SYSTEM_BUNDLE]

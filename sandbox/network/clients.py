@@ -15,9 +15,12 @@ plain HTTP stays on the event loop.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 
 from sandbox.network.conn import HANDSHAKE_TIMEOUT
 from sandbox.network.denial import Connected, Refused, where
@@ -38,11 +41,16 @@ from sandbox.network.tls import NotClientHello, hello_sni
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from sandbox.network.broker import Broker
     from sandbox.network.conn import Conn
     from sandbox.network.denial import Denial
     from sandbox.network.dial import Dialer, Opened
     from sandbox.network.relay import Relays
     from sandbox.vocabulary import ProxyProtocol
+
+
+TERMINATED_AT_ONCE = 128
+"""Terminated connections served at once (each a thread); the proxy's own cap on connections is the same."""
 
 
 class Clients:
@@ -59,9 +67,12 @@ class Clients:
         *,
         deny: Callable[[Denial], Awaitable[None]],
         connected: Callable[[Connected], Awaitable[None]],
+        broker: Broker | None = None,
     ) -> None:
         self.dialer, self.relays = dialer, relays
         self.deny, self.connected = deny, connected
+        self.broker = broker
+        self._terminating: anyio.CapacityLimiter | None = None
 
     async def serve(self, client: Conn) -> None:
         """Tell the protocol by the first byte: SOCKS5 or HTTP."""
@@ -104,6 +115,52 @@ class Clients:
             opened.conn.close()
             raise
         return opened
+
+    async def pass_on(self, client: Conn, upstream: Opened, host: str, port: int) -> None:
+        """A TLS connection set up to ``host:port``: terminated when the broker names the host, else relayed."""
+        if self.broker is not None and self.broker.terminates(host, port):
+            await self.terminate(client, upstream, host, port)
+        else:
+            await self.relay(client, upstream)
+
+    async def terminate(self, client: Conn, upstream: Opened, host: str, port: int) -> None:
+        """Serve a terminated connection on a thread of its own (:func:`~sandbox.network.terminate.serve`)
+        while this task keeps its place under the proxy's caps."""
+        from sandbox.network.terminate import serve
+
+        assert self.broker is not None
+        if self._terminating is None:
+            self._terminating = anyio.CapacityLimiter(TERMINATED_AT_ONCE)
+        pending = client.take()
+        if upstream.conn.buffer:  # a server that spoke first is no TLS server
+            await self.deny(Refused(host, port, "bad-request", None, f"{where(host, port)} spoke before TLS").denial)
+            return
+        client_sock, server_sock = client.detach(), upstream.conn.detach()
+
+        async def record(denial: Denial) -> None:
+            await self.deny(denial)
+
+        def deny(denial: Denial) -> None:
+            with contextlib.suppress(RuntimeError):  # the proxy is closing: its loop takes no more
+                anyio.from_thread.run(record, denial)
+
+        try:
+            with self.relays.hold(client_sock, server_sock):
+                await anyio.to_thread.run_sync(
+                    serve,
+                    self.broker,
+                    client_sock,
+                    server_sock,
+                    host,
+                    port,
+                    pending,
+                    deny,
+                    abandon_on_cancel=True,
+                    limiter=self._terminating,
+                )
+        finally:
+            client_sock.close()
+            server_sock.close()
 
     async def relay(self, client: Conn, upstream: Opened) -> None:
         """Pass on what either side sent already, then hand both sockets to a relay of their own."""
@@ -155,7 +212,11 @@ class Clients:
 
     async def _tunnel(self, client: Conn, upstream: Opened, host: str, port: int) -> None:
         """Check the client's first bytes before any reach the server, then relay: a TLS ClientHello's
-        SNI must name the tunnel's host; plain HTTP is judged request by request (:func:`relay_http`)."""
+        SNI must name the tunnel's host; plain HTTP is judged request by request (:func:`relay_http`).
+        A host the broker terminates gets no byte unjudged: the proxy is its TLS server."""
+        if self.broker is not None and self.broker.terminates(host, port):
+            await self.terminate(client, upstream, host, port)
+            return
         if await _first_speaker(client, upstream.conn) is client:
             try:
                 plain = not await _check_sni(client, host, port) and await speaks_http(client, host, port)

@@ -8,6 +8,7 @@ the protocol that answers the client in kind (403, a SOCKS failure, a TLS alert)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PATH_SHOWN = 200
+"""How much of a refused request's path a denial keeps."""
+
 
 @dataclass(frozen=True)
 class Denial:
@@ -30,10 +34,23 @@ class Denial:
     reason: DenialReason
     rule: str | None
     message: str
+    method: str | None = None  # a request refused on a terminated host (the broker): its method and path
+    path: str | None = None
 
     def line(self) -> str:
         """The one line a model reads for this denial."""
+        if self.method is not None:
+            return (
+                f"sandbox: request {self.method} {self.path} to {where(self.host, self.port)} refused"
+                f" ({self.reason}): {self.message}"
+            )
         return f"sandbox: connection to {where(self.host, self.port)} refused ({self.reason}): {self.message}"
+
+    def for_request(self, method: str, target: str) -> Denial:
+        """This denial as one request's (its path without the query, at most :data:`PATH_SHOWN` characters)."""
+        path = target.split("?", 1)[0]
+        path = path if len(path) <= PATH_SHOWN else path[: PATH_SHOWN - 3] + "..."
+        return dataclasses.replace(self, method=method[:32], path=path)
 
 
 @dataclass(frozen=True)

@@ -25,18 +25,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox import _jailside
-from sandbox.errors import BackendUnavailable, map_errors
+from sandbox.errors import BackendUnavailable, InvalidArgument, map_errors
 from sandbox.network import netns
 from sandbox.network.places import JAIL_DIR, NO_PROXY, PORT, SOCKET
 from sandbox.network.policy import allowlist
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
+    from sandbox.network.broker import Broker
     from sandbox.network.denial import Denial
     from sandbox.network.proxy import EgressProxy, ProxyThread
     from sandbox.profile import Profile
-    from sandbox.profile_tables import Network
+    from sandbox.profile_tables import Network, Secret
     from sandbox.vocabulary import Answer
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,31 @@ def proxy_env() -> dict[str, str]:
 
 
 def for_profile(profile: Profile) -> Network:
-    """The profile's network section with the trusted domains merged into ``allow``: what the
-    egress proxy enforces and what a result reports."""
+    """The profile's network section with the trusted domains, the secrets' hosts and the request
+    rules' hosts merged into ``allow``: what the egress proxy enforces and what a result reports."""
     network = profile.network
-    merged = allowlist(network.allow, profile.policy.trusted.domains)
+    brokered = [p for secret in profile.secrets.values() for p in secret.hosts]
+    brokered += [p for rule in network.requests for p in rule.hosts]
+    merged = allowlist(network.allow, (*profile.policy.trusted.domains, *brokered))
     return network if merged == network.allow else network.model_copy(update={"allow": merged})
+
+
+def trust_env(paths: dict[str, Path] | None) -> dict[str, str]:
+    """The variables that make the jail's tools trust the session's CA (its files at :data:`JAIL_DIR`):
+    OpenSSL and Go (``SSL_CERT_FILE``), curl, requests, pip, boto, Node (``NODE_EXTRA_CA_CERTS``, which
+    adds to Node's own roots) and Java (a trust store of its own, through ``JAVA_TOOL_OPTIONS``)."""
+    from sandbox.network.ca import JAVA_STORE_PASSWORD
+
+    if paths is None:
+        return {}
+    bundle, ca, java = (f"{JAIL_DIR}/{paths[role].name}" for role in ("bundle", "ca", "java"))
+    env = dict.fromkeys(("SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "AWS_CA_BUNDLE"), bundle)
+    env["NODE_EXTRA_CA_CERTS"] = ca
+    env["JAVA_TOOL_OPTIONS"] = (
+        f"-Djavax.net.ssl.trustStore={java} -Djavax.net.ssl.trustStoreType=PKCS12"
+        f" -Djavax.net.ssl.trustStorePassword={JAVA_STORE_PASSWORD}"
+    )
+    return env
 
 
 class Egress:
@@ -75,22 +96,28 @@ class Egress:
 
     def __init__(self, network: Network) -> None:
         self.network = network
+        self.broker: Broker | None = None
+        self.trust: dict[str, Path] | None = None  # the session CA's files, when the broker terminates a host
+        self._env: dict[str, str] = proxy_env()
         self.socket_dir: Path | None = None
         self.listeners: list[Callable[[Denial], None]] = []  # told of each denial, on a worker thread
         self._thread: ProxyThread | None = None
         self._ports: netns.Ports | None = None
 
     @classmethod
-    def start(cls, network: Network, ask_timeout: float = 130.0) -> Egress:
-        """Start the proxy for ``network`` (its ``allow``, ``deny`` and ``ask``), or raise
-        BACKEND_UNAVAILABLE when it cannot listen. ``ask_timeout``: the proxy's own bound on a
+    def start(cls, network: Network, ask_timeout: float = 130.0, secrets: Mapping[str, Secret] | None = None) -> Egress:
+        """Start the proxy for ``network`` (its ``allow``, ``deny``, ``ask`` and request rules) and
+        ``secrets`` (the profile's), or raise BACKEND_UNAVAILABLE when it cannot listen (and
+        INVALID_ARGUMENT when a secret cannot be read). ``ask_timeout``: the proxy's own bound on a
         question to the approver (:meth:`ask_with`), which should outlast the approver's."""
+        from sandbox.network.broker import Broker
         from sandbox.network.policy import EgressPolicy
         from sandbox.network.proxy import EgressProxy
         from sandbox.network.resolve import CachedResolver, resolver_from_env
         from sandbox.network.upstream import upstream_from_env
 
         egress = cls(network)
+        egress.broker = Broker.build(secrets or {}, network.requests)
         with map_errors("cannot start the egress proxy", BackendUnavailable):
             # A short path of its own: a unix socket's path must fit in 108 bytes, and a container
             # binds the directory, so nothing else may be in it.
@@ -110,7 +137,10 @@ class Egress:
                     ask_timeout=ask_timeout,
                     transparent_http=where,
                     transparent_tls=where,
+                    broker=egress.broker,
                 )
+                if egress.broker is not None:
+                    egress._brokered(egress.broker, egress.socket_dir)
                 egress._thread = proxy.serve_in_thread()
                 if network.transparent:
                     egress._start_transparent(egress._thread, proxy)
@@ -118,6 +148,26 @@ class Egress:
                 egress.close()
                 raise
         return egress
+
+    def _brokered(self, broker: Broker, folder: Path) -> None:
+        """The session CA's files beside the socket (what the jail trusts), and the jail's variables."""
+        from sandbox.network.broker import TRUST_ENV
+        from sandbox.network.secrets import jail_env
+
+        extra = os.environ.get(TRUST_ENV, "").strip()
+        with map_errors(f"cannot read {TRUST_ENV}", InvalidArgument):
+            more = Path(extra).read_bytes() if extra else b""
+        self.trust = broker.ca.trust_files(folder, more)
+        self._env = {
+            **proxy_env(),
+            **trust_env(self.trust),
+            **jail_env(broker.secrets, f"{JAIL_DIR}/{self.trust['bundle'].name}"),
+        }
+
+    def env(self) -> dict[str, str]:
+        """The variables of each command that goes out through the proxy: the proxy's, and with a
+        broker the CA's and the secrets' placeholders (never a value)."""
+        return dict(self._env)
 
     def _start_transparent(self, thread: ProxyThread, proxy: EgressProxy) -> None:
         """The filtering DNS server beside the proxy (its loop, its policy, its denials), and the
@@ -252,7 +302,15 @@ def summary(network: Network, denials: Sequence[Denial] = ()) -> dict[str, Any]:
         "deny": list(network.deny),
         "ask": network.ask,
         "denials": [
-            {"host": d.host, "port": d.port, "reason": d.reason, "rule": d.rule, "message": d.message, "line": d.line()}
+            {
+                "host": d.host,
+                "port": d.port,
+                "reason": d.reason,
+                "rule": d.rule,
+                "message": d.message,
+                **({"method": d.method, "path": d.path} if d.method is not None else {}),
+                "line": d.line(),
+            }
             for d in denials
         ],
     }

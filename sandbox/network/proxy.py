@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
     from anyio.from_thread import BlockingPortal
 
+    from sandbox.network.broker import Broker
     from sandbox.network.denial import Connected, OnConnect, OnDenial
     from sandbox.network.dial import Approver
     from sandbox.network.policy import EgressPolicy
@@ -102,7 +103,8 @@ class EgressProxy(Service):
     connections were made to, which DNAT hides (443, the only one redirected; tests name their server's).
     ``max_connections`` and ``max_handshakes`` cap what one proxy (a session's) holds at once; a
     connection past either is refused in its own protocol (HTTP 503, a SOCKS failure, a TLS alert)
-    and recorded as an ``over-limit`` denial.
+    and recorded as an ``over-limit`` denial. ``broker``: the hosts whose TLS the proxy terminates,
+    their secrets and request rules (:mod:`~sandbox.network.broker`); every other host's TLS passes unopened.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class EgressProxy(Service):
         max_connections: int = MAX_CONNECTIONS,
         max_handshakes: int = MAX_HANDSHAKES,
         queue_wait: float = QUEUE_WAIT,
+        broker: Broker | None = None,
     ) -> None:
         if unix_path is None and tcp is None and transparent_http is None and transparent_tls is None:
             raise InvalidArgument("the egress proxy needs a unix socket path or a TCP address to listen on")
@@ -153,7 +156,8 @@ class EgressProxy(Service):
         self.denials: list[Denial] = []
         self._listeners: dict[_Role, socket.socket] = {}
         self._relays = Relays()
-        self._clients = Clients(self.dialer, self._relays, deny=self._deny, connected=self._connected)
+        self.broker = broker
+        self._clients = Clients(self.dialer, self._relays, deny=self._deny, connected=self._connected, broker=broker)
         self._tg: TaskGroup | None = None
 
     @property

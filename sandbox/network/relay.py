@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 RELAY_CHUNK = 1024 * 1024
 RELAY_JOIN_TIMEOUT = 5.0
@@ -71,11 +71,24 @@ class Relay:
 
 
 class Relays:
-    """The relays one proxy runs, each counted until both its directions end (they hold descriptors)."""
+    """The relays one proxy runs, each counted until both its directions end (they hold descriptors);
+    and the sockets of the connections served on a thread otherwise (:meth:`hold`), shut down with them."""
 
     def __init__(self) -> None:
         self._relays: set[Relay] = set()
+        self._held: set[tuple[socket.socket, ...]] = set()
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, *socks: socket.socket) -> Iterator[None]:
+        """While the block runs, :meth:`close` shuts ``socks`` down too (their connection's thread then ends)."""
+        with self._lock:
+            self._held.add(socks)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.discard(socks)
 
     def __len__(self) -> int:
         return len(self._relays)
@@ -90,9 +103,12 @@ class Relays:
     def close(self) -> list[Relay]:
         """Shut every relay's sockets down; the relays closed, to :func:`join`."""
         with self._lock:
-            relays = list(self._relays)
+            relays, held = list(self._relays), [sock for socks in self._held for sock in socks]
         for relay in relays:
             relay.close()
+        for sock in held:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         return relays
 
     def _done(self, relay: Relay) -> None:

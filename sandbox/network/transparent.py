@@ -40,7 +40,7 @@ async def serve_tls(clients: Clients, client: Conn, port: int) -> None:
         await client.send_all(TLS_ACCESS_DENIED)  # curl and openssl print "access denied", not a bare EOF
         return
     try:
-        await clients.relay(client, upstream)  # the buffered ClientHello goes first
+        await clients.pass_on(client, upstream, host, port)  # the buffered ClientHello goes first
     finally:
         upstream.conn.close()
 

@@ -137,6 +137,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sandbox.network.policy",
         "sandbox.network.indexes",
         "sandbox.network.places",
+        "sandbox.network.reqrules",
     ),
     ("sandbox.mounts", "sandbox.review", "sandbox.changes", "sandbox.changesummary"),  # the copy-out engine
     (  # jails and their network

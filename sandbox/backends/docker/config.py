@@ -31,7 +31,7 @@ from sandbox.backends.environment import CA_VARIABLES, SANDBOX_GID, SANDBOX_UID,
 from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import InvalidArgument
-from sandbox.network.places import JAIL_DIR
+from sandbox.network.places import BUNDLE_FILE, JAIL_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -145,6 +145,9 @@ def container_config(
     files = host_files(profile)
     mounts += [Mount(target=target, source=source, type="bind", read_only=True) for source, target in files]
     bundle = host_ca_bundle(profile)
+    session_bundle = None if egress_dir is None else egress_dir / BUNDLE_FILE
+    if session_bundle is not None and session_bundle.is_file():  # the broker's: the host's CAs and the session's
+        bundle = str(session_bundle)
     if bundle is not None:  # over the image's own bundle: a client that ignores the variables reads it too
         mounts.append(Mount(target=JAIL_CA_BUNDLE, source=bundle, type="bind", read_only=True))
     # shared: a session's plugin directories (checked by open_jail), read-only, their secrets masked.
