@@ -228,6 +228,18 @@ def _schema() -> str:
     return f"CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(cols)})"
 
 
+def _add_columns(db: sqlite3.Connection, table: str, columns: Mapping[str, str]) -> None:
+    """The columns an older log's ``table`` lacks, added (by whichever process opens it first)."""
+    present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    for column, kind in columns.items():
+        if column not in present:
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:  # another process added it first
+                if "duplicate column" not in str(exc):
+                    raise
+
+
 class AuditLog:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or datadir.subdir("audit") / "audit.sqlite3"
@@ -242,24 +254,10 @@ class AuditLog:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic, survives process crashes
             db.execute(_schema())
-            present = {row[1] for row in db.execute("PRAGMA table_info(calls)")}
-            for column, kind in _ADDED.items():
-                if column not in present:
-                    try:
-                        db.execute(f"ALTER TABLE calls ADD COLUMN {column} {kind}")
-                    except sqlite3.OperationalError as exc:  # another process added it first
-                        if "duplicate column" not in str(exc):
-                            raise
+            _add_columns(db, "calls", _ADDED)
             db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
             db.execute(_DENIALS)
-            present = {row[1] for row in db.execute("PRAGMA table_info(network_denials)")}
-            for column, kind in _DENIALS_ADDED.items():
-                if column not in present:
-                    try:
-                        db.execute(f"ALTER TABLE network_denials ADD COLUMN {column} {kind}")
-                    except sqlite3.OperationalError as exc:  # another process added it first
-                        if "duplicate column" not in str(exc):
-                            raise
+            _add_columns(db, "network_denials", _DENIALS_ADDED)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             db.close()

@@ -471,16 +471,7 @@ def record_hash(data: bytes) -> str:
 def write_repository(www: Path) -> str:
     """A bare repository with one commit, prepared for dumb HTTP; returns the commit's id."""
     work = www.parent / "repo-work"
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(www.parent),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "netlab",
-        "GIT_AUTHOR_EMAIL": "netlab@allowed.test",
-        "GIT_COMMITTER_NAME": "netlab",
-        "GIT_COMMITTER_EMAIL": "netlab@allowed.test",
-    }
+    env = brokerlab.git_env(str(www.parent))
 
     def git(*args: str, cwd: Path = work) -> str:
         return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
