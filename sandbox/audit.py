@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     )
 
 SCHEMA_VERSION = 6  # 2: operating_mode and delegate; 3: the classifier's columns; 4: quarantined; 5: the loop guard's;
-# 6: network_denials.method and path (a request the secret broker refused)
+# 6: network_denials.method and path (a request the secret broker refused), network_changes
 # (each added on open to an older log)
 PREVIEW_CHARS = 400
 _BODY_KEYS = frozenset({"content", "edits"})  # Write's and Edit's file bodies: previews keep digest and size
@@ -216,6 +216,10 @@ _DENIALS = (
     "message TEXT NOT NULL, method TEXT, path TEXT, ts REAL NOT NULL)"
 )
 _DENIALS_ADDED = {"method": "TEXT", "path": "TEXT"}  # schema 6: a request the broker refused
+_NETWORK_CHANGES = (
+    "CREATE TABLE IF NOT EXISTS network_changes (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, "
+    "source TEXT NOT NULL, change TEXT NOT NULL, ts REAL NOT NULL)"
+)  # schema 6: a session's allowlist, rules or secrets changed while it ran (configure, or an allow-session answer)
 
 
 def _schema() -> str:
@@ -258,6 +262,7 @@ class AuditLog:
             db.execute("CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, ts)")
             db.execute(_DENIALS)
             _add_columns(db, "network_denials", _DENIALS_ADDED)
+            db.execute(_NETWORK_CHANGES)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             db.close()
@@ -286,6 +291,27 @@ class AuditLog:
                 self._db.execute(sql, values)
             except sqlite3.Error as exc:
                 raise _os_error(exc) from exc
+
+    def record_network_change(self, session_id: str, source: str, change: Mapping[str, Any]) -> None:
+        """A live change of a session's network: ``source`` is ``configure`` or ``ask``; ``change``
+        what it became (hosts, rules, the secrets' names and hosts: never a value)."""
+        values = (session_id, source, json.dumps(change, sort_keys=True), time.time())
+        sql = "INSERT INTO network_changes (session_id, source, change, ts) VALUES (?, ?, ?, ?)"
+        with self._lock, map_errors("cannot write the audit log"):
+            try:
+                self._db.execute(sql, values)
+            except sqlite3.Error as exc:
+                raise _os_error(exc) from exc
+
+    def network_changes(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The live changes of sessions' networks, oldest first (of one session when given)."""
+        where, args = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
+        with self._lock:
+            cursor = self._db.execute(
+                f"SELECT id, session_id, source, change, ts FROM network_changes {where} ORDER BY id", args
+            )
+            rows = [dict(zip([d[0] for d in cursor.description], row, strict=True)) for row in cursor.fetchall()]
+        return [{**row, "change": json.loads(row["change"])} for row in rows]
 
     def denials(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """The refused connections, oldest first (of one session when given)."""

@@ -323,8 +323,10 @@ class Server:
     @method("session.configure", SessionConfigureParams)
     async def session_configure(self, p: SessionConfigureParams) -> dict[str, Any]:
         sandbox = self._session(p.session_id)
-        sandbox.configure(mode=p.mode, operating_mode=p.operating_mode)
+        sandbox.configure(mode=p.mode, operating_mode=p.operating_mode, network=p.network, secrets=p.secrets)
+        network = sandbox.profile.network
         return {
+            "network": {"mode": network.mode, "allow": list(network.allow), "deny": list(network.deny)},
             "session_id": p.session_id,
             "mode": sandbox.gate.mode_for(sandbox.state),
             "mode_source": sandbox.gate.mode_source(sandbox.state),  # session, profile, global or default

@@ -82,6 +82,10 @@ class SessionConfigureParams(SessionParams):
     # "inherit": drop the session's own mode, so the profile's or the user's global one applies again
     mode: PermissionMode | Literal["inherit"] | None = None
     operating_mode: OperatingMode | None = None
+    # An allowlist session's network, live (issue 36): allow, deny, ask, requests as a profile's
+    # [network] states them, and its secrets as [secrets] does; each given one replaces the session's.
+    network: dict[str, Any] | None = None
+    secrets: dict[str, Any] | None = None
 
 
 class ToolCallParams(Params):

@@ -34,6 +34,7 @@ from sandbox.errors import InvalidArgument, SandboxError, ToolDenied
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
 from sandbox.mcp.tools import call_result, error_result
 from sandbox.policy.approvals import ApprovalRequest, decide
+from sandbox.profile_tables import EgressPattern
 from sandbox.textsafe import printable
 from sandbox.threads import off_loop
 from sandbox.tools.run import ToolResult
@@ -71,6 +72,11 @@ class ChangesetShowArgs(ChangesetArgs):
 
 class ChangesetApplyArgs(ChangesetShowArgs):
     include_flagged: bool = Field(False, description="also apply flagged entries (hooks, dotfiles, executables)")
+
+
+class NetworkArgs(_NoArgs):
+    add: list[EgressPattern] = Field(default_factory=list, max_length=32, description="destinations to allow")
+    remove: list[str] = Field(default_factory=list, max_length=256, description="patterns to take off the allowlist")
 
 
 def snapshots(sandbox: Sandbox | None) -> list[dict[str, Any]]:
@@ -188,8 +194,28 @@ async def _discard(call: ReviewCall) -> ToolResult:
     return ToolResult(ok=True, content=f"changeset {kept.id} discarded", details={"id": kept.id})
 
 
+async def _network(call: ReviewCall) -> ToolResult:
+    """The allowlist shown, narrowed unasked, or widened with the user's consent, once (issue 36):
+    a model that could add its own destinations would make the allowlist moot."""
+    args = call.parsed(NetworkArgs)
+    sandbox = call.sandbox
+    current = list(sandbox.profile.network.allow)
+    added = [pattern for pattern in args.add if pattern not in current]
+    if added:
+        await _decided(call, "connect", ", ".join(added), f"allow this session's commands to reach {', '.join(added)}")
+    if added or args.remove:
+        sandbox.configure(network={"allow": [pattern for pattern in current if pattern not in args.remove] + added})
+    allow = list(sandbox.profile.network.allow)
+    content = "the network allowlist: " + (", ".join(allow) if allow else "(empty)")
+    return ToolResult(ok=True, content=content, details={"allow": allow, "added": added, "removed": args.remove})
+
+
 async def _ask(call: ReviewCall, kept: kept_changes.Kept, operation: Operation, reason: str) -> None:
     """Always the user's decision, once (never for the session); anything but an allow refuses."""
+    await _decided(call, operation, str(kept.workspace), reason, changeset_id=kept.id)
+
+
+async def _decided(call: ReviewCall, operation: Operation, resource: str, reason: str, **data: Any) -> None:
     call_id = f"review-{uuid.uuid4().hex[:12]}"
     request = ApprovalRequest(
         session_id=call.sandbox.session_id,
@@ -197,9 +223,9 @@ async def _ask(call: ReviewCall, kept: kept_changes.Kept, operation: Operation, 
         tool_call_id=call_id,
         tool=call.name,
         operation=operation,
-        resource=str(kept.workspace),
+        resource=resource,
         reason=reason,
-        rule_id="review.changeset",
+        rule_id="network.configure" if operation == "connect" else "review.changeset",
         allow_session=False,
     )
     call.approver.calls[call_id] = PendingCall(call.ctx, anyio.Event())
@@ -208,7 +234,7 @@ async def _ask(call: ReviewCall, kept: kept_changes.Kept, operation: Operation, 
     finally:
         call.approver.calls.pop(call_id, None)
     if not outcome.allowed or outcome.decided_by != "user":
-        raise ToolDenied(outcome.reason, tool=call.name, changeset_id=kept.id, decided_by=outcome.decided_by)
+        raise ToolDenied(outcome.reason, tool=call.name, decided_by=outcome.decided_by, **data)
 
 
 Handler = Callable[[ReviewCall], Awaitable[ToolResult]]
@@ -252,6 +278,12 @@ HANDLERS: dict[str, tuple[str, type[BaseModel], Handler]] = {
         "Discard a kept changeset for good. The user is always asked.",
         ChangesetArgs,
         _discard,
+    ),
+    "SandboxNetwork": (
+        "Show this session's network allowlist, add destinations to it (the user is always asked), or remove "
+        "some (never asked). Patterns: host, *.host (subdomains), host:port, an IP or a CIDR.",
+        NetworkArgs,
+        _network,
     ),
 }
 _READ_ONLY = frozenset({"SandboxSnapshots", "SandboxChanges", "SandboxChangesets", "SandboxChangesetShow"})

@@ -84,15 +84,28 @@ class Broker:
 
     @classmethod
     def build(
-        cls, secrets: Mapping[str, Secret], requests: Sequence[RequestRule], environ: Mapping[str, str] | None = None
+        cls,
+        secrets: Mapping[str, Secret],
+        requests: Sequence[RequestRule],
+        environ: Mapping[str, str] | None = None,
+        *,
+        keep: Broker | None = None,
     ) -> Broker | None:
-        """The broker for a profile's secrets and request rules; ``None`` when it has neither."""
+        """The broker for a profile's secrets and request rules; ``None`` when it has neither.
+
+        ``keep``: the session's broker until now (a live change): a secret it holds unchanged keeps
+        its placeholder (a shell of the jail may hold it) and its value; the CA stays when the
+        terminated hosts do."""
         from sandbox.network.ca import SessionCA
         from sandbox.network.secrets import check_unique
 
         if not secrets and not requests:
             return None
-        brokered = [Brokered.read(name, spec, environ) for name, spec in secrets.items()]
+        kept = {secret.name: secret for secret in keep.secrets} if keep is not None else {}
+        brokered = [
+            kept[name] if name in kept and kept[name].spec == spec else Brokered.read(name, spec, environ)
+            for name, spec in secrets.items()
+        ]
         check_unique(brokered)
         rules = [
             HostRules(
@@ -103,7 +116,8 @@ class Broker:
             for r in requests
         ]
         patterns = [p for s in brokered for p in s.spec.hosts] + [p for r in rules for p in r.text]
-        return cls(brokered, rules, SessionCA(patterns))
+        ca = keep.ca if keep is not None and keep.patterns == patterns else SessionCA(patterns)
+        return cls(brokered, rules, ca)
 
     def terminates(self, host: str, port: int) -> bool:
         return self.hosts.decide(host, port).allowed is True

@@ -68,12 +68,18 @@ class Dialer:
         self.connect_timeout, self.resolve_timeout = connect_timeout, resolve_timeout
         self._grants: set[tuple[str, int]] = set()
         self._ask_locks: defaultdict[tuple[str, int], anyio.Lock] = defaultdict(anyio.Lock)
+        self.narrowed: list[EgressPolicy] = []  # the calls running with a narrower allowlist: each must allow
+        self.on_grant: Callable[[str, int], None] | None = None  # told of each allow-session answer
 
     async def open(self, host: str, port: int) -> Opened:
         """A connection to ``host`` and ``port`` if they are allowed; :class:`Refused` says why not."""
         verdict = self.policy.decide(host, port)
         if verdict.allowed is False:
             raise Refused.of(host, port, verdict)
+        for narrower in list(self.narrowed):
+            if narrower.decide(host, port).allowed is not True:
+                why = f"{where(host, port)} is outside the allowlist this call narrowed the session's to"
+                raise Refused(host, port, "not-allowed", None, why)
         asked = verdict.allowed is None
         if asked:
             verdict = await self._ask(host, port, verdict)
@@ -94,6 +100,8 @@ class Dialer:
             answer = await self._approval(host, port)
             if answer == "allow-session":
                 self._grants.add(key)
+                if self.on_grant is not None:
+                    self.on_grant(host, port)
             return Verdict(True, f"ask:{answer}", "allowed", f"{where(host, port)} was allowed by the user ({answer})")
 
     async def _approval(self, host: str, port: int) -> Answer:

@@ -31,7 +31,7 @@ from sandbox.network.places import JAIL_DIR, NO_PROXY, PORT, SOCKET
 from sandbox.network.policy import allowlist
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from sandbox.network.broker import Broker
     from sandbox.network.denial import Denial
@@ -163,6 +163,48 @@ class Egress:
             **trust_env(self.trust),
             **jail_env(broker.secrets, f"{JAIL_DIR}/{self.trust['bundle'].name}"),
         }
+
+    def reconfigure(self, network: Network, secrets: Mapping[str, Secret]) -> None:
+        """Change the allowlist, the request rules and the secrets from the next connection on
+        (between calls: a connection open keeps what it was opened under). A secret unchanged keeps
+        its placeholder; the session CA's files are rewritten where the jail reads them."""
+        from sandbox.network.broker import Broker
+        from sandbox.network.policy import EgressPolicy
+
+        if self._thread is None or self.socket_dir is None:
+            raise BackendUnavailable("the jail's egress proxy has stopped; open a new jail (session)")
+        policy = EgressPolicy.from_patterns(network.allow, network.deny, ask=network.ask)
+        broker = Broker.build(secrets, network.requests, keep=self.broker)
+        proxy = self._thread.proxy
+        proxy.dialer.policy = policy
+        proxy.rebroker(broker)
+        self.network, self.broker = network, broker
+        if broker is not None:
+            self._brokered(broker, self.socket_dir)
+        else:
+            self._env = proxy_env()
+
+    @contextlib.contextmanager
+    def narrowed(self, patterns: Sequence[str] | None) -> Iterator[None]:
+        """While the block runs, connections must also be allowed by ``patterns`` (a call's own,
+        narrower allowlist: it can take away, never add); ``None``: no narrowing."""
+        if patterns is None or self._thread is None:
+            yield
+            return
+        from sandbox.network.policy import EgressPolicy
+
+        narrower = EgressPolicy.from_patterns(patterns, ())
+        dialer = self._thread.proxy.dialer
+        dialer.narrowed.append(narrower)
+        try:
+            yield
+        finally:
+            dialer.narrowed.remove(narrower)
+
+    def on_grant(self, listener: Callable[[str, int], None]) -> None:
+        """Tell ``listener`` of each destination an approver allowed for the session (on the proxy's thread)."""
+        if self._thread is not None:
+            self._thread.proxy.dialer.on_grant = listener
 
     def env(self) -> dict[str, str]:
         """The variables of each command that goes out through the proxy: the proxy's, and with a

@@ -168,6 +168,10 @@ class EgressProxy(Service):
     def resolver(self) -> Resolver:
         return self.dialer.resolver
 
+    def rebroker(self, broker: Broker | None) -> None:
+        """Terminate (and broker) the hosts ``broker`` names from the next connection on; those open keep theirs."""
+        self.broker = self._clients.broker = broker
+
     @property
     def approver(self) -> Approver | None:
         """Asked about destinations the policy does not know; may be set while the proxy serves."""

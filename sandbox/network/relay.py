@@ -76,19 +76,21 @@ class Relays:
 
     def __init__(self) -> None:
         self._relays: set[Relay] = set()
-        self._held: set[tuple[socket.socket, ...]] = set()
+        self._held: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def hold(self, *socks: socket.socket) -> Iterator[None]:
-        """While the block runs, :meth:`close` shuts ``socks`` down too (their connection's thread then ends)."""
+        """While the block runs, :meth:`close` shuts ``socks`` down too (their connection's thread then
+        ends). By descriptor: a TLS wrapper takes a socket's descriptor over, leaving the object empty."""
+        fds = tuple(sock.fileno() for sock in socks)
         with self._lock:
-            self._held.add(socks)
+            self._held.add(fds)
         try:
             yield
         finally:
             with self._lock:
-                self._held.discard(socks)
+                self._held.discard(fds)
 
     def __len__(self) -> int:
         return len(self._relays)
@@ -103,12 +105,16 @@ class Relays:
     def close(self) -> list[Relay]:
         """Shut every relay's sockets down; the relays closed, to :func:`join`."""
         with self._lock:
-            relays, held = list(self._relays), [sock for socks in self._held for sock in socks]
+            relays, held = list(self._relays), [fd for fds in self._held for fd in fds]
         for relay in relays:
             relay.close()
-        for sock in held:
+        for fd in held:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                borrowed = socket.socket(fileno=fd)
+                try:
+                    borrowed.shutdown(socket.SHUT_RDWR)
+                finally:
+                    borrowed.detach()
         return relays
 
     def _done(self, relay: Relay) -> None:

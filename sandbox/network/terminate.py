@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from sandbox.network.denial import Denial, Refused
 from sandbox.network.http import HEAD_LIMIT, HttpRequest, http_refusal
 from sandbox.network.secrets import PLACEHOLDER_PREFIX
-from sandbox.network.tlsstream import Reader, TlsStream, chunk
+from sandbox.network.tlsstream import Reader, TlsSocket, TlsStream, chunk, server_side
 
 if TYPE_CHECKING:
     import socket
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 IDLE_TIMEOUT = 600.0
 """How long either side of a terminated connection may stay silent before it is closed."""
 PUSH_COMMANDS_LIMIT = 128 * 1024
+COPY_BATCH = 256 * 1024
 _PLACEHOLDER_SPAN = len(PLACEHOLDER_PREFIX) + 32
 
 
@@ -47,12 +48,27 @@ def serve(
     """Serve one terminated connection to its end (blocking); ``deny`` records each refusal."""
     for sock in (client_sock, server_sock):
         sock.settimeout(IDLE_TIMEOUT)
-    client = TlsStream.server(client_sock, broker.ca.server_context(host), pending)
+    client = server_side(client_sock, broker.ca.server_context(host), pending)
+    server = TlsSocket.client(server_sock, broker.upstream_context, host)
+    try:
+        _serve(broker, client, server, host, port, deny)
+    finally:
+        server.close()
+        client.close()
+
+
+def _serve(
+    broker: Broker,
+    client: TlsStream | TlsSocket,
+    server: TlsSocket,
+    host: str,
+    port: int,
+    deny: Callable[[Denial], None],
+) -> None:
     try:
         client.handshake()
     except (ssl.SSLError, OSError):
         return  # the jail's tool did not trust the session's CA (its own store) or went away
-    server = TlsStream.client(server_sock, broker.upstream_context, host)
     try:
         server.handshake()
     except ssl.SSLCertVerificationError as exc:
@@ -67,22 +83,18 @@ def serve(
         _refuse(client, refused.denial, deny)
     except (OSError, EOFError, ValueError, ssl.SSLError):
         pass
-    finally:
-        server.close()
-        client.close()
 
 
-def _refuse(client: TlsStream, denial: Denial, deny: Callable[[Denial], None]) -> None:
+def _refuse(client: TlsStream | TlsSocket, denial: Denial, deny: Callable[[Denial], None]) -> None:
     deny(denial)
     with contextlib.suppress(OSError, ssl.SSLError, ValueError):
         client.sendall(http_refusal(denial))
-    client.close()
 
 
 class _Exchange:
     """Requests and responses on one terminated connection, one at a time (HTTP/1.1)."""
 
-    def __init__(self, broker: Broker, client: TlsStream, server: TlsStream, host: str, port: int) -> None:
+    def __init__(self, broker: Broker, client: TlsStream | TlsSocket, server: TlsSocket, host: str, port: int) -> None:
         self.broker, self.host, self.port = broker, host, port
         self.client, self.server = client, server
         self.requests, self.responses = Reader(client), Reader(server)
@@ -164,6 +176,9 @@ class _Exchange:
         else:
             length = -1
         self.client.sendall(masker.whole(head))
+        if length is not None and length > 0 and not masker.masks:
+            self._copy_body(length)
+            length = 0
         for piece in self.responses.pieces(length):
             out = masker.feed(piece)
             if out:
@@ -175,6 +190,29 @@ class _Exchange:
             self.client.sendall(chunk(b""))
         closing = "close" in _tokens(fields, "connection") or "close" in _request_tokens(prepared.request)
         return length != -1 and not closing and head.startswith(b"HTTP/1.1")
+
+    def _copy_body(self, length: int) -> None:
+        """``length`` bytes of a response with nothing to mask, passed on in batches: the server's
+        TLS records (16 KiB each) are gathered into one buffer before they are encrypted again, so
+        a large download costs a few calls per megabyte, not two per record."""
+        buffered = self.responses.buffer
+        if buffered:
+            take = min(length, len(buffered))
+            self.client.sendall(bytes(buffered[:take]))
+            del buffered[:take]
+            length -= take
+        buffer = bytearray(COPY_BATCH)
+        view = memoryview(buffer)
+        while length:
+            want = min(length, COPY_BATCH)
+            filled = 0
+            while filled < want:
+                got = self.server.recv_into(view[filled:want])
+                if not got:
+                    raise EOFError
+                filled += got
+            self.client.sendall(view[:filled])
+            length -= filled
 
 
 class Masker:

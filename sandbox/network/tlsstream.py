@@ -21,7 +21,58 @@ if TYPE_CHECKING:
 
 READ_SIZE = 256 * 1024
 TLS_RECORD = 16 * 1024
+CLOSE_WAIT = 1.0
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class TlsSocket:
+    """TLS on a blocking socket as ``ssl`` wraps it (no bytes read off it before): the fast path."""
+
+    def __init__(self, tls: ssl.SSLSocket) -> None:
+        self.tls = tls
+
+    @classmethod
+    def server(cls, sock: socket.socket, context: ssl.SSLContext) -> TlsSocket:
+        return cls(context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False))
+
+    @classmethod
+    def client(cls, sock: socket.socket, context: ssl.SSLContext, host: str) -> TlsSocket:
+        return cls(context.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False))
+
+    def handshake(self) -> None:
+        self.tls.do_handshake()
+
+    def recv(self, size: int = READ_SIZE) -> bytes:
+        try:
+            return self.tls.recv(size)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            return b""
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        self.tls.sendall(data)
+
+    def recv_into(self, view: memoryview) -> int:
+        """One TLS record's bytes (at most) into ``view``; 0 at the end."""
+        try:
+            return self.tls.recv_into(view)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            return 0
+
+    def close(self) -> None:
+        """Say close_notify, shut the socket down and close it (``wrap_socket`` took the descriptor over).
+        The peer's own close_notify is waited for :data:`CLOSE_WAIT` at most: a jail that never says it
+        holds no thread of the proxy."""
+        with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+            self.tls.settimeout(CLOSE_WAIT)
+            self.tls.unwrap()
+        with contextlib.suppress(OSError):
+            self.tls.shutdown(socket.SHUT_RDWR)
+        self.tls.close()
+
+
+def server_side(sock: socket.socket, context: ssl.SSLContext, pending: bytes) -> TlsSocket | TlsStream:
+    """The jail's side of a terminated connection: through memory BIOs only when bytes were read already."""
+    return TlsStream.server(sock, context, pending) if pending else TlsSocket.server(sock, context)
 
 
 class TlsStream:
@@ -104,7 +155,7 @@ class TlsStream:
 class Reader:
     """A stream and what was read off it but not yet used; ``EOFError`` where more was needed."""
 
-    def __init__(self, stream: TlsStream) -> None:
+    def __init__(self, stream: TlsStream | TlsSocket) -> None:
         self.stream = stream
         self.buffer = bytearray()
 

@@ -70,7 +70,7 @@ from sandbox.tools.builtin import TOOLS
 from sandbox.tools.run import ToolResult
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Mapping
 
     from pydantic import BaseModel
     from typing_extensions import Unpack
@@ -209,9 +209,18 @@ class Sandbox:
         return sandbox
 
     def configure(
-        self, *, mode: PermissionMode | Literal["inherit"] | None = None, operating_mode: OperatingMode | None = None
+        self,
+        *,
+        mode: PermissionMode | Literal["inherit"] | None = None,
+        operating_mode: OperatingMode | None = None,
+        network: Mapping[str, Any] | None = None,
+        secrets: Mapping[str, Any] | None = None,
     ) -> None:
-        """Change the permission mode or the operating mode of the running session (seed 003 §6).
+        """Change the permission mode, the operating mode (seed 003 §6) or the network of the running session.
+
+        ``network`` replaces the allowlist session's ``allow``, ``deny``, ``ask`` or ``requests`` it
+        names, ``secrets`` its secrets (issue 36); the proxy follows from the next connection, and
+        the change is audited.
 
         Only between calls (seed 003 §10.1: the host validates the active-turn boundary before any
         transition): with a call in flight it is CONFLICT and nothing changes. Plan and goal are
@@ -231,6 +240,8 @@ class Sandbox:
                 session_id=self.session_id,
                 operating_mode=current,
             )
+        if network is not None or secrets is not None:
+            self.profile = self.network.change(self.profile, self.jail.egress, network, secrets)
         if mode is not None:  # "inherit": the session's own mode goes; the profile's or the global one applies
             self.state.mode = None if mode == "inherit" else mode
         if operating_mode is not None:
@@ -351,7 +362,8 @@ class Sandbox:
         )
         if not tool.runs_commands:
             return await tool.run(self, invocation)
-        with self.network.running(call):
+        egress, narrower = self.jail.egress, getattr(params, "network_allow", None)  # a Bash call may narrow
+        with self.network.running(call), egress.narrowed(narrower) if egress else contextlib.nullcontext():
             return await tool.run(self, invocation)
 
     def shell_for(self, turn_id: str, requested: str | None) -> str:

@@ -16,19 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.from_thread
 import anyio.lowlevel
+from pydantic import ValidationError
 
-from sandbox.errors import SandboxError
+from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.network.denial import where
 from sandbox.policy.approvals import ApprovalRequest, ApprovalUnavailable, decide
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from sandbox.audit import AuditLog
     from sandbox.network.denial import Denial
     from sandbox.network.egress import Egress
     from sandbox.policy.approvals import Approver
     from sandbox.policy.gate import ToolCall
+    from sandbox.profile import Profile
     from sandbox.vocabulary import Answer
+
+
+LIVE_NETWORK_KEYS = ("allow", "deny", "ask", "requests")
+"""What of a running session's ``[network]`` may change (its mode, indexes and transparency may not)."""
 
 
 class NetworkWatch:
@@ -46,6 +53,7 @@ class NetworkWatch:
             return
         token = anyio.lowlevel.current_token()
         egress.listeners.append(lambda denial: anyio.from_thread.run_sync(self._denied, denial, token=token))
+        egress.on_grant(lambda host, port: self._granted(host, port))
         if approver is not None:
             ask = self._ask_connect
             egress.ask_with(lambda host, port: anyio.from_thread.run(ask, approver, timeout, host, port, token=token))
@@ -67,6 +75,61 @@ class NetworkWatch:
             self.audit.record_denial(self.session_id, call_id, event)
         if self.on_denial is not None:
             self.on_denial({**event, "line": denial.line()})
+
+    def _granted(self, host: str, port: int) -> None:
+        """A destination the user allowed for the session: the session's allowlist changed, audited."""
+        call_id = self._running_command()[0]
+        with contextlib.suppress(SandboxError):
+            self.audit.record_network_change(
+                self.session_id, "ask", {"allow": [where(host, port)], "tool_call_id": call_id}
+            )
+
+    def change(
+        self,
+        profile: Profile,
+        egress: Egress | None,
+        network: Mapping[str, Any] | None,
+        secrets: Mapping[str, Any] | None,
+    ) -> Profile:
+        """The session's profile with ``network`` (``allow``, ``deny``, ``ask``, ``requests``) and
+        ``secrets`` in place of its own where given, checked as a profile is; the jail's proxy follows
+        from its next connection, and the change is audited (the secrets by name and hosts, never a value)."""
+        from sandbox.network.egress import for_profile
+        from sandbox.profile import Profile as Loaded
+
+        if profile.network.mode != "allowlist":
+            raise InvalidArgument(
+                f"the session's network is {profile.network.mode!r}: only an allowlist session's network changes live",
+                session_id=self.session_id,
+            )
+        unknown = set(network or {}) - set(LIVE_NETWORK_KEYS)
+        if unknown:
+            raise InvalidArgument(
+                f"network.{sorted(unknown)[0]} cannot change in a running session"
+                f" (only {', '.join(LIVE_NETWORK_KEYS)})",
+                session_id=self.session_id,
+            )
+        data = profile.model_dump(by_alias=True)
+        data["network"] = {**data["network"], **(network or {})}
+        if secrets is not None:
+            data["secrets"] = dict(secrets)
+        try:
+            changed = Loaded.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidArgument(
+                f"the network change is not valid: {exc.errors()[0]['msg']}", session_id=self.session_id
+            ) from None
+        if egress is not None:
+            egress.reconfigure(for_profile(changed), changed.secrets)
+        record = {
+            "allow": list(changed.network.allow),
+            "deny": list(changed.network.deny),
+            "ask": changed.network.ask,
+            "requests": [rule.model_dump() for rule in changed.network.requests],
+            "secrets": {name: {"hosts": list(spec.hosts), "as": spec.as_} for name, spec in changed.secrets.items()},
+        }
+        self.audit.record_network_change(self.session_id, "configure", record)
+        return changed
 
     def _running_command(self) -> tuple[str, str]:
         """The Bash call a connection belongs to when exactly one runs, else ``("", "")``."""

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from sandbox.errors import InvalidArgument, ToolDenied
-from sandbox.profile_tables import MAX_TIMEOUT_S
+from sandbox.profile_tables import MAX_TIMEOUT_S, EgressPattern
 
 if TYPE_CHECKING:
     from sandbox.vocabulary import PluginRisk, Risk
@@ -52,6 +52,13 @@ class BashParams(_Params):
         max_length=32,
         pattern=r"^[a-z][a-z-]*$",
         description="for clients: the shell id this turn pinned (sandbox shells); leave unset",
+    )
+    # A narrower allowlist for this call's commands (issue 36): every connection must be allowed by
+    # the session and by these; they can take destinations away, never add one.
+    network_allow: tuple[EgressPattern, ...] | None = Field(
+        None,
+        max_length=256,
+        description="only these destinations for this command (allowlist patterns); never widens the session's",
     )
 
     @field_validator("timeout")

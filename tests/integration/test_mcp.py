@@ -354,3 +354,24 @@ async def test_kept_changesets_are_applied_only_with_the_users_consent(workspace
     assert isinstance(question, types.ElicitRequestFormParams)
     offered = [c["const"] for c in question.requested_schema["properties"]["decision"]["oneOf"]]
     assert offered == ["allow-once", "deny"]  # never "for the session"
+
+
+async def test_the_network_allowlist_widens_only_with_the_users_consent_and_narrows_unasked(
+    workspace: Path, tmp_path: Path
+) -> None:
+    profile = tmp_path / "allowlist.toml"
+    profile.write_text('requires = []\n[network]\nmode = "allowlist"\nallow = ["pypi.org"]\n')
+    async with connect(workspace, "--profile", str(profile)) as s:  # no elicitation: widening is refused
+        refused = await s.call_tool("SandboxNetwork", {"add": ["example.com"]})
+        narrowed = await s.call_tool("SandboxNetwork", {"remove": ["pypi.org"]})
+    assert refused.is_error and data(refused)["error_code"] == "TOOL_DENIED", text(refused)
+    assert not narrowed.is_error and data(narrowed)["details"]["allow"] == [], text(narrowed)
+    asker = Asker(types.ElicitResult(action="decline"), "allow-once", reading_s=HUMAN_S)
+    async with connect(workspace, "--profile", str(profile), elicit=asker) as s:
+        declined = await s.call_tool("SandboxNetwork", {"add": ["example.com"]})
+        added = await s.call_tool("SandboxNetwork", {"add": ["example.com", "pypi.org"]})
+        shown = await s.call_tool("SandboxNetwork", {})
+        bad = await s.call_tool("SandboxNetwork", {"add": ["not a host"]})
+    assert declined.is_error and "denied" in text(declined)
+    assert not added.is_error and data(shown)["details"]["allow"] == ["pypi.org", "example.com"], text(shown)
+    assert len(asker.asked) == 2 and bad.is_error and data(bad)["error_code"] == "INVALID_ARGUMENT"

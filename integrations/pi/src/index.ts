@@ -245,6 +245,40 @@ async function configureCommand(
 }
 
 /**
+ * `/sandbox network`, `/sandbox allow HOST…`, `/sandbox disallow HOST…`: the running session's
+ * allowlist, shown or changed between calls (an allowlist session only; the user typed it, so no
+ * question follows; the server audits the change). A new host reaches the next command.
+ */
+async function networkCommand(
+	session: SandboxSession | undefined,
+	sub: string,
+	hosts: string[],
+	ctx: Pick<ExtensionContext, "ui">,
+): Promise<void> {
+	if (!session?.alive) {
+		ctx.ui.notify("Sandbox: not running; `/sandbox restart` first.", "warning");
+		return;
+	}
+	if (sub !== "network" && hosts.length === 0) {
+		ctx.ui.notify(`Sandbox: /sandbox ${sub} takes one or more hosts (host, *.host, host:port, an IP or a CIDR)`, "warning");
+		return;
+	}
+	try {
+		const before = (await session.configure({})).network;
+		let now = before;
+		if (sub !== "network") {
+			const current = before?.allow ?? [];
+			const allow = sub === "allow" ? [...current, ...hosts.filter((h) => !current.includes(h))] : current.filter((h) => !hosts.includes(h));
+			now = (await session.configure({ network: { allow } })).network;
+		}
+		const shown = now ? `${now.mode}: ${now.allow.length ? now.allow.join(", ") : "(nothing allowed)"}` : "unknown";
+		ctx.ui.notify(`Sandbox: network ${shown}`, "info");
+	} catch (error) {
+		ctx.ui.notify(`Sandbox: the network was not changed: ${(error as Error).message}`, "error");
+	}
+}
+
+/**
  * `/sandbox policy …` and `/sandbox audit …`: seed 004's `/safety` set inside pi (show the rules,
  * the mode and the paths; test a call; allow, block or ask; stats), through the `sandbox` CLI
  * itself, so pi and the terminal share one store. A rule saved here reaches the running session
@@ -807,7 +841,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("sandbox", {
 		description:
-			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox profile NAME` switches the profile (a new sandbox session; copy work kept); `/sandbox restart` starts a new sandbox server",
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox profile NAME` switches the profile (a new sandbox session; copy work kept); `/sandbox network`, `/sandbox allow HOST…`, `/sandbox disallow HOST…` show or change an allowlist session's network; `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			let words: string[];
 			try {
@@ -835,6 +869,10 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 					// Kept with pi's session: a resumed one gets its modes back.
 					if (typeof pi.appendEntry === "function") pi.appendEntry(MODES_ENTRY, change);
 				});
+				return;
+			}
+			if (sub === "network" || sub === "allow" || sub === "disallow") {
+				await networkCommand(manager.current, sub, rest, ctx);
 				return;
 			}
 			if (sub === "rollback") {

@@ -136,6 +136,8 @@ export interface SessionConfigureResult {
 	operating_mode: OperatingMode;
 	notices?: SessionNotice[];
 	tools?: string[];
+	/** The session's network now: an allowlist session's may change live (`network.allow`). */
+	network?: { mode: string; allow: string[]; deny: string[] };
 }
 
 /** What `session.close` answers; a copy/overlay session's changes are kept under `changeset_id`. */

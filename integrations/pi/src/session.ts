@@ -291,7 +291,11 @@ export class SandboxSession {
 	}
 
 	/** Change the session's permission mode or operating mode between calls (CONFLICT with a call in flight). */
-	async configure(change: { mode?: PermissionMode | "inherit"; operating_mode?: OperatingMode }): Promise<SessionConfigureResult> {
+	async configure(change: {
+		mode?: PermissionMode | "inherit";
+		operating_mode?: OperatingMode;
+		network?: { allow?: string[]; deny?: string[]; ask?: boolean };
+	}): Promise<SessionConfigureResult> {
 		const now: SessionConfigureResult = await this.client.request(
 			"session.configure",
 			{ session_id: this.info.session_id, ...change },
