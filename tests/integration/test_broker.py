@@ -407,3 +407,27 @@ async def test_a_secret_that_cannot_be_read_refuses_the_session_naming_it(
     profile = make_profile("default", **{"network.mode": "allowlist", "secrets": secrets})
     with pytest.raises(InvalidArgument, match="secret MISSING: the variable NOT_SET_ANYWHERE is not set"):
         await net_backend.open_jail(workspace, profile)
+
+
+@pytest.mark.root
+async def test_transparent_mode_brokers_a_program_that_ignores_the_proxy_variables(
+    net_backend: base.Backend, workspace: Path, lab: NetLab
+) -> None:
+    """A redirected TLS connection (its ClientHello read to find the host) is terminated all the same."""
+    if lab.loopback_only:
+        pytest.skip("transparent mode needs the namespace lab: root creates it (pyroute2)")
+    overrides = {"network.mode": "allowlist", "network.transparent": True}
+    missing = net_backend.probe().missing((), make_profile("default", **overrides))
+    if missing:
+        pytest.skip(f"no transparent network here: {missing}")
+    if net_backend.name == "docker":
+        own_like_a_checkout(workspace)
+    allowed = [*allow(lab), f"allowed.test:{lab.http_port}"]
+    profile = make_profile("default", **overrides, **{"network.allow": allowed, "secrets": token(lab)})
+    async with await net_backend.open_jail(workspace, profile) as jail:
+        script = (
+            f'curl -sS --noproxy "*" -H "Authorization: Bearer $LAB_TOKEN" https://{https(lab, "allowed.test")}/api/t'
+        )
+        result = await sh(jail, script)
+    assert json.loads(result.stdout)["ok"] is True, result
+    assert arrived(lab, "/api/t")[-1:] == [f"Bearer {lab.token}"]
