@@ -431,3 +431,43 @@ async def test_transparent_mode_brokers_a_program_that_ignores_the_proxy_variabl
         result = await sh(jail, script)
     assert json.loads(result.stdout)["ok"] is True, result
     assert arrived(lab, "/api/t")[-1:] == [f"Bearer {lab.token}"]
+
+
+async def test_a_real_server_the_proxy_cannot_verify_is_refused_before_any_secret_goes(
+    jail_with: Callable[..., Any], lab: NetLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SANDBOX_NET_TRUST")  # the lab's CA is no CA this host trusts
+    jail = await jail_with(token(lab))
+    before = len(arrived(lab, "/api/unverified"))
+    url = f"https://{https(lab, 'allowed.test')}/api/unverified"
+    result = await sh(jail, f'curl -sS -H "Authorization: Bearer $LAB_TOKEN" {url}')
+    assert "refused (certificate-invalid)" in result.stdout, result
+    assert [d["reason"] for d in denials(result)] == ["certificate-invalid"]
+    assert len(arrived(lab, "/api/unverified")) == before  # the request never reached it
+
+
+NODE_CLIENT = """
+const http = require("http"), tls = require("tls");
+const [host, port] = process.argv[2].split(":");
+const proxy = { host: "127.0.0.1", port: 3128, method: "CONNECT", path: process.argv[2] };
+http.request(proxy).on("connect", (res, socket) => {
+  const secure = tls.connect({ socket, servername: host }, () => {
+    const auth = `Authorization: Bearer ${process.env.LAB_TOKEN}`;
+    secure.write(`GET /api/node HTTP/1.1\\r\\nHost: ${host}:${port}\\r\\n${auth}\\r\\nConnection: close\\r\\n\\r\\n`);
+  });
+  let body = "";
+  secure.on("data", (d) => (body += d)).on("end", () => console.log(body.split("\\r\\n\\r\\n")[1]));
+  secure.on("error", (e) => console.log("error", e.code));
+}).end();
+"""
+
+
+@pytest.mark.parametrize("net_backend", [pytest.param("bwrap", marks=pytest.mark.bwrap)], indirect=True)
+async def test_a_node_client_trusts_the_session_ca_through_its_extra_certificates(
+    jail_with: Callable[..., Any], lab: NetLab, workspace: Path
+) -> None:
+    """bubblewrap only: a bwrap jail runs the host's Node (``make setup`` installs it); the image has none."""
+    jail = await jail_with(token(lab))
+    (workspace / "client.js").write_text(NODE_CLIENT)
+    result = await sh(jail, f"node client.js {https(lab, 'allowed.test')}")
+    assert json.loads(result.stdout)["ok"] is True, result
