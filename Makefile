@@ -22,11 +22,13 @@ $(STAMP): pyproject.toml
 # curl, git and pip are the clients the allowlist network tests drive in a bubblewrap jail (which
 # shows the host's /usr); as root, nftables makes the transparent network (its rules in each
 # call's own network namespace). libseccomp2 builds the jail's seccomp filter; gcc compiles the
-# seccomp tests' C probes and is one of the ordinary workloads that must still run under it.
+# seccomp tests' C probes and is one of the ordinary workloads that must still run under it. A JDK
+# is the secret broker's tool with a trust store of its own (Java reads no CA bundle variable).
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	  for tool in curl git; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	  command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	  command -v javac >/dev/null 2>&1 || missing="$$missing openjdk-17-jdk-headless"; \
 	  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing="$$missing libseccomp2"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import pip" 2>/dev/null || missing="$$missing python3-pip"; \
 	  [ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
