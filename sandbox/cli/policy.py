@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from sandbox.cli import options
+from sandbox.cli import netpolicy, options
 from sandbox.cli.output import EXIT_ERROR, guard, message, say
 from sandbox.errors import InvalidArgument, SandboxError, ToolDenied, ToolFailed
 from sandbox.vocabulary import CLASSIFIER_MODES, PERMISSION_MODES, RuleAction
@@ -117,6 +117,7 @@ def _register_policy(subparsers: Subparsers) -> None:
     options.add_profile(show)
     options.add_json(show)
     show.set_defaults(func=_guard(_show))
+    netpolicy.register(sub, _guard)
 
 
 def _register_audit(subparsers: Subparsers) -> None:
@@ -405,6 +406,7 @@ def _export_policy(args: argparse.Namespace) -> int:
 def _where(args: argparse.Namespace) -> int:
     """Seed 004's ``/safety config``: where each file lives."""
     from sandbox import datadir, profile
+    from sandbox.network.userlist import UserNetwork
     from sandbox.policy.rules import RuleStore
     from sandbox.policy.trust import PROJECT_POLICY, TrustStore
 
@@ -412,6 +414,7 @@ def _where(args: argparse.Namespace) -> int:
         "data_dir": str(datadir.data_dir()),
         "rules": str(RuleStore().path),
         "trust": str(TrustStore().path),
+        "network": str(UserNetwork().path),
         "audit": str(datadir.data_dir() / "audit" / "audit.sqlite3"),
         "project_policy": str(args.workspace.resolve() / PROJECT_POLICY),
         "profiles": str(next(iter(profile.available().values())).parent),
@@ -486,7 +489,9 @@ def _network(args: argparse.Namespace) -> int:
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["ts"]))
         rule = f" rule {row['rule']}" if row["rule"] else ""
-        print(f"{when}  {row['session_id']}  {row['host']}:{row['port']}  {row['reason']}{rule}: {row['message']}")
+        request = f"{row['method']} {row['path']}  " if row.get("method") else ""
+        where = f"{row['host']}:{row['port']}"
+        print(f"{when}  {row['session_id']}  {request}{where}  {row['reason']}{rule}: {row['message']}")
     return 0
 
 

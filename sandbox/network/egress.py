@@ -64,13 +64,20 @@ def proxy_env() -> dict[str, str]:
 
 
 def for_profile(profile: Profile) -> Network:
-    """The profile's network section with the trusted domains, the secrets' hosts and the request
-    rules' hosts merged into ``allow``: what the egress proxy enforces and what a result reports."""
+    """The profile's network section with the trusted domains, the secrets' hosts, the request
+    rules' hosts and the user's own list (:mod:`~sandbox.network.userlist`) merged into ``allow``
+    (and that list's ``deny`` into ``deny``): what the egress proxy enforces and what a result reports."""
+    from sandbox.network.userlist import UserNetwork
+
     network = profile.network
     brokered = [p for secret in profile.secrets.values() for p in secret.hosts]
     brokered += [p for rule in network.requests for p in rule.hosts]
-    merged = allowlist(network.allow, (*profile.policy.trusted.domains, *brokered))
-    return network if merged == network.allow else network.model_copy(update={"allow": merged})
+    user = UserNetwork().load() if network.mode == "allowlist" else {"allow": (), "deny": ()}
+    merged = allowlist(network.allow, (*profile.policy.trusted.domains, *brokered, *user["allow"]))
+    denied = tuple(dict.fromkeys((*network.deny, *user["deny"])))
+    if merged == network.allow and denied == network.deny:
+        return network
+    return network.model_copy(update={"allow": merged, "deny": denied})
 
 
 def trust_env(paths: dict[str, Path] | None) -> dict[str, str]:

@@ -363,6 +363,7 @@ class Sandbox:
         if not tool.runs_commands:
             return await tool.run(self, invocation)
         egress, narrower = self.jail.egress, getattr(params, "network_allow", None)  # a Bash call may narrow
+        self.network.follow(self.profile, egress)  # the user's network list, saved while the session ran
         with self.network.running(call), egress.narrowed(narrower) if egress else contextlib.nullcontext():
             return await tool.run(self, invocation)
 

@@ -42,7 +42,11 @@ class NetworkWatch:
     """One session's ear on its jail's proxy, and the Bash calls its connections may belong to."""
 
     def __init__(self, session_id: str, audit: AuditLog) -> None:
+        from sandbox.network.userlist import UserNetwork
+
         self.session_id, self.audit = session_id, audit
+        self.user = UserNetwork()
+        self.user_stamp = self.user.stamp()  # the user's list as the jail opened with it
         self.commands: dict[str, str] = {}  # the Bash calls running now: tool_call_id -> turn_id
         self.on_denial: Callable[[dict[str, Any]], None] | None = None  # told of each refused connection
 
@@ -75,6 +79,21 @@ class NetworkWatch:
             self.audit.record_denial(self.session_id, call_id, event)
         if self.on_denial is not None:
             self.on_denial({**event, "line": denial.line()})
+
+    def follow(self, profile: Profile, egress: Egress | None) -> None:
+        """Before a command: the user's network list changed since the jail last read it
+        (``sandbox policy network``)? The proxy follows from the next connection, audited."""
+        from sandbox.network.egress import for_profile
+
+        stamp = self.user.stamp()
+        if stamp == self.user_stamp or egress is None or profile.network.mode != "allowlist":
+            return
+        self.user_stamp = stamp
+        network = for_profile(profile)
+        egress.reconfigure(network, profile.secrets)
+        change = {"allow": list(network.allow), "deny": list(network.deny), "list": str(self.user.path)}
+        with contextlib.suppress(SandboxError):
+            self.audit.record_network_change(self.session_id, "user-list", change)
 
     def _granted(self, host: str, port: int) -> None:
         """A destination the user allowed for the session: the session's allowlist changed, audited."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 
 from sandbox.audit import AuditLog
@@ -18,6 +19,7 @@ from sandbox.datadir import data_dir
 from tests import netlab, rpc_client
 from tests.conftest import backend_or_skip, own_like_a_checkout
 from tests.netlab import HELLO, NetLab
+from tests.rpc_client import SANDBOX
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -172,3 +174,31 @@ async def test_an_allow_for_the_session_answer_is_kept_and_audited(
         "ask",
         {"allow": [on_http(lab, "allowed.test")], "tool_call_id": "a1"},
     )
+
+
+async def test_the_users_network_list_reaches_a_running_session_from_its_next_command(
+    lab: NetLab, workspace: Path, on_backend: str
+) -> None:
+    fetch = f"curl -sSf {lab.http_url('other.test', '/hello.txt')}"
+    target = on_http(lab, "other.test")
+    async with rpc_client.serve() as client:
+        opened = await client.call(
+            "session.open",
+            {"workspace": str(workspace), "backend": on_backend, "mode": "auto", "allow_hosts": base_allow(lab)},
+        )
+        sid = opened["result"]["session_id"]
+        before = await bash(client, sid, fetch, "u1")
+        await anyio.run_process([SANDBOX, "policy", "network", "allow", target])
+        after = await bash(client, sid, fetch, "u2")
+        await anyio.run_process([SANDBOX, "policy", "network", "deny", target])
+        denied = await bash(client, sid, fetch, "u3")  # deny wins over allow, as in a profile
+        await anyio.run_process([SANDBOX, "policy", "network", "remove", target])
+        await client.call("session.close", {"session_id": sid})
+    assert not before["ok"] and "refused (not-allowed)" in before["content"], before
+    assert after["ok"] and HELLO.decode().strip() in after["content"], after
+    assert not denied["ok"] and "refused (denied)" in denied["content"], denied
+    changes = [c for c in AuditLog().network_changes(sid) if c["source"] == "user-list"]
+    assert [(target in c["change"]["allow"], target in c["change"]["deny"]) for c in changes] == [
+        (True, False),
+        (True, True),
+    ]

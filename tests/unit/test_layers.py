@@ -138,6 +138,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sandbox.network.indexes",
         "sandbox.network.places",
         "sandbox.network.reqrules",
+        "sandbox.network.userlist",
     ),
     ("sandbox.mounts", "sandbox.review", "sandbox.changes", "sandbox.changesummary"),  # the copy-out engine
     (  # jails and their network
