@@ -177,6 +177,9 @@ export function createSandboxBashOperations(ctx: SandboxCallContext, observer: B
 				const text = result.details[stream];
 				if (!streamed[stream] && typeof text === "string" && text) onData(Buffer.from(text, "utf8"));
 			}
+			// What the proxy refused, one line each (a connection, or a request on a terminated host):
+			// the model reads why its command failed, as the server's own text says it.
+			for (const line of denialLines(result.details.network)) onData(Buffer.from(`${line}\n`, "utf8"));
 			if (result.error_code === "TIMEOUT") throw new Error(`timeout:${timedOutAfter(result, timeout)}`);
 			if (result.error_code === "ABORTED" || signal?.aborted) throw new Error("aborted");
 			const exitCode = exitCodeOf(result);
@@ -369,4 +372,11 @@ export function createSandboxFindOperations(ctx: SandboxCallContext): FindOperat
 				.slice(0, limit);
 		},
 	};
+}
+
+/** The `line` of each denial in a Bash result's `network` (none when it had no allowlist). */
+export function denialLines(network: unknown): string[] {
+	const denials = (network as { denials?: unknown } | null | undefined)?.denials;
+	if (!Array.isArray(denials)) return [];
+	return denials.flatMap((denial) => (typeof denial?.line === "string" ? [denial.line as string] : []));
 }

@@ -10,6 +10,7 @@ import { after, before, describe, it } from "node:test";
 import type { ApprovalRequest, NetworkDenial } from "../src/protocol.ts";
 import { SandboxSession } from "../src/session.ts";
 import { SANDBOX_BIN, tempDir } from "./helpers.ts";
+import { answering, loadExtension } from "./support.ts";
 
 describe("network allowlist", () => {
 	let workspace: string;
@@ -45,6 +46,40 @@ describe("network allowlist", () => {
 			);
 		} finally {
 			await session.close();
+		}
+	});
+
+	it("/sandbox allow and /sandbox disallow change the running session's allowlist for its next command", async () => {
+		const { tools, commands, emit } = loadExtension({
+			"sandbox-bin": SANDBOX_BIN,
+			"sandbox-mode": "auto",
+			"sandbox-allow-host": "allowed.example",
+		});
+		const { ctx, notes } = answering(workspace);
+		const previous = process.env.SANDBOX_DATA_DIR;
+		process.env.SANDBOX_DATA_DIR = dataDir;
+		await emit("session_start", { type: "session_start", reason: "startup" }, ctx);
+		try {
+			const bash = tools.get("bash");
+			assert.ok(bash);
+			const sandbox = commands.get("sandbox");
+			await sandbox?.handler("network", ctx);
+			assert.match(notes.at(-1) ?? "", /network allowlist: allowed\.example$/);
+			await sandbox?.handler("allow later.example", ctx);
+			assert.match(notes.at(-1) ?? "", /network allowlist: allowed\.example, later\.example$/);
+			await sandbox?.handler("disallow allowed.example", ctx);
+			assert.match(notes.at(-1) ?? "", /network allowlist: later\.example$/);
+			// Refused before any name is resolved: nothing leaves the machine.
+			const refused = await bash
+				.execute("n1", { command: "curl -sSf http://allowed.example/" }, undefined, undefined, ctx)
+				.then((result: unknown) => JSON.stringify(result), (error: Error) => error.message);
+			assert.match(refused, /allowed\.example:80 refused \(not-allowed\)/); // the line the model reads
+			await sandbox?.handler("allow", ctx);
+			assert.match(notes.at(-1) ?? "", /takes one or more hosts/);
+		} finally {
+			await emit("session_shutdown", { type: "session_shutdown", reason: "quit" }, ctx);
+			if (previous === undefined) delete process.env.SANDBOX_DATA_DIR;
+			else process.env.SANDBOX_DATA_DIR = previous;
 		}
 	});
 
