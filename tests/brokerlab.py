@@ -12,6 +12,8 @@ open), and request bodies are read whole, framed by ``Content-Length`` or chunke
   request as it arrived (the body decoded as latin-1).
 * ``/echo-auth``: the request's ``Authorization`` as a JSON string (``null`` without one), and
   again in the response header ``X-Echo-Auth``: a server that reflects the credential.
+* ``/keep-auth`` keeps the request's ``Authorization``; ``/kept-auth`` shows the last one kept, to any
+  request (a host that stores what it is sent and shows it later).
 * ``/redirect?to=URL``: 302 to ``URL``.
 * ``/s3/<bucket>/<key>``: PUT stores the body, GET (and HEAD) return it, each only when signed
   with AWS Signature Version 4 by the lab's key (:func:`verify_sigv4`); else 403
@@ -74,6 +76,7 @@ class Site:
     git_root: str
     objects: dict[str, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    kept_auth: str | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Site:
@@ -128,6 +131,8 @@ class BrokerHandler(SimpleHTTPRequestHandler):
             return self.serve_api
         if path == "/echo-auth":
             return self.serve_echo_auth
+        if path in ("/keep-auth", "/kept-auth"):
+            return self.serve_kept_auth
         if path.startswith("/echo"):
             return self.serve_echo
         if path == "/redirect":
@@ -153,6 +158,13 @@ class BrokerHandler(SimpleHTTPRequestHandler):
     def serve_echo_auth(self, _body: bytes) -> None:
         value = self.headers.get("Authorization")
         self.reply_json(HTTPStatus.OK, value, [] if value is None else [("X-Echo-Auth", value)])
+
+    def serve_kept_auth(self, _body: bytes) -> None:
+        with self.site.lock:
+            if self.path == "/keep-auth":
+                self.site.kept_auth = self.headers.get("Authorization")
+            kept = self.site.kept_auth
+        self.reply_json(HTTPStatus.OK, kept)
 
     def serve_redirect(self, _body: bytes) -> None:
         target = parse_qs(urlsplit(self.path).query).get("to")

@@ -17,8 +17,10 @@ HTTP/1.1 request is then judged here (:meth:`Broker.prepare`) before a byte of i
 - a request signed with AWS SigV4 by an ``aws-sigv4`` secret's key id is signed again with the
   value (:mod:`~sandbox.network.sigv4`).
 
-Responses are never given a value: the forms of it a request carried are masked (same length,
-``*``) in its response's head and body, so a host that echoes the request shows the jail nothing.
+Responses are never given a value: every response of a host a secret names is searched for the
+value and its Basic forms, masked (same length, ``*``) in head and body, so a host that echoes a
+request, or keeps it and shows it later, shows the jail nothing; requests to such a host ask for
+an identity encoding, so the search sees the bytes.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Broker:
         self.patterns = patterns
         self.upstream_context = upstream_context()
         self._by_placeholder = {s.placeholder.encode(): s for s in self.secrets}
+        self._users: set[str] = {s.spec.username for s in self.secrets if s.kind == "basic"}  # seen in Basic
 
     @classmethod
     def build(
@@ -125,6 +128,18 @@ class Broker:
     def rules_for(self, host: str, port: int) -> HostRules | None:
         return next((r for r in self.rules if r.hosts.decide(host, port).allowed is True), None)
 
+    def masks_for(self, host: str, port: int) -> list[bytes]:
+        """What every response of ``host`` is searched for: the value of each secret it may receive,
+        and its Basic form with each user name seen. Every response, not only those to a request
+        that carried it: a host may keep what it was sent and show it to a later request."""
+        masks: list[bytes] = []
+        for secret in self.secrets:
+            if secret.serves(host, port):
+                masks += secret.masks()
+                if secret.kind == "basic":
+                    masks += [form for user in sorted(self._users) for form in secret.masks(user)[1:]]
+        return masks
+
     def placeholders(self) -> list[bytes]:
         return list(self._by_placeholder)
 
@@ -156,6 +171,9 @@ class Broker:
         headers = [self._header(request, host, port, name, value, prepared) for name, value in request.headers]
         request = HttpRequest(request.method, request.target, request.version, tuple(headers))
         prepared.request = request
+        prepared.masks = self.masks_for(host, port)
+        if prepared.masks:  # a compressed response could not be searched for the value: ask for none
+            request = prepared.request = _replaced_all(request, "accept-encoding", "identity")
         found = self.rules_for(host, port)
         if found is not None:
             verdict = found.rules.judge(request.method, request.target)
@@ -216,7 +234,7 @@ class Broker:
                 continue
             if not secret.serves(host, port):
                 raise self.misplaced(request, host, port, secret, f"in a request to {where(host, port)}")
-            replaced = self._substitute(secret, lower, value, prepared)
+            replaced = self._substitute(secret, lower, value)
             if replaced is None:
                 raise self.misplaced(request, host, port, secret, f"in the header {name} (declared: {secret.kind})")
             value = replaced
@@ -224,7 +242,7 @@ class Broker:
             raise self.refused(request, host, port, "secret-misplaced", None, f"a placeholder left in {name}")
         return name, value
 
-    def _substitute(self, secret: Brokered, header: str, value: str, prepared: Prepared) -> str | None:
+    def _substitute(self, secret: Brokered, header: str, value: str) -> str | None:
         """``value`` with the secret in place of its placeholder, where its kind declares it; else ``None``."""
         kind = secret.kind
         if (
@@ -232,20 +250,17 @@ class Broker:
             and header not in ("host", "authorization")
             or (kind.startswith("header:") and header == kind[7:].lower())
         ):
-            prepared.masks += secret.masks()
             return value.replace(secret.placeholder, secret.value)
         if header != "authorization":
             return None
         scheme, _, credentials = value.partition(" ")
         if kind == "bearer" and scheme.lower() == "bearer" and credentials.strip() == secret.placeholder:
-            prepared.masks += secret.masks()
             return f"{scheme} {secret.value}"
         if kind == "env-placeholder" and credentials.strip() == secret.placeholder:
-            prepared.masks += secret.masks()
             return f"{scheme} {secret.value}"
         if kind == "basic" and _basic_password(value) == secret.placeholder:
             user = _basic_user(value)
-            prepared.masks += secret.masks(user)
+            self._users.add(user)
             return f"{scheme} " + base64.b64encode(f"{user}:{secret.value}".encode()).decode()
         return None
 
@@ -283,7 +298,6 @@ class Broker:
             value = resign(request.method, request.target, request.headers, prepared.signer.value, digest)
         except ValueError as exc:
             raise self.refused(request, host, port, "request-refused", None, f"cannot sign again: {exc}") from None
-        prepared.masks += prepared.signer.masks()
         return value
 
     def misplaced(self, request: HttpRequest, host: str, port: int, secret: Brokered, why: str) -> Refused:
@@ -328,6 +342,12 @@ def _head(request: HttpRequest) -> bytes:
         (k, v) for k, v in request.headers if k.lower() not in ("expect", "proxy-connection", "proxy-authorization")
     )
     return HttpRequest(request.method, request.target, request.version, kept).serialized()
+
+
+def _replaced_all(request: HttpRequest, name: str, value: str) -> HttpRequest:
+    """``request`` with its ``name`` headers (any number) replaced by one saying ``value``."""
+    headers = tuple((k, v) for k, v in request.headers if k.lower() != name) + ((name.title(), value),)
+    return HttpRequest(request.method, request.target, request.version, headers)
 
 
 def _replaced(request: HttpRequest, name: str, value: str) -> HttpRequest:

@@ -324,6 +324,20 @@ async def test_a_named_host_that_echoes_the_credential_shows_the_jail_only_stars
     assert arrived(lab, "/echo-auth")[-1:] == [f"Bearer {lab.token}"]
 
 
+async def test_a_named_host_that_keeps_the_credential_and_shows_it_later_shows_only_stars(
+    jail_with: Callable[..., Any], lab: NetLab
+) -> None:
+    jail = await jail_with(token(lab, "basic"))
+    host = https(lab, "allowed.test")
+    basic = 'Authorization: Basic $(printf "me:%s" "$LAB_TOKEN" | base64 -w0)'
+    result = await sh(
+        jail, f'curl -sS -o /dev/null -H "{basic}" https://{host}/keep-auth; curl -sS https://{host}/kept-auth'
+    )
+    kept = json.loads(result.stdout)  # the Basic form the proxy wrote, shown to a request that carried none
+    assert kept.startswith("Basic ") and set(kept.removeprefix("Basic ")) == {"*"}, result
+    assert base64.b64encode(f"me:{lab.token}".encode()).decode() not in result.stdout
+
+
 async def test_pipelined_requests_are_judged_one_by_one_and_http2_is_never_spoken(
     jail_with: Callable[..., Any], lab: NetLab
 ) -> None:
