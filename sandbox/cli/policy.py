@@ -248,6 +248,8 @@ def _gate(workspace: Path, prof: Profile, flags: dict[str, Any], trust_override:
 def _show(args: argparse.Namespace) -> int:
     """``sandbox policy show``: what is enforced, read from the gate a session would build."""
     from sandbox import profile
+    from sandbox.network.egress import for_profile
+    from sandbox.network.userlist import UserNetwork
     from sandbox.policy.gate import SessionState
     from sandbox.policy.trust import PROJECT_POLICY, TrustStore
 
@@ -258,6 +260,7 @@ def _show(args: argparse.Namespace) -> int:
     settings, paths = gate.settings, gate.paths
     default_trust = settings.default_project_trust
     trust = TrustStore().decision(args.workspace, default=default_trust == "always")
+    enforced = for_profile(prof)
     shown = {
         "profile": prof.name,
         "workspace": paths.workspace,
@@ -276,10 +279,14 @@ def _show(args: argparse.Namespace) -> int:
         },
         "network": {
             "mode": prof.network.mode,
-            "allow": list(prof.network.allow),
-            "deny": list(prof.network.deny),
+            "allow": list(enforced.allow),  # what the proxy enforces: with the trusted domains, the
+            "deny": list(enforced.deny),  # secrets' and rules' hosts and your own network list
             "indexes": [str(index) for index in prof.network.indexes],  # package indexes the proxy admits
             "ask": prof.network.ask,
+            # The hosts whose TLS the proxy terminates: the secrets (never a value) and the request rules.
+            "secrets": {name: {"hosts": list(s.hosts), "as": s.as_} for name, s in prof.secrets.items()},
+            "requests": [rule.model_dump() for rule in prof.network.requests],
+            "user_list": {k: list(v) for k, v in UserNetwork().load().items()},  # sandbox policy network
         },
         "project": {
             "policy_file": str(Path(paths.workspace) / PROJECT_POLICY),
@@ -298,10 +305,27 @@ def _show(args: argparse.Namespace) -> int:
     network = shown["network"]
     listed = {key: ", ".join(network[key]) or "-" for key in ("allow", "deny", "indexes")}
     print(f"  network: {network['mode']}; allow {listed['allow']}; deny {listed['deny']}; indexes {listed['indexes']}")
+    for name, secret in network["secrets"].items():
+        print(f"  secret {name}: {secret['as']} to {', '.join(secret['hosts'])} (the jail holds a placeholder)")
+    for rule in network["requests"]:
+        print(f"  requests to {', '.join(rule['hosts'])}: {_rule_line(rule)}")
+    user = network["user_list"]
+    if user["allow"] or user["deny"]:
+        print(f"  your network list: allow {', '.join(user['allow']) or '-'}; deny {', '.join(user['deny']) or '-'}")
     project = shown["project"]
     present = "present" if project["exists"] else "absent"
     print(f"  project policy file ({present}): {project['trusted_word']}, {project['why']}")
     return 0
+
+
+def _rule_line(rule: dict[str, Any]) -> str:
+    parts = [*rule["allow"], *([f"preset {rule['preset']}"] if rule["preset"] else [])]
+    if rule["git_fetch"] or rule["git_push"]:
+        parts.append("git fetch")
+    if rule["git_push"]:
+        refs = f" (refs {', '.join(rule['git_refs'])})" if rule["git_refs"] else ""
+        parts.append(f"git push to {', '.join(rule['git_push'])}{refs}")
+    return "; ".join(parts) or "nothing"
 
 
 def _print_decision(decision: Decision, as_json: bool) -> None:

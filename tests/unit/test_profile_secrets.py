@@ -73,3 +73,20 @@ def test_the_jail_gets_placeholders_and_git_credentials_never_the_value() -> Non
     assert brokered[0].placeholder in config["credential.https://git.test.helper"]
     assert config["http.https://api.test:8443/.extraHeader"] == f"Authorization: Bearer {brokered[1].placeholder}"
     assert config["http.sslCAInfo"] == "/run/sandbox-net/ca-bundle.pem"
+
+
+def test_policy_show_names_the_secrets_and_rules_never_a_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandbox.cli import main
+
+    profile_file = tmp_path / "push.toml"
+    profile_file.write_text(
+        '[network]\nmode = "allowlist"\n[secrets.GH]\nfrom = "env:GH_SHOW"\nhosts = ["github.com"]\nas = "basic"\n'
+        '[[network.requests]]\nhosts = ["github.com"]\ngit_push = ["me/project"]\ngit_refs = ["refs/heads/agent/*"]\n'
+    )
+    assert main(["policy", "show", "--profile", str(profile_file), "--workspace", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "network: allowlist; allow github.com;" in shown
+    assert "secret GH: basic to github.com (the jail holds a placeholder)" in shown
+    assert "requests to github.com: git fetch; git push to me/project (refs refs/heads/agent/*)" in shown
