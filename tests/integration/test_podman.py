@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -61,6 +62,11 @@ def _podman_host() -> tuple[str, EngineTraits]:
             tried.append(f"{path}: no such socket")
             continue
         try:
+            # docker-py leaves a unix socket that refused its connect unclosed (a ResourceWarning at
+            # teardown, an error): one plain connect first, closed whatever happens.
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(10)
+                probe.connect(path)
             with contextlib.closing(docker.DockerClient(base_url=host, timeout=10)) as client:
                 found = traits(client)
         except (docker.errors.DockerException, OSError) as exc:
