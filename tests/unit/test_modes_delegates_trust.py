@@ -304,7 +304,8 @@ async def test_sandbox_policy_show_and_trust_show_say_what_is_enforced(workspace
     assert "secrets/**" in shown["protected"]["deny_read"] and "~/.ssh/**" in shown["protected"]["deny_read"]
     assert "~/.ssh/**" in shown["protected"]["deny_write"]
     assert shown["trusted"] == {"paths": ["build"], "domains": ["docs.python.org"], "git_remotes": ["origin"]}
-    assert (shown["network"]["mode"], shown["network"]["allow"]) == ("allowlist", ["pypi.org"])
+    # What the proxy enforces: the profile's hosts, then its trusted domains (seed 004).
+    assert (shown["network"]["mode"], shown["network"]["allow"]) == ("allowlist", ["pypi.org", "docs.python.org"])
     assert shown["project"]["exists"] and (shown["project"]["trusted"], shown["project"]["source"]) == (
         False,
         "default",
