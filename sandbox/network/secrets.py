@@ -34,6 +34,8 @@ PLACEHOLDER_PREFIX = "SBX_PLACEHOLDER_"
 """Every placeholder starts so: random, per session, in the characters any header or variable takes."""
 MAX_VALUE = 16 * 1024
 """A secret's value past this is refused when read (a token or a key, not a file's contents)."""
+MIN_VALUE = 8
+"""A secret's value shorter than this is refused: responses are masked wherever it appears."""
 
 
 def read_value(name: str, source: str, environ: Mapping[str, str] | None = None) -> str:
@@ -58,6 +60,11 @@ def read_value(name: str, source: str, environ: Mapping[str, str] | None = None)
         raise InvalidArgument(f"secret {name}: {source} is empty")
     if len(value) > MAX_VALUE or any(c in value for c in "\r\n\0"):
         raise InvalidArgument(f"secret {name}: {source} is not a one-line credential")
+    if len(value) < MIN_VALUE:
+        raise InvalidArgument(
+            f"secret {name}: {source} is shorter than {MIN_VALUE} characters: too short to be a credential,"
+            " and responses are searched for it (a short value would match by chance)"
+        )
     return value
 
 

@@ -47,13 +47,15 @@ def test_the_secrets_and_rules_hosts_join_the_allowlist() -> None:
 
 
 def test_a_value_is_read_from_env_or_file_and_its_failures_name_the_secret_not_the_value(tmp_path: Path) -> None:
-    assert read_value("T", "env:T", {"T": "value\n"}) == "value"
+    assert read_value("T", "env:T", {"T": "value-of-t\n"}) == "value-of-t"
     (tmp_path / "token").write_text("from-file\n")
     assert read_value("T", f"file:{tmp_path / 'token'}") == "from-file"
     with pytest.raises(InvalidArgument, match="secret T: the variable T is not set"):
         read_value("T", "env:T", {})
     with pytest.raises(InvalidArgument, match="is not a one-line credential"):
         read_value("T", "env:T", {"T": "two\nlines"})
+    with pytest.raises(InvalidArgument, match="shorter than 8 characters"):
+        read_value("T", "env:T", {"T": "abc"})
 
 
 def test_the_jail_gets_placeholders_and_git_credentials_never_the_value() -> None:
