@@ -228,13 +228,16 @@ class Masker:
             data = data.replace(mask, b"*" * len(mask))
         return data
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes) -> bytes | memoryview:
+        """What of ``tail + data`` can go on now: all but the last bytes a mask could still begin in."""
         if not self.masks:
             return data
-        data = self.whole(self.tail + data)
-        cut = max(0, len(data) - self.keep)
-        out, self.tail = data[:cut], data[cut:]
-        return out
+        joined = self.tail + data
+        if any(mask in joined for mask in self.masks):  # the usual answer is no: nothing copied again
+            joined = self.whole(joined)
+        cut = max(0, len(joined) - self.keep)
+        self.tail = joined[cut:]
+        return memoryview(joined)[:cut]
 
     def flush(self) -> bytes:
         rest, self.tail = self.tail, b""

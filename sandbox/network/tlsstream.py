@@ -248,6 +248,6 @@ def read_chunked(reader: Reader) -> Iterator[bytes]:
             raise ValueError("the chunked trailer is too large")
 
 
-def chunk(data: bytes) -> bytes:
+def chunk(data: bytes | memoryview) -> bytes:
     """``data`` as one chunk of a chunked body (empty: the last chunk, with no trailer)."""
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b"0\r\n\r\n"
