@@ -656,6 +656,16 @@ def child_main(argv: list[str]) -> None:
     os._exit(0)
 
 
+def broker_env(lab: NetLab, monkeypatch: Any) -> None:
+    """What the secret broker's tests need besides :func:`resolve_in`: the proxy trusts the lab's CA
+    (``SANDBOX_NET_TRUST``), and the lab's real values are in this process's environment, where a
+    profile's ``from = "env:…"`` reads them (``LAB_TOKEN``, ``LAB_AWS_SECRET``)."""
+    resolve_in(lab, monkeypatch)
+    monkeypatch.setenv("SANDBOX_NET_TRUST", str(lab.ca_file))
+    monkeypatch.setenv("LAB_TOKEN", lab.token)
+    monkeypatch.setenv("LAB_AWS_SECRET", lab.aws_secret)
+
+
 def resolve_in(lab: NetLab, monkeypatch: Any, *, drop: tuple[str, ...] = ()) -> None:
     """The proxy resolves with ``lab``'s DNS and chains to no proxy of this machine; the variables
     in ``drop`` (a test's CA variables) are unset too. ``monkeypatch``: pytest's, undone after the test."""

@@ -38,9 +38,8 @@ def lab() -> Iterator[NetLab]:
 
 @pytest.fixture(autouse=True)
 def lab_env(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> None:
-    netlab.resolve_in(lab, monkeypatch)
-    monkeypatch.setenv("SANDBOX_NET_TRUST", str(lab.ca_file))
-    monkeypatch.setenv("LAB_TOKEN", lab.token)
+    """The proxy resolves with the lab's DNS, trusts the lab's CA, and reads the real values here."""
+    netlab.broker_env(lab, monkeypatch)
 
 
 @pytest.fixture(params=BACKENDS)
