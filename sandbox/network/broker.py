@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.ca import SessionCA
     from sandbox.profile_tables import RequestRule, Secret
+    from sandbox.vocabulary import DenialReason
 
 TRUST_ENV = "SANDBOX_NET_TRUST"
 """A PEM file of CAs the proxy trusts for terminated hosts besides the system's (a test's, a company's)."""
@@ -78,9 +79,8 @@ class Broker:
 
     def __init__(self, secrets: Sequence[Brokered], rules: Sequence[HostRules], ca: SessionCA) -> None:
         self.secrets, self.rules, self.ca = list(secrets), list(rules), ca
-        patterns = [p for s in secrets for p in s.spec.hosts] + [p for r in rules for p in r.text]
-        self.hosts = EgressPolicy.from_patterns(patterns, ())
-        self.patterns = patterns
+        self.patterns = _patterns(secrets, rules)
+        self.hosts = EgressPolicy.from_patterns(self.patterns, ())
         self.upstream_context = upstream_context()
         self._by_placeholder = {s.placeholder.encode(): s for s in self.secrets}
         self._users: set[str] = {s.spec.username for s in self.secrets if s.kind == "basic"}  # seen in Basic
@@ -118,7 +118,7 @@ class Broker:
             )
             for r in requests
         ]
-        patterns = [p for s in brokered for p in s.spec.hosts] + [p for r in rules for p in r.text]
+        patterns = _patterns(brokered, rules)
         ca = keep.ca if keep is not None and keep.patterns == patterns else SessionCA(patterns)
         return cls(brokered, rules, ca)
 
@@ -139,9 +139,6 @@ class Broker:
                 if secret.kind == "basic":
                     masks += [form for user in sorted(self._users) for form in secret.masks(user)[1:]]
         return masks
-
-    def placeholders(self) -> list[bytes]:
-        return list(self._by_placeholder)
 
     def misplaced_in(self, data: bytes | bytearray) -> Brokered | None:
         """The secret whose placeholder ``data`` holds, if any (one search for the common prefix)."""
@@ -258,8 +255,9 @@ class Broker:
             return f"{scheme} {secret.value}"
         if kind == "env-placeholder" and credentials.strip() == secret.placeholder:
             return f"{scheme} {secret.value}"
-        if kind == "basic" and _basic_password(value) == secret.placeholder:
-            user = _basic_user(value)
+        pair = _basic(value) if kind == "basic" else None
+        if pair is not None and pair[1] == secret.placeholder:
+            user = pair[0]
             self._users.add(user)
             return f"{scheme} " + base64.b64encode(f"{user}:{secret.value}".encode()).decode()
         return None
@@ -306,12 +304,19 @@ class Broker:
         return self.refused(request, host, port, "secret-misplaced", f"secrets.{secret.name}", message)
 
     @staticmethod
-    def refused(request: HttpRequest, host: str, port: int, reason: str, rule: str | None, message: str) -> Refused:
+    def refused(
+        request: HttpRequest, host: str, port: int, reason: DenialReason, rule: str | None, message: str
+    ) -> Refused:
         said = f"{request.method} {request.target.split('?', 1)[0]}: "
         message = message.removeprefix(said)  # the denial's line names the request already
-        refused = Refused(host, port, reason, rule, message)  # type: ignore[arg-type]  # the reasons here are DenialReasons
+        refused = Refused(host, port, reason, rule, message)
         refused.denial = refused.denial.for_request(request.method, request.target)
         return refused
+
+
+def _patterns(secrets: Sequence[Brokered], rules: Sequence[HostRules]) -> list[str]:
+    """The host patterns the broker terminates: its secrets', then its rules'."""
+    return [p for secret in secrets for p in secret.spec.hosts] + [p for rule in rules for p in rule.text]
 
 
 def _basic(value: str) -> tuple[str, str] | None:
@@ -329,11 +334,6 @@ def _basic(value: str) -> tuple[str, str] | None:
 def _basic_password(value: str) -> str | None:
     pair = _basic(value)
     return None if pair is None else pair[1]
-
-
-def _basic_user(value: str) -> str:
-    pair = _basic(value)
-    return "" if pair is None else pair[0]
 
 
 def _head(request: HttpRequest) -> bytes:

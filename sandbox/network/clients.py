@@ -118,10 +118,13 @@ class Clients:
 
     async def pass_on(self, client: Conn, upstream: Opened, host: str, port: int) -> None:
         """A TLS connection set up to ``host:port``: terminated when the broker names the host, else relayed."""
-        if self.broker is not None and self.broker.terminates(host, port):
+        if self._terminated(host, port):
             await self.terminate(client, upstream, host, port)
         else:
             await self.relay(client, upstream)
+
+    def _terminated(self, host: str, port: int) -> bool:
+        return self.broker is not None and self.broker.terminates(host, port)
 
     async def terminate(self, client: Conn, upstream: Opened, host: str, port: int) -> None:
         """Serve a terminated connection on a thread of its own (:func:`~sandbox.network.terminate.serve`)
@@ -214,7 +217,7 @@ class Clients:
         """Check the client's first bytes before any reach the server, then relay: a TLS ClientHello's
         SNI must name the tunnel's host; plain HTTP is judged request by request (:func:`relay_http`).
         A host the broker terminates gets no byte unjudged: the proxy is its TLS server."""
-        if self.broker is not None and self.broker.terminates(host, port):
+        if self._terminated(host, port):
             await self.terminate(client, upstream, host, port)
             return
         if await _first_speaker(client, upstream.conn) is client:

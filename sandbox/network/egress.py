@@ -80,14 +80,12 @@ def for_profile(profile: Profile) -> Network:
     return network.model_copy(update={"allow": merged, "deny": denied})
 
 
-def trust_env(paths: dict[str, Path] | None) -> dict[str, str]:
+def trust_env(paths: dict[str, Path]) -> dict[str, str]:
     """The variables that make the jail's tools trust the session's CA (its files at :data:`JAIL_DIR`):
     OpenSSL and Go (``SSL_CERT_FILE``), curl, requests, pip, boto, Node (``NODE_EXTRA_CA_CERTS``, which
     adds to Node's own roots) and Java (a trust store of its own, through ``JAVA_TOOL_OPTIONS``)."""
     from sandbox.network.ca import JAVA_STORE_PASSWORD
 
-    if paths is None:
-        return {}
     bundle, ca, java = (f"{JAIL_DIR}/{paths[role].name}" for role in ("bundle", "ca", "java"))
     env = dict.fromkeys(("SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "AWS_CA_BUNDLE"), bundle)
     env["NODE_EXTRA_CA_CERTS"] = ca
@@ -104,7 +102,6 @@ class Egress:
     def __init__(self, network: Network) -> None:
         self.network = network
         self.broker: Broker | None = None
-        self.trust: dict[str, Path] | None = None  # the session CA's files, when the broker terminates a host
         self._env: dict[str, str] = proxy_env()
         self.socket_dir: Path | None = None
         self.listeners: list[Callable[[Denial], None]] = []  # told of each denial, on a worker thread
@@ -164,11 +161,11 @@ class Egress:
         extra = os.environ.get(TRUST_ENV, "").strip()
         with map_errors(f"cannot read {TRUST_ENV}", InvalidArgument):
             more = Path(extra).read_bytes() if extra else b""
-        self.trust = broker.ca.trust_files(folder, more)
+        trust = broker.ca.trust_files(folder, more)
         self._env = {
             **proxy_env(),
-            **trust_env(self.trust),
-            **jail_env(broker.secrets, f"{JAIL_DIR}/{self.trust['bundle'].name}"),
+            **trust_env(trust),
+            **jail_env(broker.secrets, f"{JAIL_DIR}/{trust['bundle'].name}"),
         }
 
     def reconfigure(self, network: Network, secrets: Mapping[str, Secret]) -> None:

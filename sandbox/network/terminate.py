@@ -105,8 +105,7 @@ class _Exchange:
             try:
                 request = HttpRequest.parse(head)
             except ValueError as exc:
-                denial = Denial(self.host, self.port, "bad-request", None, f"not an HTTP/1 request: {exc}")
-                raise Refused(self.host, self.port, "bad-request", None, denial.message) from None
+                raise Refused(self.host, self.port, "bad-request", None, f"not an HTTP/1 request: {exc}") from None
             prepared = self.broker.prepare(request, self.host, self.port)
             self._request(prepared)
             if not self._response(prepared):

@@ -88,9 +88,9 @@ class NetworkWatch:
         stamp = self.user.stamp()
         if stamp == self.user_stamp or egress is None or profile.network.mode != "allowlist":
             return
-        self.user_stamp = stamp
         network = for_profile(profile)
-        egress.reconfigure(network, profile.secrets)
+        egress.reconfigure(network, profile.secrets)  # a list it cannot take fails this call, and the next
+        self.user_stamp = stamp  # only once followed: a deny added to the list is never passed over
         change = {"allow": list(network.allow), "deny": list(network.deny), "list": str(self.user.path)}
         with contextlib.suppress(SandboxError):
             self.audit.record_network_change(self.session_id, "user-list", change)

@@ -201,3 +201,28 @@ async def test_the_users_network_list_reaches_a_running_session_from_its_next_co
         (True, False),
         (True, True),
     ]
+
+
+async def test_a_users_list_the_session_cannot_take_fails_each_command_until_it_can(
+    lab: NetLab, workspace: Path, on_backend: str, data_dir: Path
+) -> None:
+    """Fail closed: a list it cannot read is never passed over, so a deny added with it is not lost."""
+    fetch = f"curl -sSf {lab.http_url('allowed.test', '/hello.txt')}"
+    listed = data_dir / "policy" / "network.json"
+    async with rpc_client.serve() as client:
+        opened = await client.call(
+            "session.open",
+            {"workspace": str(workspace), "backend": on_backend, "mode": "auto", "allow_hosts": base_allow(lab)},
+        )
+        sid = opened["result"]["session_id"]
+        listed.parent.mkdir(parents=True, exist_ok=True)
+        listed.write_text(json.dumps({"allow": ["not a host"], "deny": [on_http(lab, "allowed.test")]}))
+        first = await bash(client, sid, fetch, "f1")
+        second = await bash(client, sid, fetch, "f2")
+        listed.write_text(json.dumps({"deny": [on_http(lab, "allowed.test")]}))
+        third = await bash(client, sid, fetch, "f3")
+        await client.call("session.close", {"session_id": sid})
+    for refused in (first, second):
+        assert not refused["ok"] and refused["error_code"] == "INVALID_ARGUMENT", refused
+        assert "not a host" in refused["content"] and HELLO.decode().strip() not in refused["content"]
+    assert not third["ok"] and "refused (denied)" in third["content"], third
