@@ -57,6 +57,7 @@ class Report:
         self.details: dict[str, Any] = {}
         self.limits: dict[str, Enforcement] = {}  # empty: the backend enforces them all itself
         self.advice: list[str] = []
+        self.notes: list[str] = []  # what the guarantees rest on here, what they do not cover
 
     def __repr__(self) -> str:
         return f"Report({self.backend!r}, available={self.available}, reason={self.reason!r})"
@@ -109,6 +110,7 @@ class Report:
             },
             "limits": {name: how.to_dict() for name, how in self.limits.items()},
             "advice": self.advice,
+            "notes": self.notes,
             "details": self.details,
         }
 
@@ -121,5 +123,6 @@ class Report:
         if self.limits:
             lines.append("  limits:")
             lines += [f"    {name:12} {how.text()}" for name, how in self.limits.items()]
+        lines += [f"  note: {line}" for line in self.notes]
         lines += [f"  hint: {line}" for line in self.advice]
         return "\n".join(lines)

@@ -35,7 +35,7 @@ ErrorCode = Literal[
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------
-BackendName = Literal["bwrap", "docker", "host", "winjob", "fake"]
+BackendName = Literal["bwrap", "docker", "landlock", "host", "winjob", "fake"]
 """Every loadable backend. ``fake`` is the scripted one shipped for protocol tests: loadable by
 name (``session.open``), never chosen by ``auto``, not offered by the CLI nor listed by ``check``."""
 BackendChoice = Literal["auto", BackendName]
@@ -190,13 +190,19 @@ ChangesetSource = Literal["run", "session", "recovered"]
 """What kept a changeset: ``sandbox run``, a server session's copy mount, or ``recovered`` from the
 private copy of an executor that was killed (``sandbox gc``, or the next session to open)."""
 NoticeCode = Literal[
-    "policy.project-ignored", "changes.recovered", "changes.private-copy", "changes.waiting", "mode.bash-may-write"
+    "policy.project-ignored",
+    "changes.recovered",
+    "changes.private-copy",
+    "changes.waiting",
+    "mode.bash-may-write",
+    "backend.fallback",
 ]
 """What a session says as it opens (``session.open``'s ``notices``, MCP log messages and the first
 result's trailer): the project's policy file ignored (not trusted), a killed executor's work kept as
 a changeset, this session's writes going to a private copy, kept changesets of the workspace waiting
 for review; and, as it opens or changes mode, that plan or goal under ``auto`` still lets Bash
-change files unasked (seed 003: the UI must make that trade-off visible)."""
+change files unasked (seed 003: the UI must make that trade-off visible); ``backend.fallback``: the
+``auto`` backend is Landlock, because bubblewrap (and Docker) cannot run here."""
 
 
 class Notice(TypedDict):
@@ -214,10 +220,11 @@ deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""
 SnapshotState = Literal["active", "rolledBack"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
-BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "host", "winjob")  # the real ones: offered, checked
+BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "landlock", "host", "winjob")  # the real ones: offered, checked
 # host is never chosen by auto; winjob (Windows job objects) only on Windows, where it is the one
-# (elsewhere `sandbox check` lists it as unavailable, with the reason).
-AUTO_ORDER: tuple[BackendName, ...] = ("winjob",) if sys.platform == "win32" else ("bwrap", "docker")
+# (elsewhere `sandbox check` lists it as unavailable, with the reason); landlock last, where
+# namespaces cannot be had (it shares more of the host: see sandbox.backends.landlock).
+AUTO_ORDER: tuple[BackendName, ...] = ("winjob",) if sys.platform == "win32" else ("bwrap", "docker", "landlock")
 MOUNT_STRATEGIES: tuple[MountStrategy, ...] = get_args(MountStrategy)
 PERMISSION_MODES: tuple[PermissionMode, ...] = get_args(PermissionMode)
 OPERATING_MODES: tuple[OperatingMode, ...] = get_args(OperatingMode)

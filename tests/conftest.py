@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from sandbox.backends.fake import FakeBackend
 
-BACKENDS = ("bwrap", "docker")
+BACKENDS = ("bwrap", "docker", "landlock")
 # bubblewrap's default is the warm jail ([bwrap] lifecycle = "session"), so every bwrap test runs
 # against it; the contract and attack suites (every module of tests/attack/ too) also run with a
 # fresh jail per call ("call").
@@ -35,18 +35,40 @@ PER_CALL_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "tes
 DOCKER_PER_CALL = "docker-call"
 # backend param -> (the backend, the profile table whose lifecycle the param swaps to "call")
 _PER_CALL_OF = {PER_CALL: ("bwrap", "bwrap"), DOCKER_PER_CALL: ("docker", "docker")}
+# Landlock (no namespace) runs the contract suites, less what it declares it does not give, each
+# shown instead as declared by tests/integration/test_landlock.py. The other suites take it once
+# it has copy mounts and a sealed rw .git (they build on both).
+LANDLOCK_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits"})
+LANDLOCK_DECLARED = {
+    "test_copy_": "no copy mount: nowhere to show a copy at the workspace's path without a mount namespace",
+    "test_full_disk_during_copy_in": "no copy mount",
+    "test_tmp_is_private_and_bounded": "no tmpfs /tmp: a private TMPDIR, unbounded (tmp_size refused)",
+    "test_host_files_outside_are_absent": "no mount namespace: which paths exist stays visible (stat needs no right)",
+}
+LANDLOCK_AS_ROOT = {"test_non_root_without_privileges": "commands run as root, with no capabilities (non-root: no)"}
+
+
+def _landlock_wanted(item: pytest.Item) -> bool:
+    if item.path.stem == "test_landlock":
+        return True
+    if item.path.stem not in LANDLOCK_MODULES:
+        return False
+    declared = {**LANDLOCK_DECLARED, **(LANDLOCK_AS_ROOT if os.geteuid() == 0 else {})}
+    return not any(item.name.startswith(name) for name in declared)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``bwrap-call`` and ``docker-call`` only where they are meant; ``@pytest.mark.root`` tests skip,
-    saying so, as an ordinary user."""
+    """``bwrap-call``, ``docker-call`` and ``landlock`` only where they are meant; ``@pytest.mark.root``
+    tests skip, saying so, as an ordinary user."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        per_call = callspec is not None and callspec.params.get("backend") in _PER_CALL_OF
+        param = callspec.params.get("backend") if callspec is not None else None
+        per_call = param in _PER_CALL_OF
         wanted = item.path.stem in PER_CALL_MODULES or item.path.parent.name == "attack"
-        (dropped if per_call and not wanted else kept).append(item)
+        unwanted = (per_call and not wanted) or (param == "landlock" and not _landlock_wanted(item))
+        (dropped if unwanted else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -81,6 +103,23 @@ def backend_or_skip(name: str) -> base.Backend:
     return backend
 
 
+def landlock_or_skip(monkeypatch: pytest.MonkeyPatch) -> base.Backend:
+    """The landlock backend, with the shipped profiles as the suites take them minus ``tmp_size``:
+    with no tmpfs it cannot cap the jail's TMPDIR, so a profile asking for it is refused there
+    (tests/integration/test_landlock.py checks that refusal)."""
+    found = backend_or_skip("landlock")
+    load = profiles.load
+
+    def without_tmp_size(name: str | None = None) -> profiles.Profile:
+        prof = load(name).with_overrides(**{"limits.tmp_size": "256MiB"})  # the schema default: not asked for
+        if os.geteuid() == 0:  # commands run as root under Landlock (it changes no uid): `check` says so
+            prof = prof.with_overrides(requires=tuple(g for g in prof.requires if g != "non-root"))
+        return prof
+
+    monkeypatch.setattr(profiles, "load", without_tmp_size)
+    return found
+
+
 @pytest.fixture(
     params=[
         *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS),
@@ -89,6 +128,8 @@ def backend_or_skip(name: str) -> base.Backend:
     ]
 )
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> base.Backend:
+    if request.param == "landlock":
+        return landlock_or_skip(monkeypatch)
     if request.param not in _PER_CALL_OF:
         return backend_or_skip(request.param)
     name, table = _PER_CALL_OF[request.param]

@@ -14,6 +14,7 @@ part (``_probe``, ``_open``, ``_start``) runs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar, get_args
@@ -245,6 +246,7 @@ class Jail(ABC):
 class Backend(ABC):
     name: ClassVar[str]
     binds_downloads: ClassVar[bool] = False  # can show a host directory at a jail path of its own
+    egress_over_tcp: ClassVar[bool] = False  # its jails reach the proxy on the host's loopback (no netns)
     _probed: Report | None = None
 
     def probe(self) -> Report:
@@ -295,7 +297,10 @@ class Backend(ABC):
         # The proxy's bound on a question outlasts the approver's own timeout, which answers first;
         # its allowlist is the profile's with the trusted domains merged (seed 004).
         egress = await off_loop(
-            Egress.start, for_profile(profile), profile.policy.approval_timeout_s + 10, profile.secrets
+            functools.partial(Egress.start, tcp=self.egress_over_tcp),
+            for_profile(profile),
+            profile.policy.approval_timeout_s + 10,
+            profile.secrets,
         )
         try:
             jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs, downloads=downloads)
@@ -418,6 +423,24 @@ def choose(name: str, profile: Profile, flags: Mapping[str, str] | None = None) 
         return _choose(name, profile)
     except GuaranteeUnavailable as exc:
         raise remedy.explain(exc, profile, flags or {}, report_of) from exc
+
+
+def fallback_note(backend: Backend, profile: Profile) -> str | None:
+    """Why ``auto`` chose ``backend`` rather than one before it in its order, when it did so for
+    a weaker jail (Landlock's: no namespace): what a user should know as the jail opens."""
+    if profile.backend != "auto" or backend.name != "landlock":
+        return None
+    passed = []
+    for candidate in AUTO_ORDER[: AUTO_ORDER.index("landlock")]:
+        try:
+            get(candidate).check(profile)
+        except (BackendUnavailable, GuaranteeUnavailable) as exc:
+            passed.append(f"{candidate}: {exc.message}")
+    return (
+        "auto chose the landlock backend ("
+        + " | ".join(passed)
+        + "): no namespaces, so the host's process list and which paths exist stay visible (sandbox check)"
+    )
 
 
 def report_of(name: str) -> Report:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from sandbox.profile import Profile
 
-Kind = Literal["bwrap", "host"]
+Kind = Literal["bwrap", "host", "landlock"]
 KILL_WAIT_S = 10.0
 
 
@@ -85,7 +85,7 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
     found["tmp_size"] = (
         Enforcement(_tmpfs_mechanism(), "call")
         if kind == "bwrap"
-        else Enforcement(None, why_not="the host backend has no private /tmp")
+        else Enforcement(None, why_not=f"the {kind} backend has no tmpfs /tmp")
     )
     return {name: found[name] for name in LIMITS}
 
@@ -250,8 +250,12 @@ class Tree:
         # Under bwrap, killing the init kills its namespace, and the init is gone only once the
         # rest is: no scan of the process table is needed to know the call is over.
         while (pids := self.running_pids(descendants=not self.kernel_reaps)) and time.monotonic() < give_up:
-            self.kill_root()
-            signal_all([p for p in pids if p != self.root_pid], signal.SIGKILL)
+            others = [p for p in pids if p != self.root_pid]
+            if not others or self.kernel_reaps:
+                self.kill_root()
+            # Otherwise the root goes last: a subreaper (the Landlock launcher) adopts the orphans of
+            # those killed, so they stay its descendants, found by the next scan, until none is left.
+            signal_all(others, signal.SIGKILL)
             yield 0.002
 
     def forget_root(self) -> None:

@@ -19,6 +19,13 @@ crash, what Docker's default profile refuses to an unprivileged container plus a
 - sockets of any family but ``AF_UNIX``, ``AF_INET``, ``AF_INET6`` and ``AF_NETLINK``
   (vsock, packet, Bluetooth, ``AF_ALG``, ...).
 
+The Landlock jail (:mod:`~sandbox.backends.landlock`), which has no network namespace, gets
+the ``landlock`` variant: ``socket`` of ``AF_INET`` and ``AF_INET6`` streams only (Landlock
+decides whom TCP may reach; UDP, raw and every other family would go around it), no ``AF_UNIX``
+socket at all (connecting to a path like ``/var/run/docker.sock`` is beyond this kernel's
+Landlock), ``socketpair`` of ``AF_UNIX`` only, and no ``MSG_FASTOPEN`` send (a TCP connect
+that skips the ``connect`` hook Landlock watches).
+
 It is built for the host's own architecture (x86-64 or aarch64; both are tested to build), and
 every other ABI is closed: a 32-bit ``int 0x80`` call or an x32 call gets ``EPERM`` whatever it
 asks. bwrap loads it (``--seccomp FD``) just before it runs the command, after its own set-up.
@@ -35,7 +42,7 @@ import errno
 import os
 import zlib
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sandbox import datadir
 
@@ -124,7 +131,14 @@ SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: the 
 ARCHES = ("x86_64", "aarch64")
 """The machines a filter is built for (``os.uname().machine``); elsewhere the guarantee is absent."""
 
+Variant = Literal["bwrap", "landlock"]
+LANDLOCK_SOCKETS = (2, 10)  # AF_INET, AF_INET6: streams only, their peers decided by Landlock
+LANDLOCK_SOCKETPAIRS = (1,)  # AF_UNIX: a pair joins nothing outside
+INET_TYPES_REFUSED = (2, 3, 4, 5, 6, 10)  # DGRAM, RAW, RDM, SEQPACKET, DCCP, PACKET (low bits of the type)
+MSG_FASTOPEN = 0x20000000
+SENDS_FLAGS_ARG = (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3))
 _KEY_PARTS = (DENIED, ENOSYS_CALLS, CLONE_NAMESPACE_FLAGS, PTRACE_REFUSED, IOCTLS_REFUSED, SOCKET_FAMILIES, 2)
+_LANDLOCK_PARTS = (LANDLOCK_SOCKETS, LANDLOCK_SOCKETPAIRS, INET_TYPES_REFUSED, MSG_FASTOPEN, SENDS_FLAGS_ARG)
 _BPF_INSN = 8  # bytes in one classic BPF instruction
 
 
@@ -132,7 +146,7 @@ class Unavailable(Exception):
     """No filter can be built here; the message says why (no libseccomp, another machine)."""
 
 
-def build(machine: str | None = None) -> bytes:
+def build(machine: str | None = None, variant: Variant = "bwrap") -> bytes:
     """The BPF program for ``machine`` (default: this host's), as bwrap's ``--seccomp`` reads it."""
     machine = machine or os.uname().machine
     if machine not in ARCHES:
@@ -158,10 +172,11 @@ def build(machine: str | None = None) -> bytes:
         f.add_rule(refuse, "ptrace", sc.Arg(0, sc.EQ, request))
     for request in IOCTLS_REFUSED:
         f.add_rule(refuse, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
-    for call in ("socket", "socketpair"):
-        for family in _refused_families():
-            f.add_rule(refuse, call, sc.Arg(0, sc.EQ, family))
-        f.add_rule(refuse, call, sc.Arg(0, sc.GT, max(SOCKET_FAMILIES)))
+    if variant == "landlock":
+        _landlock_sockets(sc, f, refuse)
+    else:
+        for call in ("socket", "socketpair"):
+            _families(sc, f, refuse, call, SOCKET_FAMILIES)
     r, w = os.pipe()
     try:
         with os.fdopen(w, "wb") as out:
@@ -177,8 +192,23 @@ def _rule(sc: Any, f: Any, arch: int, action: int, name: str) -> None:
     f.add_rule(action, name)
 
 
-def _refused_families() -> list[int]:
-    return [family for family in range(max(SOCKET_FAMILIES)) if family not in SOCKET_FAMILIES]
+def _families(sc: Any, f: Any, refuse: int, call: str, allowed: tuple[int, ...]) -> None:
+    """Refuse ``call`` for every address family but ``allowed``."""
+    for family in range(max(allowed)):
+        if family not in allowed:
+            f.add_rule(refuse, call, sc.Arg(0, sc.EQ, family))
+    f.add_rule(refuse, call, sc.Arg(0, sc.GT, max(allowed)))
+
+
+def _landlock_sockets(sc: Any, f: Any, refuse: int) -> None:
+    """The Landlock jail's sockets: TCP (which Landlock confines) and local pairs, nothing else."""
+    _families(sc, f, refuse, "socket", LANDLOCK_SOCKETS)
+    _families(sc, f, refuse, "socketpair", LANDLOCK_SOCKETPAIRS)
+    for family in LANDLOCK_SOCKETS:
+        for kind in INET_TYPES_REFUSED:
+            f.add_rule(refuse, "socket", sc.Arg(0, sc.EQ, family), sc.Arg(1, sc.MASKED_EQ, 0xF, kind))
+    for call, arg in SENDS_FLAGS_ARG:
+        f.add_rule(refuse, call, sc.Arg(arg, sc.MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
 
 
 def _read_all(fd: int) -> bytes:
@@ -188,23 +218,24 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def cache_key() -> str:
+def cache_key(variant: Variant = "bwrap") -> str:
     from sandbox import __version__
 
     # A cache key, not a seal (the data directory is the user's own): crc32, as zlib is loaded
     # already where hashlib would cost ``sandbox run``'s quick path 4 ms.
-    text = repr((__version__, os.uname().machine, _KEY_PARTS))
+    parts = _KEY_PARTS if variant == "bwrap" else (_KEY_PARTS, variant, _LANDLOCK_PARTS)
+    text = repr((__version__, os.uname().machine, parts))
     return f"{zlib.crc32(text.encode()):08x}"
 
 
-def cached_path() -> Path:
-    return datadir.data_dir() / "cache" / f"seccomp-{cache_key()}.bpf"
+def cached_path(variant: Variant = "bwrap") -> Path:
+    return datadir.data_dir() / "cache" / f"seccomp-{cache_key(variant)}.bpf"
 
 
-def kept_filter() -> str | None:
+def kept_filter(variant: Variant = "bwrap") -> str | None:
     """The cached program's path when it is there and well formed, else ``None`` (no generation)."""
     with contextlib.suppress(OSError):
-        path = cached_path()
+        path = cached_path(variant)
         size = path.stat().st_size
         if size and size % _BPF_INSN == 0:
             return str(path)
@@ -212,13 +243,13 @@ def kept_filter() -> str | None:
 
 
 @cache
-def filter_path() -> str:
+def filter_path(variant: Variant = "bwrap") -> str:
     """The program's file, built and kept on first use. Raises :class:`Unavailable`."""
-    kept = kept_filter()
+    kept = kept_filter(variant)
     if kept is not None:
         return kept
-    program = build()
-    path = cached_path()
+    program = build(variant=variant)
+    path = cached_path(variant)
     datadir.subdir(path.parent.name)  # the cache directory: 0700 whatever the umask
     temp = path.with_name(f".{path.name}.{os.getpid()}")
     temp.write_bytes(program)
@@ -226,10 +257,10 @@ def filter_path() -> str:
     return str(path)
 
 
-def availability() -> str | None:
-    """``None`` when bwrap jails get the filter here, else why not."""
+def availability(variant: Variant = "bwrap") -> str | None:
+    """``None`` when the ``variant``'s jails get their filter here, else why not."""
     try:
-        filter_path()
+        filter_path(variant)
     except Unavailable as exc:
         return str(exc)
     except OSError as exc:

@@ -149,6 +149,8 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
     from sandbox.cli import stdio
 
     backend = base.choose(prof.backend, prof, _flags_given(args))
+    if (fallback := base.fallback_note(backend, prof)) is not None:
+        print(f"sandbox: note: {fallback}", file=sys.stderr)
     if backend.name == "bwrap":
         from sandbox.cli import launch
 

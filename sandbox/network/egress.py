@@ -52,14 +52,15 @@ def _forwarder() -> str:
     return _jailside.program("netfwd")
 
 
-def proxy_env() -> dict[str, str]:
-    """The variables that lead HTTP clients, pip, git, npm and curl to the forwarder.
+def proxy_env(port: int = PORT) -> dict[str, str]:
+    """The variables that lead HTTP clients, pip, git, npm and curl to the forwarder (or, for a jail
+    with no network namespace, to the proxy's own loopback ``port``).
 
     The proxy tells protocols apart by their first byte, so one port serves HTTP, CONNECT and
     SOCKS5 (``socks5h``: names are resolved by the proxy, never in the jail).
     """
-    http = f"http://127.0.0.1:{PORT}"
-    env = {"http_proxy": http, "https_proxy": http, "all_proxy": f"socks5h://127.0.0.1:{PORT}", "no_proxy": NO_PROXY}
+    http = f"http://127.0.0.1:{port}"
+    env = {"http_proxy": http, "https_proxy": http, "all_proxy": f"socks5h://127.0.0.1:{port}", "no_proxy": NO_PROXY}
     return {**env, **{name.upper(): value for name, value in env.items()}}
 
 
@@ -107,13 +108,24 @@ class Egress:
         self.listeners: list[Callable[[Denial], None]] = []  # told of each denial, on a worker thread
         self._thread: ProxyThread | None = None
         self._ports: netns.Ports | None = None
+        self.tcp_port: int | None = None  # where a jail with no network namespace reaches the proxy
 
     @classmethod
-    def start(cls, network: Network, ask_timeout: float = 130.0, secrets: Mapping[str, Secret] | None = None) -> Egress:
+    def start(
+        cls,
+        network: Network,
+        ask_timeout: float = 130.0,
+        secrets: Mapping[str, Secret] | None = None,
+        *,
+        tcp: bool = False,
+    ) -> Egress:
         """Start the proxy for ``network`` (its ``allow``, ``deny``, ``ask`` and request rules) and
         ``secrets`` (the profile's), or raise BACKEND_UNAVAILABLE when it cannot listen (and
         INVALID_ARGUMENT when a secret cannot be read). ``ask_timeout``: the proxy's own bound on a
-        question to the approver (:meth:`ask_with`), which should outlast the approver's."""
+        question to the approver (:meth:`ask_with`), which should outlast the approver's.
+
+        ``tcp``: also listen on a port of this host's loopback, for a jail that shares the host's
+        network and may connect to that port only (Landlock's): it then needs no forwarder."""
         from sandbox.network.broker import Broker
         from sandbox.network.policy import EgressPolicy
         from sandbox.network.proxy import EgressProxy
@@ -142,10 +154,14 @@ class Egress:
                     transparent_http=where,
                     transparent_tls=where,
                     broker=egress.broker,
+                    tcp=("127.0.0.1", 0) if tcp else None,
                 )
                 if egress.broker is not None:
                     egress._brokered(egress.broker, egress.socket_dir)
                 egress._thread = proxy.serve_in_thread()
+                if tcp and (bound := proxy.tcp_address) is not None:
+                    egress.tcp_port = bound[1]
+                    egress._env.update(proxy_env(bound[1]))
                 if network.transparent:
                     egress._start_transparent(egress._thread, proxy)
             except BaseException:
@@ -276,7 +292,10 @@ class Egress:
 
         ``python`` is the jail's interpreter by its absolute path (:attr:`Jail.python
         <sandbox.backends.base.Jail.python>`): by name, the jail's PATH would find the workspace's
-        ``.venv/bin/python3`` first."""
+        ``.venv/bin/python3`` first. A jail that reaches the proxy's loopback port itself
+        (:attr:`tcp_port`) runs ``argv`` as it is."""
+        if self.tcp_port is not None:
+            return list(argv)
         listen = [f"127.0.0.1:{PORT}", f"[::1]:{PORT}"]
         return [
             python,

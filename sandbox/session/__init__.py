@@ -179,7 +179,8 @@ class Sandbox:
             declared = declared_plugins(options, ws, project_trusted(ws, trusted, prof.policy.default_project_trust))
             # Their directories, read-only in the jail: a jail option, never part of the profile.
             shared = plugin_tools.jail_binds(declared)
-            jail = await base.choose(prof.backend, prof).open_jail(ws, prof, scratch=scratch, shared=shared)
+            chosen = base.choose(prof.backend, prof)
+            jail = await chosen.open_jail(ws, prof, scratch=scratch, shared=shared)
             # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
             cleanup_on_fail.push_async_callback(jail.aclose)
             sandbox = cls(
@@ -196,6 +197,8 @@ class Sandbox:
             sandbox.notices = [notice] if notice is not None else []
             sandbox.notices += [recovered_notice(line) for line in recovered]
             sandbox.notices += sandbox.mode_notices()
+            if (fallback := base.fallback_note(chosen, prof)) is not None:
+                sandbox.notices.append({"code": "backend.fallback", "message": fallback})
             sandbox.classifier = classifier_for(options.get("classifier"), prof)
             sandbox.plugins = plugin_tools.PluginHost(declared)
             gate.tools = sandbox.plugins.lookup

@@ -199,7 +199,7 @@ async def test_memory_bomb_kills_only_the_call(open_jail: JailFactory, backend: 
 
 async def test_file_size_limit(open_jail: JailFactory) -> None:
     jail = await open_jail(make_profile(**{"limits.file_size": "1MiB"}))
-    result = await sh(jail, "head -c 4194304 /dev/zero > /tmp/big; stat -c %s /tmp/big")
+    result = await sh(jail, 'head -c 4194304 /dev/zero > "$TMPDIR/big"; stat -c %s "$TMPDIR/big"')
     assert result.stdout.strip() == str(1024 * 1024)
 
 
@@ -389,7 +389,7 @@ async def test_required_guarantee_missing_refuses(
     if fresh.name == "bwrap":
         # bwrap has both here: take libseccomp away, as on a host without it (the binding's import fails).
         monkeypatch.setitem(sys.modules, "pyseccomp", None)
-        monkeypatch.setattr(seccomp, "kept_filter", lambda: None)
+        monkeypatch.setattr(seccomp, "kept_filter", lambda variant="bwrap": None)
         seccomp.filter_path.cache_clear()
     try:
         report = fresh.probe()

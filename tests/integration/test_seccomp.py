@@ -267,12 +267,14 @@ def test_sandbox_run_and_check_apply_and_report_it(workspace: Path) -> None:
     assert bwrap["guarantees"]["seccomp"]["ok"] is True
 
 
+@pytest.mark.parametrize("variant", ["bwrap", "landlock"])
 @pytest.mark.parametrize("machine", seccomp.ARCHES)
-def test_the_filter_builds_for_each_architecture(machine: str) -> None:
-    program = seccomp.build(machine)
+def test_the_filter_builds_for_each_architecture(machine: str, variant: seccomp.Variant) -> None:
+    program = seccomp.build(machine, variant)
     assert program and len(program) % 8 == 0
     # More than the native filter's preamble: every rule made it in.
     assert len(program) // 8 > len(seccomp.DENIED)
+    assert seccomp.cache_key(variant) != seccomp.cache_key("landlock" if variant == "bwrap" else "bwrap")
 
 
 async def test_without_libseccomp_the_guarantee_is_absent_and_a_requiring_profile_refused(
@@ -281,7 +283,7 @@ async def test_without_libseccomp_the_guarantee_is_absent_and_a_requiring_profil
     from sandbox.backends import bwrap as bwrap_backend
 
     monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as when libseccomp.so.2 is missing
-    monkeypatch.setattr(seccomp, "kept_filter", lambda: None)
+    monkeypatch.setattr(seccomp, "kept_filter", lambda variant="bwrap": None)
     seccomp.filter_path.cache_clear()
     try:
         assert seccomp.availability() is not None and "libseccomp" in seccomp.availability()  # type: ignore[operator]

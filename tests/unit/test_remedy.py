@@ -112,7 +112,13 @@ def _bwrap_without_cgroups() -> Report:
 
 
 def test_a_refusal_names_who_required_what_runs_here_and_the_remedy() -> None:
-    probe = _scripted({"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
+    probe = _scripted(
+        {
+            "bwrap": _bwrap_without_cgroups(),
+            "docker": Report("docker", False, "Permission denied"),
+            "landlock": Report("landlock", False, "Landlock ABI 4 here"),
+        }
+    )
     prof = profiles.load("untrusted")
     error = remedy.explain(GuaranteeUnavailable("no backend", profile="untrusted"), prof, {}, probe)
     assert error.message.startswith("profile 'untrusted' needs what this host cannot give: memory-limit (bwrap: no")
@@ -127,11 +133,17 @@ def test_a_refusal_names_who_required_what_runs_here_and_the_remedy() -> None:
         "gives_up": ["memory-limit"],
         "differs": {"mount.strategy": "rw (not copy)"},
     }
-    assert set(error.data["remedy"]) == {"memory-limit", "backend docker"}
+    assert set(error.data["remedy"]) == {"memory-limit", "backend docker", "backend landlock"}
 
 
 def test_overlay_from_a_flag_is_the_flags_fault() -> None:
-    probe = _scripted({"bwrap": _bwrap_without_cgroups(), "docker": Report("docker", False, "Permission denied")})
+    probe = _scripted(
+        {
+            "bwrap": _bwrap_without_cgroups(),
+            "docker": Report("docker", False, "Permission denied"),
+            "landlock": Report("landlock", False, "Landlock ABI 4 here"),
+        }
+    )
     prof = profiles.load("default").override({"mount.strategy": "overlay"})
     error = remedy.explain(GuaranteeUnavailable("x"), prof, {"mount.strategy": "--mount overlay"}, probe)
     assert error.message.startswith("--mount overlay needs what this host cannot give: overlay (bwrap: mounting")

@@ -1,0 +1,405 @@
+"""The Landlock backend: a jail for hosts where namespaces cannot be had.
+
+bubblewrap needs unprivileged user namespaces, which an unprivileged container, Ubuntu 24.04's
+AppArmor default and hardened hosts refuse. Landlock needs nothing: an unprivileged process
+restricts itself, and what it starts inherits the restriction. Each call starts our launcher
+(:mod:`sandbox._jailside.landlock`) on the host, held until it is in the call's cgroups with its
+rlimits; it then drops every privilege, restricts itself and loads the seccomp filter, and runs
+the command as its child, adopting every orphan of it (a subreaper), so that nothing the call
+starts can outlive it: when the command ends, or the host kills the call, the launcher's
+``kill(-1)`` reaches exactly its own jail (Landlock scopes signals to the jail, ABI 6).
+
+**What the command may touch** (every right this kernel's Landlock knows is handled; only these
+paths get any, each by its real path, symlinks never granted):
+
+- the system directories, read and execute; ``/etc`` read, but not what only its owner may read
+  (shadow, private keys: the jail may run as root); ``/proc`` read (other processes' environ,
+  fds and memory stay refused: Landlock keeps the jail from ptrace-reading what is outside it);
+  a few devices (``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``);
+- the workspace: ``ro`` read, with the masked secrets left out (their names still list);
+  ``rw`` everything, and only when nothing in it is sealed (a secret to hide, a ``.git`` whose
+  hooks and config must stay read-only): Landlock grants a tree whole and cannot take part of it
+  back, so such a workspace is refused, never weakened: use ``ro`` or another backend;
+- the session's scratch directory, and a private directory of its own (``HOME`` and ``TMPDIR``;
+  ``/tmp`` itself is not writable).
+
+``copy`` and ``overlay`` are refused (with no mount namespace, a copy cannot be shown at the
+workspace's path, and the file tools address the workspace by it).
+
+**Network**: TCP ``bind`` and ``connect`` are Landlock's to refuse (ABI 4); ``none`` allows neither,
+``allowlist`` allows ``connect`` to the egress proxy's port only, which listens on this host's
+loopback. The seccomp filter's ``landlock`` variant refuses every other socket: UDP, raw,
+netlink, ``AF_UNIX`` (Landlock does not yet confine connecting to a socket file such as
+``/var/run/docker.sock``), and TCP fast open (a connect by ``sendto``).
+
+**What it does not cover**, with no pid, mount or network namespace: the command sees the host's
+process list and other processes' command lines in ``/proc``, the host's network interfaces and
+connections (``/proc/net``), and which paths exist (``stat`` needs no right); a port number is
+allowed on every address, not only loopback's. ``sandbox check`` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
+
+import anyio
+
+from sandbox import _jailside, datadir
+from sandbox._jailside import landlock as launcher
+from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, local, seal, seccomp
+from sandbox.backends.base import Backend
+from sandbox.backends.child import Child
+from sandbox.backends.environment import base_env, host_files
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
+from sandbox.guarantees import Report
+from sandbox.threads import off_loop
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from sandbox.network.egress import Egress
+    from sandbox.profile import Profile
+
+MIN_ABI = 6
+"""Signals scoped to the jail (Linux 6.12): without it, a command could signal every process of
+its user, the executor's among them (there is no pid namespace to keep it in)."""
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+READ_ONLY = ("/proc", "/sys/devices/system/cpu")
+START_TIMEOUT_S = 20.0
+_STATUS_SHOWN = 4096
+
+
+@cache
+def _program() -> str:
+    return _jailside.program("landlock")
+
+
+def abi() -> int:
+    """Landlock's ABI version on this kernel (0: none)."""
+    return launcher.abi()
+
+
+@cache
+def etc_readable() -> tuple[tuple[str, str], ...]:
+    """What of ``/etc`` the jail may read: every entry others may read, where only its owner may read
+    some below it (a jail may run as root, the owner); a tree with nothing private is granted whole."""
+    return tuple(_readable_parts("/etc"))
+
+
+def _readable_parts(root: str) -> list[tuple[str, str]]:
+    private: list[str] = []
+    pending = [root]
+    while pending:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        continue
+                    if not st.st_mode & stat.S_IROTH:
+                        private.append(os.path.relpath(entry.path, root))
+                    elif stat.S_ISDIR(st.st_mode):
+                        pending.append(entry.path)
+    return split(root, private, "ro")
+
+
+Nested: TypeAlias = "dict[str, Nested]"
+
+
+def split(root: str, hidden: Iterable[str], mode: str) -> list[tuple[str, str]]:
+    """Rules giving ``mode`` on all of ``root`` but the ``hidden`` relative paths.
+
+    Landlock grants a tree whole, so the directories on the way to a hidden path get ``list``
+    only (their names show, their files do not), and each other entry its own rule. Symlinks
+    get none: a rule on one would grant its target, wherever it points.
+    """
+    tree: Nested = {}
+    for rel in hidden:
+        node = tree
+        for part in Path(rel).parts:
+            node = node.setdefault(part, {})
+    if not tree:
+        return [(root, mode)]
+    rules: list[tuple[str, str]] = []
+    pending: list[tuple[str, Nested]] = [(root, tree)]
+    while pending:
+        folder, node = pending.pop()
+        rules.append((folder, "list"))
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                below = node.get(entry.name)
+                if below == {} or entry.is_symlink():
+                    continue  # hidden, or a link
+                if below is None:
+                    rules.append((entry.path, mode))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, below))
+    return rules
+
+
+class LandlockJail(local.LocalJail):
+    backend = "landlock"
+
+    def __init__(
+        self,
+        workspace: Path,
+        profile: Profile,
+        private: Path,
+        scratch: Path | None,
+        shared: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(workspace, profile, None)
+        self.private = private
+        self.home, self.tmp = private / "home", private / "tmp"
+        self._scratch = scratch
+        self._shared = tuple(host for host, _ in shared)
+        self.python = jailpython.host_python()
+        self._seccomp = seccomp.filter_path("landlock")
+
+    @property
+    def host_paths_shown(self) -> tuple[str, ...]:
+        return (str(self.workspace), *(os.path.realpath(d) for d in bwrap_argv.SYSTEM_DIRS), "/etc")
+
+    def spec(self) -> dict[str, object]:
+        """The launcher's rules for the next call (the seal searched again: fail closed if it moved)."""
+        sealed = seal.for_profile(self.profile, self.workspace)
+        return build_spec(
+            self.profile,
+            self.workspace,
+            sealed,
+            writable=[self.private, *([self._scratch] if self._scratch is not None else [])],
+            readable=self._shared,
+            ports=[self.egress.tcp_port] if self.egress is not None and self.egress.tcp_port else [],
+            seccomp_program=self._seccomp,
+        )
+
+    async def _launch(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        group: cgroups.CallCgroup | None,
+        *,
+        stdin: bool,
+    ) -> local.LocalProcess:
+        spec = await off_loop(self.spec)
+        environment = base_env(self.profile, env, workspace=self.workspace)
+        environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
+        status_r, status_w = os.pipe()
+        try:
+            with confine.starting("cannot start the Landlock launcher"):
+                proc = Child(
+                    [self.python, "-I", "-S", "-c", _program(), json.dumps(spec), str(status_w), "--", *argv],
+                    pass_fds=(status_w,),
+                    stdin=True,
+                    new_session=True,
+                    cwd=cwd or str(self.workspace),
+                    env=environment,
+                )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(_discard, proc)
+            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
+            cleanup_on_fail.callback(child.forget_root)
+            confine.confine(proc.pid, self.profile, group, "landlock")
+            proc.release_hold(b"go\n", keep_open=stdin)
+            await _confined(status_r)
+            cleanup_on_fail.pop_all()
+        return child
+
+    async def _shutdown(self) -> None:
+        await super()._shutdown()
+        await off_loop(shutil.rmtree, self.private, True)
+
+
+def build_spec(
+    profile: Profile,
+    workspace: Path,
+    sealed: seal.Seal,
+    *,
+    writable: Sequence[Path],
+    readable: Sequence[str],
+    ports: Sequence[int],
+    seccomp_program: str,
+) -> dict[str, object]:
+    """What one call may touch and reach (see the module doc)."""
+    strategy = profile.mount.strategy
+    if strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
+        raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
+    paths: list[tuple[str, str]] = [(os.path.realpath(p), "ro") for p in bwrap_argv.SYSTEM_DIRS if os.path.exists(p)]
+    paths += etc_readable()
+    paths += [(path, "ro") for path in READ_ONLY] + [(path, "dev") for path in DEVICES]
+    paths += split(str(workspace), sealed.masked_paths, "ro" if strategy == "ro" else "rw")
+    paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
+    return {
+        "paths": paths,
+        "connect": list(ports),
+        "need_net": True,
+        "seccomp": seccomp_program,
+        "audit": True,
+    }
+
+
+def _mount_refusal(strategy: str) -> str:
+    return (
+        f"the landlock backend cannot provide mount {strategy!r}: with no mount namespace a private copy cannot "
+        "be shown at the workspace's path; use bwrap or docker for copy and overlay"
+    )
+
+
+def _rw_refusal(sealed: seal.Seal) -> str:
+    what = [f"secret {rel}" for rel in sealed.masked_paths[:3]]
+    if sealed.git or sealed.nested:
+        what.append(".git (its hooks and config stay read-only)")
+    return (
+        "the landlock backend cannot keep part of a writable workspace hidden or read-only ("
+        + ", ".join(what)
+        + "): Landlock grants a tree whole; use mount = 'ro', or bwrap or docker for 'rw' and 'copy'"
+    )
+
+
+async def _confined(status: int) -> None:
+    """Wait for the launcher to confine itself and start the command: the status pipe's end, empty;
+    a message there is its refusal (nothing ran)."""
+    message = b""
+    try:
+        os.set_blocking(status, False)
+        with anyio.fail_after(START_TIMEOUT_S):
+            while True:
+                await anyio.wait_readable(status)
+                try:
+                    chunk = os.read(status, _STATUS_SHOWN)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    break
+                message += chunk
+    except TimeoutError as exc:
+        raise BackendUnavailable("the Landlock launcher did not confine itself in time", backend="landlock") from exc
+    finally:
+        os.close(status)
+    if message:
+        text = message.decode(errors="replace")[:_STATUS_SHOWN]
+        raise BackendUnavailable(f"the Landlock jail could not be set up: {text}", backend="landlock")
+
+
+def _discard(proc: Child) -> None:
+    proc.kill()
+    proc.popen.wait()
+    proc.close()
+
+
+class LandlockBackend(Backend):
+    name = "landlock"
+    egress_over_tcp = True
+
+    def _probe(self) -> Report:
+        return _report()
+
+    def check(self, profile: Profile) -> None:
+        """Also refuse, before any jail, the mounts it cannot give (so ``auto`` passes it over)."""
+        super().check(profile)
+        if profile.mount.strategy not in ("ro", "rw"):
+            raise GuaranteeUnavailable(_mount_refusal(profile.mount.strategy), backend="landlock")
+
+    async def _open(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        egress: Egress | None,
+        shared: Sequence[tuple[str, str]] = (),
+        downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
+    ) -> LandlockJail:
+        if egress is not None and egress.broker is not None:
+            raise GuaranteeUnavailable(
+                "the landlock backend's proxy listens on this host's loopback, where a brokered secret would be "
+                "one connection away for any local process: use bwrap or docker for [secrets]",
+                backend="landlock",
+            )
+        private = await off_loop(_prepare, workspace, profile, shared)
+        return LandlockJail(workspace, profile, private, scratch, shared)
+
+
+def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]]) -> Path:
+    """Refuse what this backend cannot give this workspace; else the jail's private directory."""
+    host_files(profile)
+    if profile.mount.strategy not in ("ro", "rw"):
+        raise GuaranteeUnavailable(_mount_refusal(profile.mount.strategy), backend="landlock")
+    moved = [host for host, jail_path in shared if os.path.realpath(host) != os.path.realpath(jail_path)]
+    if moved:
+        raise GuaranteeUnavailable(
+            f"the landlock backend cannot show {moved[0]} elsewhere (no mount namespace); use bwrap or docker "
+            "for plugin tools",
+            backend="landlock",
+        )
+    sealed = seal.for_profile(profile, workspace)
+    if profile.mount.strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
+        raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
+    private = Path(tempfile.mkdtemp(prefix="landlock-", dir=datadir.subdir("run")))
+    (private / "home").mkdir()
+    (private / "tmp").mkdir()
+    return private
+
+
+_GRANTED = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "net-confined", "net-allowlist")
+_ALWAYS = ("no-new-privs", "no-caps", "env-scrubbed", "new-session", "cpu-limit", "fsize-limit")
+
+
+def _report() -> Report:
+    version = abi()
+    problem = None
+    if version == 0:
+        problem = "this kernel has no Landlock (Linux 5.13+, enabled in lsm=)"
+    elif version < MIN_ABI:
+        problem = (
+            f"Landlock ABI {version} here; the landlock backend needs {MIN_ABI} (Linux 6.12): before it a command "
+            "could signal every process of its user"
+        )
+    elif (no_filter := seccomp.availability("landlock")) is not None:
+        problem = f"no seccomp filter for the Landlock jail: {no_filter}"
+    report = Report("landlock", problem is None, problem or "")
+    report.details["abi"] = version
+    report.notes += [
+        f"Landlock ABI {version} (files, TCP bind and connect, signals and abstract sockets scoped to the jail), "
+        "seccomp (every other socket), rlimits and cgroups; the kernel is the host's",
+        "no namespace: the host's process list and command lines, /proc/net and which paths exist stay visible; "
+        "a copy or overlay mount is refused",
+    ]
+    for name in (*_GRANTED, *_ALWAYS):
+        report.grant(name, problem is None, problem or "")
+    report.grant("seccomp", problem is None, problem or "")
+    report.grant("non-root", problem is None and os.geteuid() != 0, problem or _ROOT)
+    report.grant("tree-kill", problem is None, problem or "")
+    report.details["session-tree-kill"] = "the launcher adopts the call's orphans and kills its jail's processes"
+    report.grant("net-transparent", False, "the landlock backend has no network namespace for a transparent proxy")
+    report.grant("overlay", False, "the landlock backend has no mount namespace")
+    report.grant("tmp-size-limit", False, "the landlock backend has no tmpfs: TMPDIR is a directory on the host")
+    local.report_limits(report, "landlock", problem)
+    report.notes.append(_audit_note(version))
+    return report
+
+
+_ROOT = "commands run as root here (with no capabilities): Landlock changes no uid"
+
+
+def _audit_note(version: int) -> str:
+    if version < 7:
+        return f"Landlock ABI {version} writes no audit records (ABI 7 does)"
+    return "denials are logged to the kernel's audit log (ABI 7); reading them needs the audit netlink socket"
+
+
+backend_class = LandlockBackend
