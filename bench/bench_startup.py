@@ -473,6 +473,11 @@ def build_cases(root: Path) -> list[Case]:
         ]
     editable = Row("  the same, editable checkout (.venv)", "editable", BWRAP_REFS)
     cases.append(process_case(editable, [str(sandbox), "run", "--backend", "bwrap", "--", "true"], ws("editable"), env))
+    landlock = Row("sandbox run -- true (landlock, ro, nothing required), editable", "landlock", BWRAP_REFS)
+    profile = root / "landlock.toml"
+    profile.write_text('description = "bench"\nrequires = []\n[mount]\nstrategy = "ro"\n')
+    landlock_argv = [str(sandbox), "run", "--backend", "landlock", "--profile", str(profile), "--", "true"]
+    cases.append(process_case(landlock, landlock_argv, ws("landlock"), env))
     bare = Row("bare bwrap, our jail's flags -- true", "bwrap")
     try:
         cases.append(process_case(bare, bare_bwrap_argv(ws("bwrap")), root))

@@ -18,6 +18,7 @@ BENCHES = [
     ("permission layer", "bench_policy.py"),
     ("classifier layer: share of a recorded session judged by the model", "bench_classifier.py"),
     ("docker backend", "bench_docker.py"),
+    ("landlock backend: per call against bubblewrap, bare bwrap and Codex's sandbox", "bench_landlock.py"),
     ("1 GiB of stdout: docker warm jail against bubblewrap against bare bwrap", "bench_streams.py"),
     ("mount strategies", "bench_mounts.py"),
     ("copy over the archive API (a remote engine) against the local bind path", "bench_archive.py"),
