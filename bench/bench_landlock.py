@@ -100,9 +100,7 @@ def main() -> int:
         if not values:
             continue
         ratio = f"{mine / medians[name]:.2f}" if mine else "-"
-        print(
-            f"{name:40} {medians[name]:10.1f} {min(values) * 1000:8.1f} {max(values) * 1000:8.1f} {ratio:>15}"
-        )
+        print(f"{name:40} {medians[name]:10.1f} {min(values) * 1000:8.1f} {max(values) * 1000:8.1f} {ratio:>15}")
     if mine is None:
         print("landlock: no figure (unavailable here)")
     return 0
