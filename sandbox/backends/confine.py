@@ -76,6 +76,11 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
         found["pids"] = Enforcement("rlimit NPROC in the call's own user namespace", "call")
     elif kind == "bwrap":
         found["pids"] = Enforcement(None, why_not=f"the kernel does not enforce RLIMIT_NPROC for root and {pids}")
+    elif kind == "landlock" and os.geteuid() != 0:
+        # No user namespace of its own: the kernel counts every task of this user, so the call gets
+        # what this user runs when it starts plus its limit (a fork bomb stops there; so, for
+        # that moment, do the user's other new processes).
+        found["pids"] = Enforcement(USER_NPROC, "call")
     else:
         found["pids"] = Enforcement(
             None,
@@ -88,6 +93,23 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
         else Enforcement(None, why_not=f"the {kind} backend has no tmpfs /tmp")
     )
     return {name: found[name] for name in LIMITS}
+
+
+USER_NPROC = "rlimit NPROC over this user's tasks: those at the call's start plus the limit"
+
+
+def user_tasks() -> int:
+    """How many tasks (threads: what RLIMIT_NPROC counts) this user runs now."""
+    uid = str(os.geteuid())
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{entry.name}/status", "rb") as status:
+            fields = dict(line.split(b":", 1) for line in status.read().splitlines() if b":" in line)
+            if fields.get(b"Uid", b"").split()[:1] == [uid.encode()]:
+                count += int(fields.get(b"Threads", b"1").strip() or 1)
+    return count
 
 
 def _tmpfs_mechanism() -> str:
@@ -107,7 +129,9 @@ def rlimits(profile: Profile, kind: Kind) -> list[tuple[int, int]]:
     ]
     if how["memory"].how == "rlimit DATA":
         pairs.append((resource.RLIMIT_DATA, lim.memory))
-    if (how["pids"].how or "").startswith("rlimit NPROC"):
+    if how["pids"].how == USER_NPROC and lim.pids is not None:
+        pairs.append((resource.RLIMIT_NPROC, user_tasks() + lim.pids))
+    elif (how["pids"].how or "").startswith("rlimit NPROC"):
         pairs.append((resource.RLIMIT_NPROC, lim.pids))
     return [(res, int(value)) for res, value in pairs if value is not None]
 
