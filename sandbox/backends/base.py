@@ -143,6 +143,15 @@ class Jail(ABC):
         is its image's). Used to explain a command that resolves into what the jail hides."""
         return (str(self.workspace),)
 
+    def to_view(self, path: str) -> str:
+        """A host path of the workspace as the jail names it (the same, but where a backend cannot
+        show its private copy at the workspace's path: Landlock's)."""
+        return path
+
+    def from_view(self, text: str) -> str:
+        """What the jail said (a file tool's reply), its view's paths named as the host's."""
+        return text
+
     def shell_argv(self, command: str, shell: str | None = None) -> list[str]:
         """The Bash tool's ``command`` as this jail runs it in ``shell`` (an id of
         :data:`sandbox.shells.CATALOGUE`; a POSIX jail has ``bash`` only): bash, found in the system

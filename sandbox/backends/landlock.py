@@ -19,12 +19,16 @@ paths get any, each by its real path, symlinks never granted):
 - the workspace: ``ro`` read, with the masked secrets left out (their names still list);
   ``rw`` everything, and only when nothing in it is sealed (a secret to hide, a ``.git`` whose
   hooks and config must stay read-only): Landlock grants a tree whole and cannot take part of it
-  back, so such a workspace is refused, never weakened: use ``ro`` or another backend;
+  back, so such a workspace is refused, never weakened: use ``copy``, ``ro`` or another backend;
+- ``copy``: the private copy (the masked secrets left out, their places empty), everything. With
+  no mount namespace it cannot be shown at the workspace's path: the jail sees it at its own, its
+  commands start there, and the file tools' paths are translated both ways (:meth:`LandlockJail.to_view`,
+  :meth:`~LandlockJail.from_view`); a command naming the workspace's own path is refused by the
+  rules. The changeset and its guarded apply are every backend's;
 - the session's scratch directory, and a private directory of its own (``HOME`` and ``TMPDIR``;
   ``/tmp`` itself is not writable).
 
-``copy`` and ``overlay`` are refused (with no mount namespace, a copy cannot be shown at the
-workspace's path, and the file tools address the workspace by it).
+``overlay`` is refused (no mount namespace).
 
 **Network**: TCP ``bind`` and ``connect`` are Landlock's to refuse (ABI 4); ``none`` allows neither,
 ``allowlist`` allows ``connect`` to the egress proxy's port only, which listens on this host's
@@ -43,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -60,6 +65,7 @@ from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
 from sandbox.guarantees import Report
+from sandbox.mounts import CopyTree
 from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
@@ -68,6 +74,7 @@ if TYPE_CHECKING:
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
+MOUNTS = ("ro", "rw", "copy")
 MIN_ABI = 6
 """Signals scoped to the jail (Linux 6.12): without it, a command could signal every process of
 its user, the executor's among them (there is no pid namespace to keep it in)."""
@@ -155,8 +162,12 @@ class LandlockJail(local.LocalJail):
         private: Path,
         scratch: Path | None,
         shared: Sequence[tuple[str, str]] = (),
+        tree: CopyTree | None = None,
     ) -> None:
-        super().__init__(workspace, profile, None)
+        super().__init__(workspace, profile, tree)
+        # Where the jail sees the workspace: the workspace itself, or (copy) the private copy at its
+        # own path, which no mount namespace can move to the workspace's.
+        self.view = tree.root if tree is not None else workspace
         self.private = private
         self.home, self.tmp = private / "home", private / "tmp"
         self._scratch = scratch
@@ -166,14 +177,25 @@ class LandlockJail(local.LocalJail):
 
     @property
     def host_paths_shown(self) -> tuple[str, ...]:
-        return (str(self.workspace), *(os.path.realpath(d) for d in bwrap_argv.SYSTEM_DIRS), "/etc")
+        return (str(self.view), *(os.path.realpath(d) for d in bwrap_argv.SYSTEM_DIRS), "/etc")
+
+    def to_view(self, path: str) -> str:
+        """A workspace path as the jail sees it (copy: in the private copy)."""
+        return _moved(path, str(self.workspace), str(self.view))
+
+    def from_view(self, text: str) -> str:
+        """What the jail said, with the private copy's paths named as the workspace's."""
+        return _moved(text, str(self.view), str(self.workspace), anywhere=True)
 
     def spec(self) -> dict[str, object]:
-        """The launcher's rules for the next call (the seal searched again: fail closed if it moved)."""
-        sealed = seal.for_profile(self.profile, self.workspace)
+        """The launcher's rules for the next call (the seal searched again: fail closed if it moved).
+
+        A private copy holds no host secret (they are left out of it, their places empty), and what
+        a command writes there is the task's own: it is granted whole."""
+        sealed = seal.Seal((), False) if self.tree is not None else seal.for_profile(self.profile, self.workspace)
         return build_spec(
             self.profile,
-            self.workspace,
+            self.view,
             sealed,
             writable=[self.private, *([self._scratch] if self._scratch is not None else [])],
             readable=self._shared,
@@ -191,7 +213,7 @@ class LandlockJail(local.LocalJail):
         stdin: bool,
     ) -> local.LocalProcess:
         spec = await off_loop(self.spec)
-        environment = base_env(self.profile, env, workspace=self.workspace)
+        environment = base_env(self.profile, env, workspace=self.view)
         environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
         status_r, status_w = os.pipe()
         try:
@@ -201,7 +223,7 @@ class LandlockJail(local.LocalJail):
                     pass_fds=(status_w,),
                     stdin=True,
                     new_session=True,
-                    cwd=cwd or str(self.workspace),
+                    cwd=self.to_view(cwd or str(self.workspace)),
                     env=environment,
                 )
         except BaseException:
@@ -241,7 +263,7 @@ def build_spec(
     paths: list[tuple[str, str]] = [(os.path.realpath(p), "ro") for p in bwrap_argv.SYSTEM_DIRS if os.path.exists(p)]
     paths += etc_readable()
     paths += [(path, "ro") for path in READ_ONLY] + [(path, "dev") for path in DEVICES]
-    paths += split(str(workspace), sealed.masked_paths, "ro" if strategy == "ro" else "rw")
+    paths += split(str(workspace), sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
     return {
         "paths": paths,
@@ -254,8 +276,8 @@ def build_spec(
 
 def _mount_refusal(strategy: str) -> str:
     return (
-        f"the landlock backend cannot provide mount {strategy!r}: with no mount namespace a private copy cannot "
-        "be shown at the workspace's path; use bwrap or docker for copy and overlay"
+        f"the landlock backend cannot provide mount {strategy!r} (no mount namespace for an overlay); use "
+        "bwrap (root, or bubblewrap 0.9+), or copy"
     )
 
 
@@ -266,7 +288,7 @@ def _rw_refusal(sealed: seal.Seal) -> str:
     return (
         "the landlock backend cannot keep part of a writable workspace hidden or read-only ("
         + ", ".join(what)
-        + "): Landlock grants a tree whole; use mount = 'ro', or bwrap or docker for 'rw' and 'copy'"
+        + "): Landlock grants a tree whole; use mount = 'copy' or 'ro', or bwrap or docker for 'rw'"
     )
 
 
@@ -311,7 +333,7 @@ class LandlockBackend(Backend):
     def check(self, profile: Profile) -> None:
         """Also refuse, before any jail, the mounts it cannot give (so ``auto`` passes it over)."""
         super().check(profile)
-        if profile.mount.strategy not in ("ro", "rw"):
+        if profile.mount.strategy not in MOUNTS:
             raise GuaranteeUnavailable(_mount_refusal(profile.mount.strategy), backend="landlock")
 
     async def _open(
@@ -330,14 +352,29 @@ class LandlockBackend(Backend):
                 "one connection away for any local process: use bwrap or docker for [secrets]",
                 backend="landlock",
             )
-        private = await off_loop(_prepare, workspace, profile, shared)
-        return LandlockJail(workspace, profile, private, scratch, shared)
+        private, sealed = await off_loop(_prepare, workspace, profile, shared)
+        tree = None
+        try:
+            if profile.mount.strategy == "copy":
+                # The masked secrets are left out of the copy: their places in it stay empty.
+                tree = await CopyTree.prepare(
+                    workspace,
+                    exclude=(*profile.mount.exclude, *sealed.masked_paths),
+                    environment_cache=profile.mount.environment_cache == "project",
+                    environment=profile.mount.environment,
+                )
+                if os.geteuid() == 0:  # root with no capabilities writes only what root owns
+                    await off_loop(tree.hand_to, 0, 0)
+        except BaseException:
+            await off_loop(shutil.rmtree, private, True)
+            raise
+        return LandlockJail(workspace, profile, private, scratch, shared, tree)
 
 
-def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]]) -> Path:
-    """Refuse what this backend cannot give this workspace; else the jail's private directory."""
+def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]]) -> tuple[Path, seal.Seal]:
+    """Refuse what this backend cannot give this workspace; else the jail's private directory and seal."""
     host_files(profile)
-    if profile.mount.strategy not in ("ro", "rw"):
+    if profile.mount.strategy not in MOUNTS:
         raise GuaranteeUnavailable(_mount_refusal(profile.mount.strategy), backend="landlock")
     moved = [host for host, jail_path in shared if os.path.realpath(host) != os.path.realpath(jail_path)]
     if moved:
@@ -350,9 +387,19 @@ def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]
     if profile.mount.strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
         raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
     private = Path(tempfile.mkdtemp(prefix="landlock-", dir=datadir.subdir("run")))
-    (private / "home").mkdir()
-    (private / "tmp").mkdir()
-    return private
+    (private / "home").mkdir(mode=0o700)
+    (private / "tmp").mkdir(mode=0o700)
+    return private, sealed
+
+
+def _moved(text: str, old: str, new: str, *, anywhere: bool = False) -> str:
+    """``text`` with the path prefix ``old`` (a whole path or a parent) named ``new``; ``anywhere``:
+    every occurrence followed by a separator or the text's end, else only at its start."""
+    if old == new:
+        return text
+    if not anywhere:
+        return new + text[len(old) :] if text == old or text.startswith(old + "/") else text
+    return re.sub(re.escape(old) + r"(?=/|$|[\s:'\"])", lambda _m: new, text)
 
 
 _GRANTED = ("fs-readonly-root", "fs-write-confined", "fs-hidden-home", "net-none", "net-confined", "net-allowlist")
@@ -377,7 +424,7 @@ def _report() -> Report:
         f"Landlock ABI {version} (files, TCP bind and connect, signals and abstract sockets scoped to the jail), "
         "seccomp (every other socket), rlimits and cgroups; the kernel is the host's",
         "no namespace: the host's process list and command lines, /proc/net and which paths exist stay visible; "
-        "a copy or overlay mount is refused",
+        "a copy is seen at its own path, not the workspace's; an overlay mount is refused",
     ]
     for name in (*_GRANTED, *_ALWAYS):
         report.grant(name, problem is None, problem or "")

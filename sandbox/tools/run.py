@@ -45,6 +45,8 @@ class ToolResult(BaseModel):
 async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | None = None) -> RunnerReply:
     """One runner round trip; the reply carries ``ok``, ``content``, ``error_code``, ``details``."""
     program = RUNNER_PROGRAM if request.get("op") in _GLOB_OPS else _PLAIN_RUNNER_PROGRAM
+    if isinstance(request.get("path"), str):
+        request = {**request, "path": jail.to_view(request["path"])}
     result = await executor.run(
         jail,
         jail.runner_argv(program),
@@ -59,7 +61,7 @@ async def run_in_jail(jail: Jail, request: dict[str, Any], abort: anyio.Event | 
         return RunnerReply(ok=False, error_code="ABORTED", content="aborted", details={})
     if result.timed_out:
         return RunnerReply(ok=False, error_code="TIMEOUT", content="the file tool timed out", details={})
-    raw = decode_reply(result.stdout)  # bounded in depth: the jail writes it
+    raw = decode_reply(jail.from_view(result.stdout))  # bounded in depth: the jail writes it
     if raw is not None:
         reply = runner_reply(raw)
         if result.quarantined:  # rw: what git would obey that the write left (a Write of .git/commondir)

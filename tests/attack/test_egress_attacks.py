@@ -561,12 +561,13 @@ def test_the_proxys_socket_is_not_reachable_by_another_local_user() -> None:
 
 # -- the same attacks from inside a jail, on every backend ------------------------------------------------------
 JAIL_CLIENT = r"""
-import socket, sys, time
+import os, socket, sys, time
+PROXY = int(os.environ["http_proxy"].rsplit(":", 1)[1])  # the forwarder's, or (Landlock) the proxy's own port
 def talk(data, n=1):
-    conns = [socket.create_connection(("127.0.0.1", 3128)) for _ in range(n - 1)]
+    conns = [socket.create_connection(("127.0.0.1", PROXY)) for _ in range(n - 1)]
     if conns:
         time.sleep(float(sys.argv[3]))  # the idle ones arrive (the forwarder's threads) and fall overdue
-    s = socket.create_connection(("127.0.0.1", 3128))
+    s = socket.create_connection(("127.0.0.1", PROXY))
     conns.append(s)
     s.sendall(data)
     s.settimeout(3)
@@ -612,7 +613,8 @@ async def test_a_jails_proxy_socket_admits_the_jail_and_not_another_user(open_ja
     profile = mode_profile("ro", **{"network.mode": "allowlist", "network.allow": [f"127.0.0.1:{port}"]})
     jail = await open_jail(profile)
     fetch = (
-        "import socket; s = socket.create_connection(('127.0.0.1', 3128)); s.settimeout(10);"
+        "import os, socket; port = int(os.environ['http_proxy'].rsplit(':', 1)[1]);"
+        "s = socket.create_connection(('127.0.0.1', port)); s.settimeout(10);"
         f"s.sendall(b'GET http://127.0.0.1:{port}/ HTTP/1.1\\r\\n\\r\\n'); print(s.recv(15).decode())"
     )
     result = await executor.run(jail, ["python3", "-c", fetch], timeout=60)

@@ -2,9 +2,10 @@
 ``tests/run-as-user.sh``, as an ordinary user): what it confines, what it refuses, and what it
 declares it does not give (each in place of the contract test that would claim it).
 
-The contract suites (test_contracts, test_leaks, test_tools, test_limits) also run on it
-(``tests/conftest.py``: ``LANDLOCK_MODULES``); tests/integration/test_landlock_container.py runs it
-inside an unprivileged Docker container, where bubblewrap cannot start.
+The contract suites (test_contracts, test_leaks, test_tools, test_limits) and the attack suite
+also run on it, less what it declares (``tests/conftest.py``: ``LANDLOCK_DECLARED``);
+tests/integration/test_landlock_container.py runs it inside an unprivileged Docker container,
+where bubblewrap cannot start.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sandbox import profile as profiles
 from sandbox.backends import base, landlock
 from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
 from sandbox.guarantees import Report
+from sandbox.session import Sandbox
 from tests import netlab
 from tests.conftest import landlock_or_skip, make_profile, survivors
 from tests.netlab import HELLO, NetLab
@@ -113,11 +115,33 @@ async def test_a_secret_that_appears_mid_session_fails_the_next_call_closed(jail
         await sh(jail, "cat .env")
 
 
-async def test_copy_and_overlay_are_refused_before_any_jail(backend: base.Backend) -> None:
-    with pytest.raises(GuaranteeUnavailable, match="cannot provide mount 'copy'"):
-        backend.check(make_profile("default", **{"mount.strategy": "copy"}))
+async def test_overlay_is_refused_before_any_jail(backend: base.Backend) -> None:
     with pytest.raises(GuaranteeUnavailable, match=r"overlay \(the landlock backend has no mount namespace\)"):
         backend.check(make_profile("default", **{"mount.strategy": "overlay"}))
+
+
+@pytest.mark.usefixtures("backend")  # for its skip
+async def test_copy_is_seen_at_its_own_path_and_the_tools_name_the_workspace(workspace: Path) -> None:
+    """The private copy cannot sit at the workspace's path: commands see it at its own, the file
+    tools' paths are translated both ways, and the workspace's own path is out of reach."""
+    (workspace / ".env").write_text("API_KEY=hunter2\n")
+    profile = make_profile("untrusted", **{"limits.tmp_size": "256MiB"})
+    async with Sandbox.open(workspace, profile=profile.with_overrides(backend="landlock"), mode="auto") as box:
+        assert box.jail.backend == "landlock"
+        wrote = await box.call("Write", {"path": str(workspace / "notes.md"), "content": "in the copy\n"})
+        found = await box.call("Grep", {"pattern": "copy", "path": str(workspace)})
+        globbed = await box.call("Glob", {"pattern": "**/*.md"})
+        ran = await box.call("Bash", {"command": f"pwd; cat notes.md; echo x > {workspace}/direct; echo end"})
+        masked = await executor.run(box.jail, ["cat", ".env"])  # past the policy: the copy holds none
+        changes = await box.jail.changes()
+    assert wrote.ok and found.ok and globbed.ok, (wrote, found, globbed)
+    copy_root = ran.details["stdout"].splitlines()[0]
+    assert copy_root != str(workspace) and copy_root not in found.content + globbed.content
+    assert str(workspace / "notes.md") in found.content and str(workspace / "notes.md") in globbed.content
+    assert ran.details["stdout"].splitlines()[1:] == ["in the copy", "end"], ran
+    assert "hunter2" not in masked.stdout and not (workspace / "direct").exists()
+    assert not (workspace / "notes.md").exists()
+    assert changes is not None and [c.path for c in changes.changes] == ["notes.md"]
 
 
 async def test_tmp_size_is_refused_and_tmpdir_is_private(jails: Opener, backend: base.Backend) -> None:
@@ -334,8 +358,8 @@ def test_auto_falls_back_to_landlock_only_where_the_others_cannot_run(
     assert chosen is backend
     note = base.fallback_note(chosen, prof)
     assert note is not None and "bwrap: backend bwrap is unavailable: bwrap cannot start here (test)" in note
-    with pytest.raises(GuaranteeUnavailable, match="cannot provide mount 'copy'"):
-        base.choose("auto", make_profile("untrusted"))
+    with pytest.raises(GuaranteeUnavailable, match=r"tmp-size-limit \(landlock: the landlock backend has no tmpfs"):
+        base.choose("auto", profiles.load("untrusted"))
 
 
 def test_check_says_what_it_rests_on(backend: base.Backend) -> None:
