@@ -7,7 +7,6 @@ processes so the tree kill holds; the probe says plainly what it does not guaran
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -53,21 +52,8 @@ class HostJail(local.LocalJail):
                 cwd=cwd or str(self.workspace),
                 env=base_env(self.profile, env) | {"HOME": str(self.workspace)},
             )
-        with contextlib.ExitStack() as cleanup_on_fail:
-            cleanup_on_fail.callback(_discard_held, proc)
-            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
-            cleanup_on_fail.callback(child.forget_root)
-            confine.confine(proc.pid, self.profile, group, "host")
-            proc.release_hold(b"go\n", keep_open=stdin)
-            cleanup_on_fail.pop_all()
-        return child
-
-
-def _discard_held(proc: Child) -> None:
-    """Kill a shell still held in ``read``: it has started nothing, so it is all there is."""
-    proc.kill()
-    proc.popen.wait()
-    proc.close()
+        with self._releasing(proc, group, "host", stdin=stdin) as child:
+            return child
 
 
 class HostBackend(Backend):

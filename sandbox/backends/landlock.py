@@ -231,14 +231,8 @@ class LandlockJail(local.LocalJail):
             raise
         finally:
             os.close(status_w)
-        with contextlib.ExitStack() as cleanup_on_fail:
-            cleanup_on_fail.callback(_discard, proc)
-            child = local.LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
-            cleanup_on_fail.callback(child.forget_root)
-            confine.confine(proc.pid, self.profile, group, "landlock")
-            proc.release_hold(b"go\n", keep_open=stdin)
+        with self._releasing(proc, group, "landlock", stdin=stdin) as child:
             await _confined(status_r)
-            cleanup_on_fail.pop_all()
         return child
 
     async def _shutdown(self) -> None:
@@ -315,12 +309,6 @@ async def _confined(status: int) -> None:
     if message:
         text = message.decode(errors="replace")[:_STATUS_SHOWN]
         raise BackendUnavailable(f"the Landlock jail could not be set up: {text}", backend="landlock")
-
-
-def _discard(proc: Child) -> None:
-    proc.kill()
-    proc.popen.wait()
-    proc.close()
 
 
 class LandlockBackend(Backend):

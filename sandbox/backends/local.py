@@ -24,10 +24,10 @@ import anyio
 
 from sandbox.backends import cgroups
 from sandbox.backends.base import Jail, Process
-from sandbox.backends.confine import KILL_WAIT_S, Kind, Tree, call_cgroup, enforcement, removal_steps
+from sandbox.backends.confine import KILL_WAIT_S, Kind, Tree, call_cgroup, confine, enforcement, removal_steps
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from sandbox.backends.base import Stdin
@@ -176,11 +176,33 @@ class LocalJail(Jail):
         ``stdin``: whether the command gets a pipe for its stdin (else it is closed from the start).
         """
 
+    @contextlib.contextmanager
+    def _releasing(
+        self, proc: Child, group: cgroups.CallCgroup | None, kind: Kind, *, stdin: bool
+    ) -> Iterator[LocalProcess]:
+        """A first process held before its command (our child: no pid namespace), confined and
+        released; killed if the ``with`` block fails before it ends."""
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(discard_held, proc)
+            child = LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
+            cleanup_on_fail.callback(child.forget_root)
+            confine(proc.pid, self.profile, group, kind)
+            proc.release_hold(b"go\n", keep_open=stdin)
+            yield child
+            cleanup_on_fail.pop_all()
+
     async def _shutdown(self) -> None:
         for proc in list(self._live):
             await proc.kill_tree(0)
             proc.release()
         await self._pool.aclose()
+
+
+def discard_held(proc: Child) -> None:
+    """Kill a call's first process still held before its command (it has started nothing, so it is all there is)."""
+    proc.kill()
+    proc.popen.wait()
+    proc.close()
 
 
 def report_limits(report: Report, kind: Kind, problem: str | None) -> None:

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -28,34 +28,18 @@ from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
 from sandbox.guarantees import Report
 from sandbox.session import Sandbox
 from tests import netlab
-from tests.conftest import landlock_or_skip, make_profile, survivors
+from tests.conftest import JailFactory, landlock_or_skip, make_profile, survivors
 from tests.netlab import HELLO, NetLab
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import Iterator
 
 pytestmark = [pytest.mark.anyio, pytest.mark.landlock]
-
-Opener: TypeAlias = "Callable[..., Any]"
 
 
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> base.Backend:
     return landlock_or_skip(monkeypatch)
-
-
-@pytest.fixture
-async def jails(backend: base.Backend, workspace: Path) -> AsyncIterator[Callable[..., Any]]:
-    opened: list[base.Jail] = []
-
-    async def factory(profile: profiles.Profile | None = None, ws: Path | None = None) -> base.Jail:
-        jail = await backend.open_jail(ws or workspace, profile or make_profile())
-        opened.append(jail)
-        return jail
-
-    yield factory
-    for jail in opened:
-        await jail.aclose()
 
 
 async def sh(jail: base.Jail, script: str, **kw: Any) -> executor.ExecResult:
@@ -65,13 +49,13 @@ async def sh(jail: base.Jail, script: str, **kw: Any) -> executor.ExecResult:
 # -- the workspace, as the profile says ---------------------------------------------------------
 
 
-async def test_ro_reads_everything_but_the_secrets_and_writes_nothing(jails: Opener, workspace: Path) -> None:
+async def test_ro_reads_everything_but_the_secrets_and_writes_nothing(open_jail: JailFactory, workspace: Path) -> None:
     (workspace / ".env").write_text("API_KEY=hunter2\n")
     (workspace / ".env.example").write_text("API_KEY=\n")
     (workspace / "deploy").mkdir()
     (workspace / "deploy" / "server.key").write_text("PRIVATE\n")
     (workspace / "deploy" / "notes.txt").write_text("notes\n")
-    jail = await jails(make_profile("readonly"))
+    jail = await open_jail(make_profile("readonly"))
     result = await sh(
         jail,
         "cat README.md deploy/notes.txt .env.example; cat .env; cat deploy/server.key; cat ./deploy/../.env; "
@@ -83,10 +67,12 @@ async def test_ro_reads_everything_but_the_secrets_and_writes_nothing(jails: Ope
     assert sorted(p.name for p in workspace.iterdir()) == [".env", ".env.example", "README.md", "deploy", "src"]
 
 
-async def test_rw_writes_the_workspace_and_nowhere_else(jails: Opener, workspace: Path, tmp_path: Path) -> None:
+async def test_rw_writes_the_workspace_and_nowhere_else(
+    open_jail: JailFactory, workspace: Path, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
-    jail = await jails()
+    jail = await open_jail()
     result = await sh(
         jail,
         f'echo new > new.txt && echo ok1; echo x > "$TMPDIR/t" && echo ok2; echo x > {outside}/o; echo x > /tmp/o$$; '
@@ -97,18 +83,20 @@ async def test_rw_writes_the_workspace_and_nowhere_else(jails: Opener, workspace
     assert list(outside.iterdir()) == [] and not (workspace.parent / "escape").exists()
 
 
-async def test_rw_is_refused_where_part_of_the_workspace_is_sealed(jails: Opener, workspace: Path) -> None:
+async def test_rw_is_refused_where_part_of_the_workspace_is_sealed(open_jail: JailFactory, workspace: Path) -> None:
     (workspace / ".git").mkdir()
     with pytest.raises(GuaranteeUnavailable, match=r"\.git \(its hooks and config stay read-only\)"):
-        await jails()
+        await open_jail()
     (workspace / ".git").rmdir()
     (workspace / ".env").write_text("API_KEY=hunter2\n")
     with pytest.raises(GuaranteeUnavailable, match="secret .env"):
-        await jails()
+        await open_jail()
 
 
-async def test_a_secret_that_appears_mid_session_fails_the_next_call_closed(jails: Opener, workspace: Path) -> None:
-    jail = await jails()
+async def test_a_secret_that_appears_mid_session_fails_the_next_call_closed(
+    open_jail: JailFactory, workspace: Path
+) -> None:
+    jail = await open_jail()
     assert (await sh(jail, "echo one")).stdout == "one\n"
     (workspace / ".env").write_text("API_KEY=hunter2\n")
     with pytest.raises(GuaranteeUnavailable, match="secret .env"):
@@ -144,11 +132,11 @@ async def test_copy_is_seen_at_its_own_path_and_the_tools_name_the_workspace(wor
     assert changes is not None and [c.path for c in changes.changes] == ["notes.md"]
 
 
-async def test_tmp_size_is_refused_and_tmpdir_is_private(jails: Opener, backend: base.Backend) -> None:
+async def test_tmp_size_is_refused_and_tmpdir_is_private(open_jail: JailFactory, backend: base.Backend) -> None:
     """In place of test_tmp_is_private_and_bounded: no tmpfs, so no bound; a TMPDIR of the jail's own."""
     with pytest.raises(GuaranteeUnavailable, match=r"tmp_size = 8388608 \(the landlock backend has no tmpfs /tmp\)"):
         backend.check(make_profile("default", **{"limits.tmp_size": "8MiB"}))
-    first, second = await jails(), await jails()
+    first, second = await open_jail(), await open_jail()
     assert (await sh(first, 'echo secret > "$TMPDIR/mine"; echo $TMPDIR')).exit_code == 0
     result = await sh(second, 'cat "$TMPDIR/mine"; ls /tmp')
     assert "secret" not in result.stdout and "Permission denied" in result.stderr
@@ -158,12 +146,12 @@ async def test_tmp_size_is_refused_and_tmpdir_is_private(jails: Opener, backend:
     assert not private.parent.exists()
 
 
-async def test_host_paths_are_unreadable_though_their_names_show(jails: Opener, tmp_path: Path) -> None:
+async def test_host_paths_are_unreadable_though_their_names_show(open_jail: JailFactory, tmp_path: Path) -> None:
     """In place of test_host_files_outside_are_absent: no mount namespace, so a name can be
     ``stat``-ed; nothing outside the rules can be read, listed or connected to."""
     secret = tmp_path / "host-secret.txt"
     secret.write_text("hunter2\n")
-    jail = await jails()
+    jail = await open_jail()
     result = await sh(
         jail,
         f"cat {secret}; ls {tmp_path}; cat /etc/shadow; ls /root /home; cat ~root/.bash_history; "
@@ -177,9 +165,9 @@ async def test_host_paths_are_unreadable_though_their_names_show(jails: Opener, 
 # -- processes: signals, /proc, privileges, survivors -------------------------------------------
 
 
-async def test_the_jail_cannot_signal_or_read_a_host_process(jails: Opener) -> None:
+async def test_the_jail_cannot_signal_or_read_a_host_process(open_jail: JailFactory) -> None:
     me = os.getpid()
-    jail = await jails()
+    jail = await open_jail()
     result = await sh(
         jail,
         f"kill -STOP {me}; echo kill=$?; cat /proc/{me}/environ; cat /proc/{me}/maps; "
@@ -190,8 +178,10 @@ async def test_the_jail_cannot_signal_or_read_a_host_process(jails: Opener) -> N
     assert os.getpid() == me  # still here, not stopped
 
 
-async def test_one_calls_kill_minus_one_spares_another_call_of_the_same_jail(jails: Opener, marker: str) -> None:
-    jail = await jails()
+async def test_one_calls_kill_minus_one_spares_another_call_of_the_same_jail(
+    open_jail: JailFactory, marker: str
+) -> None:
+    jail = await open_jail()
     async with anyio.create_task_group() as tg:
         results: list[executor.ExecResult] = []
 
@@ -205,8 +195,8 @@ async def test_one_calls_kill_minus_one_spares_another_call_of_the_same_jail(jai
     assert survivors(marker) == []
 
 
-async def test_no_privileges_and_the_filter_is_on(jails: Opener) -> None:
-    jail = await jails()
+async def test_no_privileges_and_the_filter_is_on(open_jail: JailFactory) -> None:
+    jail = await open_jail()
     result = await sh(
         jail,
         "grep -E '^(NoNewPrivs|CapEff|CapPrm|CapBnd|CapAmb|Seccomp):' /proc/self/status; "
@@ -228,16 +218,16 @@ def test_as_root_the_report_says_non_root_does_not_hold(backend: base.Backend) -
         backend.check(profiles.Profile().with_overrides(requires=("non-root",)))
 
 
-async def test_survivors_of_a_timeout_and_of_a_normal_end_are_killed(jails: Opener, marker: str) -> None:
-    jail = await jails()
+async def test_survivors_of_a_timeout_and_of_a_normal_end_are_killed(open_jail: JailFactory, marker: str) -> None:
+    jail = await open_jail()
     await sh(jail, f"(setsid sleep {marker} &); (trap '' TERM HUP; exec -a x{marker} sleep 300) & echo started")
     assert survivors(marker) == []
     result = await sh(jail, f"trap '' TERM; (setsid sleep {marker} &); sleep 300", timeout=1)
     assert result.timed_out and survivors(marker) == []
 
 
-async def test_a_launcher_that_cannot_confine_runs_nothing(jails: Opener, workspace: Path) -> None:
-    jail = await jails()
+async def test_a_launcher_that_cannot_confine_runs_nothing(open_jail: JailFactory, workspace: Path) -> None:
+    jail = await open_jail()
     assert isinstance(jail, landlock.LandlockJail)
     jail._seccomp = str(workspace / "no-such-program.bpf")
     with pytest.raises(BackendUnavailable, match="could not be set up: .*no-such-program.bpf"):
@@ -296,9 +286,9 @@ for name, attempt in tries.items():
 """
 
 
-async def test_network_none_refuses_every_family_and_reaches_nothing(jails: Opener) -> None:
+async def test_network_none_refuses_every_family_and_reaches_nothing(open_jail: JailFactory) -> None:
     with listener() as (port, reached):
-        jail = await jails()
+        jail = await open_jail()
         result = await executor.run(jail, ["python3", "-c", PROBE, str(port)])
         curl = await sh(jail, f"curl -sS -m 3 http://127.0.0.1:{port}/ || echo refused")
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
@@ -314,11 +304,11 @@ def lab() -> Iterator[NetLab]:
 
 
 async def test_allowlist_goes_through_the_proxy_and_only_there(
-    jails: Opener, lab: NetLab, monkeypatch: pytest.MonkeyPatch
+    open_jail: JailFactory, lab: NetLab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     netlab.resolve_in(lab, monkeypatch)
     allow = [f"allowed.test:{lab.http_port}", f"{lab.address}:{lab.http_port}"]
-    jail = await jails(make_profile("default", **{"network.mode": "allowlist", "network.allow": allow}))
+    jail = await open_jail(make_profile("default", **{"network.mode": "allowlist", "network.allow": allow}))
     assert jail.egress is not None and jail.egress.tcp_port
     url = lab.http_url("allowed.test", "/hello.txt")
     result = await sh(
