@@ -62,38 +62,28 @@ def runtime_image() -> str:
     return ref
 
 
-def in_container(ref: str, workspace: Path, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def docker_run(ref: str, user: str, mounts: dict[Path, str], workdir: str, *argv: str) -> list[str]:
+    """``docker run`` as an unprivileged container: no network, Docker's default seccomp and
+    capabilities; the host's bwrap bound in (to show it failing), the venv's packages on the path."""
     bwrap = shutil.which("bwrap")
-    command = [
-        "docker",
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--user",
-        user,
-        "-v",
-        f"{ROOT / 'sandbox'}:/opt/sbx/sandbox:ro",
-        "-v",
-        f"{ROOT / 'profiles'}:/opt/sbx/profiles:ro",
-        "-v",
-        f"{SITE}:/opt/site:ro",
-        "-v",
-        f"{bwrap}:/usr/bin/bwrap:ro",
-        "-v",
-        f"{workspace}:/ws",
-        "-w",
-        "/ws",
-        "-e",
-        "PYTHONPATH=/opt/sbx:/opt/site",
-        "-e",
-        "SANDBOX_DATA_DIR=/tmp/sbx-data",
-        ref,
-        "python3",
-        "-c",
-        "import sys; from sandbox.cli import entry; sys.argv[0] = 'sandbox'; sys.exit(entry())",
-        *argv,
+    binds = [
+        arg
+        for host, inside in {SITE: "/opt/site:ro", Path(str(bwrap)): "/usr/bin/bwrap:ro", **mounts}.items()
+        for arg in ("-v", f"{host}:{inside}")
     ]
+    return [
+        "docker", "run", "--rm", "--network", "none", "--user", user, *binds, "-w", workdir,
+        "-e", "PYTHONPATH=/opt/sbx:/opt/site", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
+        ref, *argv,
+    ]  # fmt: skip
+
+
+def in_container(ref: str, workspace: Path, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    mounts = {ROOT / "sandbox": "/opt/sbx/sandbox:ro", ROOT / "profiles": "/opt/sbx/profiles:ro", workspace: "/ws"}
+    entry = "import sys; from sandbox.cli import entry; sys.argv[0] = 'sandbox'; sys.exit(entry())"
+    command = docker_run(
+        ref, user, mounts, "/ws", "env", "SANDBOX_DATA_DIR=/tmp/sbx-data", "python3", "-c", entry, *argv
+    )
     return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
 
 
@@ -128,3 +118,29 @@ def test_auto_chooses_landlock_says_so_and_confines(runtime_image: str, workspac
     )
     assert wrote.returncode == 0, wrote.stderr
     assert (workspace / "out").read_text() == f"{user}\n"
+
+
+SUITES = (
+    "tests/integration/test_landlock.py",
+    "tests/integration/test_contracts.py",
+    "tests/integration/test_leaks.py",
+    "tests/integration/test_tools.py",
+    "tests/integration/test_limits.py",
+    "tests/attack",
+)
+
+
+def test_the_contract_and_attack_suites_pass_there_as_an_ordinary_user(runtime_image: str) -> None:
+    """The suites' Landlock items, run by pytest inside the container as uid 1000. Not the
+    allowlist test (its lab needs a network), nor the installed command's (the venv's console
+    script names an interpreter the image does not have). As root there, a container gives no
+    writable cgroup and root is exempt from RLIMIT_NPROC: profiles that set a pids limit are
+    refused (docs/backends/landlock.md), as the CLI tests above show."""
+    mounts = {ROOT: "/opt/sbx:ro"}  # the checkout: the suites' fixtures and settings too
+    select = "landlock and not allowlist and not sandbox_run_uses_it"
+    pytest_argv = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp=/tmp/pt", "-k", select]
+    command = docker_run(runtime_image, "1000", mounts, "/opt/sbx", *pytest_argv, *SUITES)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
