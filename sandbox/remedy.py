@@ -186,19 +186,23 @@ def _head(
 
 
 def _unmet(profile: Profile, probe: Probe) -> tuple[dict[str, str], dict[str, str]]:
-    """What no usable backend gives this profile here (name -> why), and the unavailable backends."""
+    """What the usable backend nearest to running this profile lacks (name -> why: the fewest
+    refusals, the earlier in ``auto``'s order on a tie), and the unavailable backends. A backend
+    further off (Landlock, refusing a ``tmp_size`` besides) is not blamed for what the nearest
+    one gives."""
     from sandbox.backends import AUTO_ORDER
 
-    unmet: dict[str, str] = {}
+    nearest: dict[str, str] | None = None
     unavailable: dict[str, str] = {}
     for name in AUTO_ORDER if profile.backend == "auto" else (profile.backend,):
         report = probe(name)
         if not report.available:
             unavailable[name] = report.reason
             continue
-        for key, why in _refusals(report, profile).items():
-            unmet.setdefault(key, f"{name}: {why}")
-    return unmet, unavailable
+        refused = {key: f"{name}: {why}" for key, why in _refusals(report, profile).items()}
+        if nearest is None or len(refused) < len(nearest):
+            nearest = refused
+    return nearest or {}, unavailable
 
 
 def _refusals(report: Report, profile: Profile) -> dict[str, str]:

@@ -71,7 +71,9 @@ if TYPE_CHECKING:
     from sandbox.mounts import Changeset
 
 MOUNTS: tuple[str, ...] = MOUNT_STRATEGIES
-DEFAULT_BACKENDS: tuple[str, ...] = AUTO_ORDER  # the isolating ones: host only when named
+# The isolating ones with namespaces; host and landlock only when named (landlock refuses the
+# shipped profiles' tmp_size and, as root, their non-root: a default matrix would report errors).
+DEFAULT_BACKENDS: tuple[str, ...] = tuple(name for name in AUTO_ORDER if name != "landlock")
 DEFAULT_REPEAT = DEFAULT_COMPARE_REPEAT
 MAX_REPEAT = 100
 OUTPUT_TAIL = 2000
