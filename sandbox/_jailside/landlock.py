@@ -151,7 +151,7 @@ def restrict(spec: dict[str, Any]) -> None:
 
 def _add_path(ruleset: int, path: str, rights: int) -> None:
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)  # a path swapped for a link grants nothing
     except FileNotFoundError:
         return  # /lib32 on a host without it: nothing to allow
     except OSError as exc:

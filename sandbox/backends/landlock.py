@@ -257,7 +257,8 @@ def build_spec(
     paths: list[tuple[str, str]] = [(os.path.realpath(p), "ro") for p in bwrap_argv.SYSTEM_DIRS if os.path.exists(p)]
     paths += etc_readable()
     paths += [(path, "ro") for path in READ_ONLY] + [(path, "dev") for path in DEVICES]
-    paths += split(str(workspace), sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
+    view = os.path.realpath(workspace)  # the launcher opens every rule's path without following a link
+    paths += split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
     return {
         "paths": paths,

@@ -235,6 +235,26 @@ async def test_a_launcher_that_cannot_confine_runs_nothing(open_jail: JailFactor
     assert not (workspace / "ran").exists()
 
 
+async def test_a_rule_on_a_path_swapped_for_a_link_grants_nothing(
+    open_jail: JailFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher opens each rule's path without following a link: a path that became a symlink
+    between the rules' making and the jail's start grants the link, not what it points to."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "f").write_text("hunter2\n")
+    link = tmp_path / "link"
+    link.symlink_to(secret)
+    jail = await open_jail()
+    assert isinstance(jail, landlock.LandlockJail)
+    spec = jail.spec()
+    paths = spec["paths"]
+    assert isinstance(paths, list)
+    monkeypatch.setattr(jail, "spec", lambda: {**spec, "paths": [*paths, (str(link), "ro")]})
+    result = await sh(jail, f"cat {link}/f; cat {secret}/f; echo end")
+    assert result.stdout == "end\n" and "Permission denied" in result.stderr, result
+
+
 # -- the network ---------------------------------------------------------------------------------
 
 
