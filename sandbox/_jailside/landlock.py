@@ -36,6 +36,7 @@ import stat
 import sys
 from typing import Any
 
+MIN_ABI = 6  # TCP rules (4) and signals scoped to the jail (6): without them kill(-1) would reach the user's all
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and aarch64
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 38, 22, 24, 28, 47
@@ -59,7 +60,6 @@ READ = EXECUTE | READ_FILE | READ_DIR
 WRITE = WRITE_FILE | TRUNCATE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SYM | MAKE_FIFO | REFER
 MODES = {"ro": READ, "rw": READ | WRITE, "list": READ_DIR, "dev": READ_FILE | WRITE_FILE | IOCTL_DEV}
 
-_scoped = False  # whether our signals reach this jail only (then kill(-1) is the jail's sweep)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -122,28 +122,20 @@ def drop_privileges() -> None:
 
 def restrict(spec: dict[str, Any]) -> None:
     version = abi()
-    if version < 1:
-        raise Refused("this kernel has no Landlock (or it is disabled: lsm= on the kernel command line)")
+    if version < MIN_ABI:  # the host checks it too; this is the last word
+        raise Refused(f"Landlock ABI {version} here; the jail needs {MIN_ABI} (TCP rules, scoped signals)")
     handled = fs_rights(version)
-    attr = RulesetAttr(fs=handled)
-    if version >= 4:
-        attr.net = NET_BIND_TCP | NET_CONNECT_TCP
-    elif spec.get("need_net"):
-        raise Refused(f"Landlock ABI {version} cannot confine TCP (needs 4)")
-    if version >= 6:
-        attr.scoped = SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL
-    global _scoped
-    _scoped = version >= 6
-    size = ctypes.sizeof(RulesetAttr) if version >= 6 else (16 if version >= 4 else 8)
-    ruleset = _call("landlock_create_ruleset", _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), size, 0))
+    attr = RulesetAttr(fs=handled, net=NET_BIND_TCP | NET_CONNECT_TCP, scoped=SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL)
+    ruleset = _call(
+        "landlock_create_ruleset", _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    )
     try:
         for path, mode in spec["paths"]:
             _add_path(ruleset, path, MODES[mode] & handled)
-        if version >= 4:
-            for port in spec.get("connect", ()):
-                rule = NetPort(allowed=NET_CONNECT_TCP, port=int(port))
-                _call(f"allow port {port}", _libc.syscall(SYS_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0))
-        flags = LOG_NEW_EXEC_ON if version >= 7 and spec.get("audit") else 0
+        for port in spec.get("connect", ()):
+            rule = NetPort(allowed=NET_CONNECT_TCP, port=int(port))
+            _call(f"allow port {port}", _libc.syscall(SYS_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0))
+        flags = LOG_NEW_EXEC_ON if version >= 7 else 0
         _call("landlock_restrict_self", _libc.syscall(SYS_RESTRICT_SELF, ruleset, flags))
     finally:
         os.close(ruleset)
@@ -201,9 +193,8 @@ def sweep() -> None:
     """Kill what is left of the jail: ``kill(-1)`` reaches only this jail's processes (Landlock
     scopes signals to it), and each orphan comes to us (a subreaper) to be reaped, until none is left."""
     while True:
-        if _scoped:
-            with contextlib.suppress(OSError):
-                os.kill(-1, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
         for pid in _children():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from sandbox.profile import Profile
 
 MOUNTS = ("ro", "rw", "copy")
-MIN_ABI = 6
+MIN_ABI = launcher.MIN_ABI
 """Signals scoped to the jail (Linux 6.12): without it, a command could signal every process of
 its user, the executor's among them (there is no pid namespace to keep it in)."""
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -232,7 +232,11 @@ class LandlockJail(local.LocalJail):
         finally:
             os.close(status_w)
         with self._releasing(proc, group, "landlock", stdin=stdin) as child:
-            await _confined(status_r)
+            try:
+                await _confined(status_r)
+            except BaseException:
+                await child.kill_tree(0)  # a launcher past its fork: its command too, not only itself
+                raise
         return child
 
     async def _shutdown(self) -> None:
@@ -252,21 +256,26 @@ def build_spec(
 ) -> dict[str, object]:
     """What one call may touch and reach (see the module doc)."""
     strategy = profile.mount.strategy
-    if strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
-        raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
-    paths: list[tuple[str, str]] = [(os.path.realpath(p), "ro") for p in bwrap_argv.SYSTEM_DIRS if os.path.exists(p)]
-    paths += etc_readable()
-    paths += [(path, "ro") for path in READ_ONLY] + [(path, "dev") for path in DEVICES]
+    refuse_sealed_rw(strategy, sealed)
+    paths = list(system_rules())
     view = os.path.realpath(workspace)  # the launcher opens every rule's path without following a link
     paths += split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
-    return {
-        "paths": paths,
-        "connect": list(ports),
-        "need_net": True,
-        "seccomp": seccomp_program,
-        "audit": True,
-    }
+    return {"paths": paths, "connect": list(ports), "seccomp": seccomp_program}
+
+
+@cache
+def system_rules() -> tuple[tuple[str, str], ...]:
+    """The rules every call of every jail shares (the system, /etc, /proc, the devices): once a process."""
+    paths = [(os.path.realpath(p), "ro") for p in bwrap_argv.SYSTEM_DIRS if os.path.exists(p)]
+    paths += etc_readable()
+    return (*paths, *((path, "ro") for path in READ_ONLY), *((path, "dev") for path in DEVICES))
+
+
+def refuse_sealed_rw(strategy: str, sealed: seal.Seal) -> None:
+    """``rw`` of a workspace with anything sealed: refused, never weakened (see the module doc)."""
+    if strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
+        raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
 
 
 def _mount_refusal(strategy: str) -> str:
@@ -373,8 +382,7 @@ def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]
             backend="landlock",
         )
     sealed = seal.for_profile(profile, workspace)
-    if profile.mount.strategy == "rw" and (sealed.masked or sealed.git or sealed.nested):
-        raise GuaranteeUnavailable(_rw_refusal(sealed), backend="landlock", mount="rw")
+    refuse_sealed_rw(profile.mount.strategy, sealed)
     private = Path(tempfile.mkdtemp(prefix="landlock-", dir=datadir.subdir("run")))
     (private / "home").mkdir(mode=0o700)
     (private / "tmp").mkdir(mode=0o700)
@@ -435,7 +443,7 @@ _ROOT = "commands run as root here (with no capabilities): Landlock changes no u
 def _audit_note(version: int) -> str:
     if version < 7:
         return f"Landlock ABI {version} writes no audit records (ABI 7 does)"
-    return "denials are logged to the kernel's audit log (ABI 7); reading them needs the audit netlink socket"
+    return "denials are logged to the kernel's audit log (ABI 7); this release does not read them back per call"
 
 
 backend_class = LandlockBackend
