@@ -101,4 +101,6 @@ case "${1:-}" in
   --python) shift; cd "$repo"; winpython "$@"; exit $? ;;
 esac
 cd "$repo"
-winpython -m pytest -c tests/wine/pytest.ini --rootdir "$(winepath -w "$repo")" -p no:cacheprovider tests/wine "$@"
+where=tests/wine  # unless the arguments name tests of it (tests/integration/test_wine.py runs a failure again)
+for arg in "$@"; do case "$arg" in tests/wine/*) where= ;; esac; done
+winpython -m pytest -c tests/wine/pytest.ini --rootdir "$(winepath -w "$repo")" -p no:cacheprovider $where "$@"

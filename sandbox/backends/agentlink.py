@@ -134,6 +134,14 @@ class Link(ABC):
     def next_id(self) -> int:
         return next(self._ids)
 
+    def register(self, cid: int, call: Any) -> bool:
+        """Route the frames of ``cid`` to ``call``; ``False`` when the link has already ended. Its
+        calls were told then (:meth:`ended`), so this one never will be: the caller ends it as lost.
+        Under the lock, a call is either in the copy :meth:`ended` tells or sees the end here."""
+        with self._lock:
+            self.calls[cid] = call
+            return not self.dead
+
     @property
     @abstractmethod
     def diagnostics(self) -> bytes:

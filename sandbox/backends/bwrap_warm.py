@@ -326,8 +326,7 @@ class WarmCall(AgentReplies, Process):
         self._released = False
         self.returncode: int | None = None
         self.id = agent.link.next_id()
-        agent.link.calls[self.id] = self
-        if agent.link.dead:
+        if not agent.link.register(self.id, self):
             self._lost = True
             self._exited.set()
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,12 +56,53 @@ def win_workspace(tmp_path: Path) -> str:
     return subprocess.run(["winepath", "-w", str(ws)], capture_output=True, text=True, check=True).stdout.strip()
 
 
+OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+STARTED = re.compile(r"^(tests/wine/\S+::\S+)", re.MULTILINE)
+FLAKES_AT_MOST = 2  # more failures than this in one run is never Wine's chance
+
+
+def _suite(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = ["bash", str(HARNESS), "-v", "-rfE", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=540, check=False, env=env)
+
+
+def unfinished(stdout: str) -> list[str]:
+    """The tests of a verbose run that failed, erred or never finished (a timeout under Windows
+    dumps the threads and ends the process: no summary names the test, only the line it started)."""
+    starts = list(STARTED.finditer(stdout))
+    bad = []
+    for here, after in zip(starts, [*starts[1:], None], strict=True):
+        segment = stdout[here.end() : after.start() if after else len(stdout)]
+        outcome = OUTCOME.search(segment)
+        if outcome is None or outcome.group(1) in ("FAILED", "ERROR"):
+            bad.append(here.group(1))
+    return list(dict.fromkeys(bad))
+
+
+def windows_suite(*args: str, env: dict[str, str] | None = None) -> None:
+    """The Windows suite under Wine must pass. Wine 8.0 is a stand-in for Windows with faults of its
+    own under load (``CreateProcess`` failing with ERROR_INTERNAL_ERROR, 1359; an event loop whose
+    completion port never wakes): at most two tests that fail or hang are run once more, on their
+    own, and the run passes only if they all pass then; the first failure is reported as a warning
+    in the summary, never dropped."""
+    done = _suite(*args, env=env)
+    tail = done.stdout[-6000:] + done.stderr[-2000:]
+    if done.returncode == 0:
+        assert " passed" in done.stdout and " failed" not in done.stdout, tail
+        return
+    bad = unfinished(done.stdout)
+    assert bad, f"the Windows suite failed with no test to blame:\n{tail}"
+    assert len(bad) <= FLAKES_AT_MOST, f"{len(bad)} tests failed under Wine: {bad}\n{tail}"
+    again = _suite(*args, *bad, env=env)
+    assert again.returncode == 0, f"{bad} failed under Wine, and again on their own:\n{again.stdout[-6000:]}"
+    first = tail[-1500:]
+    warnings.warn(f"Wine: {bad} failed once, then passed on their own; the first run ended:\n{first}", stacklevel=2)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("wine")
 def test_windows_suite_passes_under_wine() -> None:
-    done = subprocess.run(["bash", str(HARNESS), "-q"], capture_output=True, text=True, timeout=570, check=False)
-    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]
+    windows_suite()
 
 
 @pytest.mark.timeout(600)
@@ -70,10 +113,7 @@ def test_the_token_code_path_keeps_the_contracts_under_wine() -> None:
     hold the same. Wine enforces nothing of the token: this tests the plumbing, never a guarantee."""
     env = {**os.environ, "SANDBOX_WINJOB_TOKEN_UNDER_WINE": "1"}
     subset = "streams or crash or timeout_kills or close_kills or copy or file_tools or runner or token"
-    argv = ["bash", str(HARNESS), "-q", "-k", subset]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=570, check=False, env=env)
-    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-3000:]
+    windows_suite("-k", subset, env=env)
 
 
 @pytest.mark.timeout(180)

@@ -127,6 +127,32 @@ async def test_an_agent_frame_longer_than_any_ends_the_link() -> None:
     assert _report(DEEP.encode()) == {} and _report(b"[1]") == {} and _report(b'{"code": 0}') == {"code": 0}
 
 
+class _Call:
+    def __init__(self) -> None:
+        self.lost_told = 0
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        raise AssertionError(f"no frames here ({kind!r}, {len(payload)} bytes)")
+
+    def lost(self) -> None:
+        self.lost_told += 1
+
+
+@pytest.mark.anyio
+async def test_a_call_registered_after_its_link_ended_learns_it_there() -> None:
+    """The race behind a call that waited for ever: the agent died between the jail choosing its
+    link and the call registering with it. ``ended`` told the calls it had; a later one hears it
+    from ``register`` instead."""
+    link = _Recorder()
+    before = _Call()
+    assert link.register(link.next_id(), before)
+    await anyio.to_thread.run_sync(link.ended)  # the reader thread's end
+    assert before.lost_told == 1
+    after = _Call()
+    assert not link.register(link.next_id(), after)
+    assert after.lost_told == 0  # never told by the link: the call ends itself as lost
+
+
 @pytest.mark.anyio
 async def test_the_line_reader_skips_an_overlong_line_and_reads_on() -> None:
     read, write = os.pipe()

@@ -104,7 +104,9 @@ class AgentCall(AgentReplies, Process):
         self._lost = False
         self._released = False
         self.returncode: int | None = None
-        link.calls[self.id] = self
+        if not link.register(self.id, self):  # the agent died since the link was chosen: wait() says so
+            self._lost = True
+            self._exited.set()
 
     @property
     def finished(self) -> bool:
