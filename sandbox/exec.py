@@ -92,6 +92,7 @@ class ExecResult(BaseModel):
     oom_killed: bool = False
     peak_memory_bytes: int | None = None
     network: dict[str, Any] | None = None  # allowlist: {mode, allow, deny, ask, denials} of this call
+    kernel_denials: dict[str, Any] | None = None  # landlock with audit: {source, events, omitted, complete}
     quarantined: list[dict[str, str]] | None = None  # rw: what git would obey that the call left (gitsweep)
 
 
@@ -224,6 +225,7 @@ async def run(
             if stdin is not None:  # a streamed stdin may never end (`yes | sandbox run -- head -1`)
                 feeding.cancel()
         returncode = await proc.wait()
+        denied = await proc.kernel_denials()
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await proc.kill_tree(grace)
@@ -257,5 +259,6 @@ async def run(
         oom_killed=oom,
         peak_memory_bytes=peak,
         network=egress.summary(egress.denials_since(mark)) if egress is not None else None,
+        kernel_denials=denied,
         quarantined=quarantined or None,
     )

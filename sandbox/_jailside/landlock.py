@@ -54,6 +54,7 @@ FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # all a r
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
 RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
+LOG_SAME_EXEC_OFF = 1 << 0  # ABI 7: never audit the launcher itself (its sweep signals every process)
 LOG_NEW_EXEC_ON = 1 << 1  # ABI 7: audit what the command (a new executable) is denied
 
 READ = EXECUTE | READ_FILE | READ_DIR
@@ -135,7 +136,7 @@ def restrict(spec: dict[str, Any]) -> None:
         for port in spec.get("connect", ()):
             rule = NetPort(allowed=NET_CONNECT_TCP, port=int(port))
             _call(f"allow port {port}", _libc.syscall(SYS_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0))
-        flags = LOG_NEW_EXEC_ON if version >= 7 else 0
+        flags = LOG_SAME_EXEC_OFF | LOG_NEW_EXEC_ON if version >= 7 else 0
         _call("landlock_restrict_self", _libc.syscall(SYS_RESTRICT_SELF, ruleset, flags))
     finally:
         os.close(ruleset)

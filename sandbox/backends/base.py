@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar, get_args
 
 import anyio
 
@@ -80,6 +80,11 @@ class Process(ABC):
 
     def peak_memory(self) -> int | None:
         """The call's peak memory use in bytes, where the backend can tell."""
+        return None
+
+    async def kernel_denials(self) -> dict[str, Any] | None:
+        """What the kernel refused the ended call, where the backend reads it back (Landlock's
+        audit: ``{source, events, omitted, complete}``); ``None`` where it cannot."""
         return None
 
     async def feed_stdin(self) -> None:  # noqa: B027 - only commands spawned with stdin need it

@@ -45,6 +45,7 @@ allowed on every address, not only loopback's. ``sandbox check`` says so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -53,13 +54,13 @@ import stat
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 
 from sandbox import _jailside, datadir
 from sandbox._jailside import landlock as launcher
-from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, local, seal, seccomp
+from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, landlock_audit, local, seal, seccomp
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
@@ -78,7 +79,9 @@ MOUNTS = ("ro", "rw", "copy")
 MIN_ABI = launcher.MIN_ABI
 """Signals scoped to the jail (Linux 6.12): without it, a command could signal every process of
 its user, the executor's among them (there is no pid namespace to keep it in)."""
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# /dev/tty: every call is a new session with no controlling terminal, so it opens to ENXIO (as
+# bash tries at its start); refused by the rules instead, each shell would log a denial.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 READ_ONLY = ("/proc", "/sys/devices/system/cpu")
 START_TIMEOUT_S = 20.0
 _STATUS_SHOWN = 4096
@@ -163,8 +166,10 @@ class LandlockJail(local.LocalJail):
         scratch: Path | None,
         shared: Sequence[tuple[str, str]] = (),
         tree: CopyTree | None = None,
+        audit: landlock_audit.AuditReader | None = None,
     ) -> None:
         super().__init__(workspace, profile, tree)
+        self._audit = audit  # each call's denials read back from the kernel's audit log, where it can be
         # Where the jail sees the workspace: the workspace itself, or (copy) the private copy at its
         # own path, which no mount namespace can move to the workspace's.
         self.view = tree.root if tree is not None else workspace
@@ -237,7 +242,17 @@ class LandlockJail(local.LocalJail):
             except BaseException:
                 await child.kill_tree(0)  # a launcher past its fork: its command too, not only itself
                 raise
+        if self._audit is not None:
+            child.audited = functools.partial(self._denials, self._audit, proc.pid)
         return child
+
+    async def _denials(self, audit: landlock_audit.AuditReader, launcher: int) -> dict[str, Any] | None:
+        """The ended call's denials (its launcher created their domain), paths named as the workspace's."""
+        account = await off_loop(audit.denials_of, launcher)
+        for event in account["events"] if account is not None else ():
+            if isinstance(event.get("path"), str):
+                event["path"] = self.from_view(event["path"])
+        return account
 
     async def _shutdown(self) -> None:
         await super()._shutdown()
@@ -366,7 +381,8 @@ class LandlockBackend(Backend):
         except BaseException:
             await off_loop(shutil.rmtree, private, True)
             raise
-        return LandlockJail(workspace, profile, private, scratch, shared, tree)
+        audit = await off_loop(landlock_audit.reader) if abi() >= landlock_audit.ABI else None
+        return LandlockJail(workspace, profile, private, scratch, shared, tree, audit)
 
 
 def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]]) -> tuple[Path, seal.Seal]:
@@ -433,17 +449,22 @@ def _report() -> Report:
     report.grant("overlay", False, "the landlock backend has no mount namespace")
     report.grant("tmp-size-limit", False, "the landlock backend has no tmpfs: TMPDIR is a directory on the host")
     local.report_limits(report, "landlock", problem)
-    report.notes.append(_audit_note(version))
+    report.notes.append(_audit_note(version, report))
     return report
 
 
 _ROOT = "commands run as root here (with no capabilities): Landlock changes no uid"
 
 
-def _audit_note(version: int) -> str:
-    if version < 7:
-        return f"Landlock ABI {version} writes no audit records (ABI 7 does)"
-    return "denials are logged to the kernel's audit log (ABI 7); this release does not read them back per call"
+def _audit_note(version: int, report: Report) -> str:
+    if version < landlock_audit.ABI:
+        report.details["audit"] = False
+        return f"Landlock ABI {version} writes no audit records (ABI {landlock_audit.ABI} does): no per-call denials"
+    readable = landlock_audit.reader() is not None
+    report.details["audit"] = readable
+    if readable:
+        return "each call's denials are read back from the kernel's audit log (a result's kernel_denials)"
+    return f"no per-call denials: {landlock_audit.why_not()}"
 
 
 backend_class = LandlockBackend

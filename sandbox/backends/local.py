@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from abc import abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -27,7 +27,7 @@ from sandbox.backends.base import Jail, Process
 from sandbox.backends.confine import KILL_WAIT_S, Kind, Tree, call_cgroup, confine, enforcement, removal_steps
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from sandbox.backends.base import Stdin
@@ -99,6 +99,10 @@ class LocalProcess(Tree, Process):
         self.stderr = proc.stderr
         self.returncode: int | None = None
         self.stdin_data: Stdin = None
+        self.audited: Callable[[], Awaitable[dict[str, Any] | None]] | None = None  # the backend's account
+
+    async def kernel_denials(self) -> dict[str, Any] | None:
+        return None if self.audited is None else await self.audited()
 
     async def feed_stdin(self) -> None:
         await self._proc.feed(self.stdin_data or b"")

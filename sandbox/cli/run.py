@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox import calls, remedy
+from sandbox.backends import landlock_audit
 from sandbox.cli import options
 from sandbox.cli.output import EXIT_SIGPIPE, emit, guard, say
 from sandbox.errors import InvalidArgument
@@ -303,6 +304,8 @@ def _report(
     with contextlib.suppress(OSError):  # a closed stderr: the review has no reader either
         for denial in (result.network or {}).get("denials", []):
             say(denial["line"].removeprefix("sandbox: "))
+        for line in landlock_audit.lines(result.kernel_denials, most=50):
+            say(line)
         for hint in hints:
             say(hint)
         _review(result, changes, applied, args.apply, kept, prof, timeout=args.timeout_source)

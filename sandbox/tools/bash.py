@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import exec as executor
 from sandbox import remedy
+from sandbox.backends import landlock_audit
 from sandbox.backends.base import NO_BASH
 from sandbox.errors import ShellNotFound
 from sandbox.gitsweep import summary as quarantine_summary
@@ -113,6 +114,7 @@ def _bash_text(result: executor.ExecResult, status: str | None) -> str:
     if status:
         parts.append(f"[{status}]")
     parts += denial_lines(result.network)
+    parts += landlock_audit.lines(result.kernel_denials)
     if result.quarantined:
         parts.append(quarantine_summary(result.quarantined))
     return "\n".join(parts) if parts else "(no output)"
