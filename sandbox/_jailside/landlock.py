@@ -1,6 +1,6 @@
 """The Landlock jail's launcher: confine this process, then become the command.
 
-Run as ``python3 -I -S -c <this> SPEC STATUS_FD -- ARGV...`` by the host
+Run as ``python3 -I -S -c <this> SECCOMP PORTS N MODE PATH ... STATUS_FD -- ARGV...`` by the host
 (:mod:`sandbox.backends.landlock`), held on stdin until the host has put it in the call's cgroups
 and set its rlimits. Then, in this order, each step failing closed:
 
@@ -21,20 +21,25 @@ A command that cannot be executed after that is the command's own failure: 127, 
 TERM, INT and HUP are the command's to answer: the launcher ignores them (a handler, which
 ``execve`` resets), and only KILL ends it early, by the host, which kills the rest the same way.
 
-Standard library only (``ctypes``): this runs before anything of the user's, under ``-I -S``.
+Standard library only (``ctypes``): this runs before anything of the user's, under ``-I -S``,
+and once per call, so it imports nothing it can do without (no ``json``, ``contextlib`` or
+``typing``: half its start-up). The spec comes as arguments (a path holds any byte but NUL): the
+seccomp program's file (or empty), the ports ``connect`` may reach (comma-separated), the number
+of path rules, then each rule's mode and path.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
 import os
 import resource
 import signal
 import stat
 import sys
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MIN_ABI = 6  # TCP rules (4) and signals scoped to the jail (6): without them kill(-1) would reach the user's all
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and aarch64
@@ -190,15 +195,20 @@ def _children() -> list[int]:
     return pids
 
 
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return  # gone already
+
+
 def sweep() -> None:
     """Kill what is left of the jail: ``kill(-1)`` reaches only this jail's processes (Landlock
     scopes signals to it), and each orphan comes to us (a subreaper) to be reaped, until none is left."""
     while True:
-        with contextlib.suppress(OSError):
-            os.kill(-1, signal.SIGKILL)
+        _kill(-1)
         for pid in _children():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            _kill(pid)
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
@@ -231,8 +241,23 @@ def supervise(command: list[str], status: int) -> int:
     return wait_status
 
 
+def parse(argv: list[str]) -> tuple[dict[str, Any], int, list[str]]:
+    """``SECCOMP PORTS N (MODE PATH)*N STATUS_FD -- ARGV...`` (after the program's own ``-c``)."""
+    count = int(argv[3])
+    pairs = argv[4 : 4 + 2 * count]
+    rest = argv[4 + 2 * count :]
+    if len(pairs) != 2 * count or len(rest) < 3 or rest[1] != "--":
+        raise ValueError("the launcher's arguments are malformed")
+    spec = {
+        "seccomp": argv[1],
+        "connect": [int(port) for port in argv[2].split(",") if port],
+        "paths": [(path, mode) for mode, path in zip(pairs[::2], pairs[1::2], strict=True)],
+    }
+    return spec, int(rest[0]), rest[2:]
+
+
 def main(argv: list[str]) -> None:
-    spec, status, command = json.loads(argv[1]), int(argv[2]), argv[4:]
+    spec, status, command = parse(argv)
     try:
         _hold()
         _call("PR_SET_CHILD_SUBREAPER", _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0))

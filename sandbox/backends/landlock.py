@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import shutil
@@ -224,7 +223,7 @@ class LandlockJail(local.LocalJail):
         try:
             with confine.starting("cannot start the Landlock launcher"):
                 proc = Child(
-                    [self.python, "-I", "-S", "-c", _program(), json.dumps(spec), str(status_w), "--", *argv],
+                    [self.python, "-I", "-S", "-c", _program(), *spec_argv(spec), str(status_w), "--", *argv],
                     pass_fds=(status_w,),
                     stdin=True,
                     new_session=True,
@@ -277,6 +276,13 @@ def build_spec(
     paths += split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
     return {"paths": paths, "connect": list(ports), "seccomp": seccomp_program}
+
+
+def spec_argv(spec: dict[str, Any]) -> list[str]:
+    """The launcher's spec as its arguments: ``SECCOMP PORTS N (MODE PATH)*N`` (see its module doc)."""
+    paths = spec["paths"]
+    pairs = [part for mode_path in ((mode, path) for path, mode in paths) for part in mode_path]
+    return [spec["seccomp"] or "", ",".join(str(port) for port in spec["connect"]), str(len(paths)), *pairs]
 
 
 @cache
