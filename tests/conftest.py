@@ -37,8 +37,9 @@ DOCKER_PER_CALL = "docker-call"
 _PER_CALL_OF = {PER_CALL: ("bwrap", "bwrap"), DOCKER_PER_CALL: ("docker", "docker")}
 # Landlock (no namespace) runs the contract and attack suites, less what it declares it does not
 # give (sandbox check, docs/backends/landlock.md), each shown as declared by
-# tests/integration/test_landlock.py instead. The other suites do not take it yet.
-LANDLOCK_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits"})
+# tests/integration/test_landlock.py instead; and the allowlist suite. test_broker does not apply:
+# [secrets] are refused on it (test_landlock.py::test_secrets_are_refused_with_the_reason).
+LANDLOCK_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits", "test_egress"})
 _RW_GIT = "rw on a workspace with a .git is refused: Landlock cannot keep its hooks and config read-only"
 _PLUGINS = "plugin directories shown at another path are refused: no mount namespace"
 LANDLOCK_DECLARED = {
@@ -61,6 +62,7 @@ LANDLOCK_DECLARED = {
     "test_what_a_jail_plants_is_removed_without_following_or_opening_it": "no download cache",
     "test_the_disk_guard_watches_it": "no download cache",
     "test_the_forwarder_is_not_shadowed": "no forwarder: the command reaches the proxy's loopback port itself",
+    "test_transparent_": "no network namespace for a transparent proxy (net-transparent: no)",
 }
 # The server tests start `sandbox serve` with the shipped profiles, whose tmp_size Landlock refuses.
 LANDLOCK_SERVED = frozenset({"test_server_stall"})

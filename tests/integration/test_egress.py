@@ -28,7 +28,7 @@ from sandbox.errors import BackendUnavailable
 from sandbox.policy.approvals import CallbackApprover
 from sandbox.session import Sandbox
 from tests import netlab, rpc_client
-from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
+from tests.conftest import backend_or_skip, landlock_or_skip, make_profile, own_like_a_checkout
 from tests.netlab import HELLO, NetLab
 
 if TYPE_CHECKING:
@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
+BACKENDS = [
+    pytest.param("bwrap", marks=pytest.mark.bwrap),
+    pytest.param("docker", marks=pytest.mark.docker),
+    pytest.param("landlock", marks=pytest.mark.landlock),
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,9 @@ def lab_dns(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(params=BACKENDS)
-def net_backend(request: pytest.FixtureRequest) -> base.Backend:
+def net_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> base.Backend:
+    if request.param == "landlock":
+        return landlock_or_skip(monkeypatch)
     return backend_or_skip(request.param)
 
 
@@ -144,8 +150,8 @@ async def test_allowed_hosts_work_for_curl_urllib_pip_and_git(
         f"curl -sSf {lab.https_url('allowed.test', '/hello.txt')} && "
         f"python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1]).read().decode())' "
         f"{lab.https_url('allowed.test', '/hello.txt')} && "
-        f"python3 -m pip download --quiet --no-deps --dest /tmp/dl --index-url {lab.index_url} labpkg && ls /tmp/dl && "
-        f"git clone --quiet {lab.git_url} /tmp/repo && git -C /tmp/repo rev-parse HEAD",
+        f'T="${{TMPDIR:-/tmp}}"; python3 -m pip download --quiet --no-deps --dest "$T/dl" --index-url {lab.index_url} '
+        f'labpkg && ls "$T/dl" && git clone --quiet {lab.git_url} "$T/repo" && git -C "$T/repo" rev-parse HEAD',
         ca_env,
     )
     assert result.exit_code == 0, result.stderr
