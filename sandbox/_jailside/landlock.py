@@ -1,8 +1,14 @@
 """The Landlock jail's launcher: confine this process, then become the command.
 
-Run as ``python3 -I -S -c <this> SECCOMP PORTS N MODE PATH ... STATUS_FD -- ARGV...`` by the host
-(:mod:`sandbox.backends.landlock`), held on stdin until the host has put it in the call's cgroups
-and set its rlimits. Then, in this order, each step failing closed:
+Started as ``python3 -I -S -c <this> STATUS_FD`` by the host (:mod:`sandbox.backends.landlock`)
+ahead of the call it will serve (a spare: the interpreter's start is off the call's path), it waits
+on stdin for its request, which the host writes once it has put it in the call's cgroups and set
+its rlimits: ``go LENGTH`` and a line's end, then LENGTH bytes of NUL-separated fields (a path, a
+variable, an argument hold any byte but NUL): the working directory, the number of environment
+variables and each ``NAME=value``, the seccomp program's file (or empty), the ports ``connect``
+may reach (comma-separated), the number of path rules and each rule's mode and path, ``--``, and
+the command's arguments. What follows on stdin is the command's. Then, in this order, each step
+failing closed:
 
 1. ``PR_SET_NO_NEW_PRIVS``; as root, the capabilities dropped for good (securebits locked so that
    ``execve`` gives none back, the bounding and ambient sets emptied, ``capset`` to nothing);
@@ -22,10 +28,7 @@ TERM, INT and HUP are the command's to answer: the launcher ignores them (a hand
 ``execve`` resets), and only KILL ends it early, by the host, which kills the rest the same way.
 
 Standard library only (``ctypes``): this runs before anything of the user's, under ``-I -S``,
-and once per call, so it imports nothing it can do without (no ``json``, ``contextlib`` or
-``typing``: half its start-up). The spec comes as arguments (a path holds any byte but NUL): the
-seccomp program's file (or empty), the ports ``connect`` may reach (comma-separated), the number
-of path rules, then each rule's mode and path.
+and imports nothing it can do without (no ``json``, ``contextlib`` or ``typing``).
 """
 
 from __future__ import annotations
@@ -177,14 +180,27 @@ def load_seccomp(code: bytes, path: str) -> None:
     _call("seccomp", _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0))
 
 
-def _hold() -> None:
-    """Wait for the host's word (one line, read byte by byte: what follows is the command's stdin)."""
-    while True:
+def _request() -> list[str]:
+    """Wait for the host's request (its header read byte by byte, then exactly its length: what
+    follows is the command's stdin) and split it into its fields."""
+    header = b""
+    while not header.endswith(b"\n"):
         byte = os.read(0, 1)
-        if byte in (b"\n", b""):
-            if not byte:
-                raise Refused("the host went away before the call was released")
-            return
+        if not byte:
+            raise Refused("the host went away before the call was released")
+        header += byte
+        if len(header) > 32:
+            raise Refused("the host's request has no header")
+    word, _, length = header.decode().partition(" ")
+    if word != "go" or not length.strip().isdigit():
+        raise Refused("the host's request has no header")
+    size, data = int(length), b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise Refused("the host's request ended early")
+        data += chunk
+    return [os.fsdecode(field) for field in data.split(b"\0")]
 
 
 def _children() -> list[int]:
@@ -215,7 +231,7 @@ def sweep() -> None:
             return
 
 
-def supervise(command: list[str], status: int) -> int:
+def supervise(command: list[str], env: dict[str, str], status: int) -> int:
     """Run ``command`` as our child and wait for it; return its wait status once the jail is empty."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)  # the command's to answer; reset for it by execve
@@ -223,7 +239,7 @@ def supervise(command: list[str], status: int) -> int:
     if pid == 0:
         os.set_inheritable(status, False)  # closed by execve: the host sees its end and knows we ran
         try:
-            os.execvp(command[0], command)
+            os.execvpe(command[0], command, env)
         except OSError as exc:
             os.write(2, f"sandbox: cannot run {command[0]}: {exc.strerror}\n".encode())
             os._exit(126 if isinstance(exc, PermissionError) else 127)
@@ -241,35 +257,39 @@ def supervise(command: list[str], status: int) -> int:
     return wait_status
 
 
-def parse(argv: list[str]) -> tuple[dict[str, Any], int, list[str]]:
-    """``SECCOMP PORTS N (MODE PATH)*N STATUS_FD -- ARGV...`` (after the program's own ``-c``)."""
-    count = int(argv[3])
-    pairs = argv[4 : 4 + 2 * count]
-    rest = argv[4 + 2 * count :]
-    if len(pairs) != 2 * count or len(rest) < 3 or rest[1] != "--":
-        raise ValueError("the launcher's arguments are malformed")
+def parse(fields: list[str]) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
+    """A request's fields (the module doc): the working directory, the environment, the spec and the command."""
+    cwd, variables = fields[0], int(fields[1])
+    env = dict(entry.partition("=")[::2] for entry in fields[2 : 2 + variables])
+    at = 2 + variables
+    seccomp, ports, count = fields[at], fields[at + 1], int(fields[at + 2])
+    pairs = fields[at + 3 : at + 3 + 2 * count]
+    rest = fields[at + 3 + 2 * count :]
+    if len(pairs) != 2 * count or len(rest) < 2 or rest[0] != "--":
+        raise ValueError("the host's request is malformed")
     spec = {
-        "seccomp": argv[1],
-        "connect": [int(port) for port in argv[2].split(",") if port],
+        "seccomp": seccomp,
+        "connect": [int(port) for port in ports.split(",") if port],
         "paths": [(path, mode) for mode, path in zip(pairs[::2], pairs[1::2], strict=True)],
     }
-    return spec, int(rest[0]), rest[2:]
+    return cwd, env, spec, rest[1:]
 
 
 def main(argv: list[str]) -> None:
-    spec, status, command = parse(argv)
+    status = int(argv[1])
     try:
-        _hold()
+        cwd, env, spec, command = parse(_request())
+        os.chdir(cwd)
         _call("PR_SET_CHILD_SUBREAPER", _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0))
         program = read_seccomp(spec["seccomp"]) if spec.get("seccomp") else b""
         drop_privileges()
         restrict(spec)
         if spec.get("seccomp"):
             load_seccomp(program, spec["seccomp"])
-    except (Refused, OSError, ValueError, KeyError) as exc:
+    except (Refused, OSError, ValueError, KeyError, IndexError) as exc:
         os.write(status, f"{exc}".encode())
         os._exit(125)
-    wait_status = supervise(command, status)
+    wait_status = supervise(command, env, status)
     if os.WIFSIGNALED(wait_status):  # die as the command did, so the host sees the same end
         sig = os.WTERMSIG(wait_status)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

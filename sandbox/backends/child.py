@@ -130,7 +130,13 @@ class Child:
     def release_hold(self, line: bytes, *, keep_open: bool) -> None:
         """Write the line a held child waits for on stdin; close stdin unless data follows."""
         assert self.stdin_fd is not None
-        os.write(self.stdin_fd, line)  # a few bytes into an empty pipe: never blocks
+        os.set_blocking(self.stdin_fd, True)  # a long request fills the pipe: the child reads it meanwhile
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self.stdin_fd, view) :]
+        finally:
+            os.set_blocking(self.stdin_fd, False)
         if not keep_open:
             os.close(self.stdin_fd)
             self.stdin_fd = None

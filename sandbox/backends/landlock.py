@@ -63,7 +63,7 @@ from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, landlock_
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 from sandbox.guarantees import Report
 from sandbox.mounts import CopyTree
 from sandbox.threads import off_loop
@@ -178,6 +178,7 @@ class LandlockJail(local.LocalJail):
         self._shared = tuple(host for host, _ in shared)
         self.python = jailpython.host_python()
         self._seccomp = seccomp.filter_path("landlock")
+        self._spare: tuple[Child, int] | None = None  # a launcher started ahead, and its status pipe
 
     @property
     def host_paths_shown(self) -> tuple[str, ...]:
@@ -216,26 +217,14 @@ class LandlockJail(local.LocalJail):
         *,
         stdin: bool,
     ) -> local.LocalProcess:
-        spec = await off_loop(self.spec)
+        spec, where = await off_loop(self._prepared, cwd)
         environment = base_env(self.profile, env, workspace=self.view)
         environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
-        status_r, status_w = os.pipe()
-        try:
-            with confine.starting("cannot start the Landlock launcher"):
-                proc = Child(
-                    [self.python, "-I", "-S", "-c", _program(), *spec_argv(spec), str(status_w), "--", *argv],
-                    pass_fds=(status_w,),
-                    stdin=True,
-                    new_session=True,
-                    cwd=self.to_view(cwd or str(self.workspace)),
-                    env=environment,
-                )
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
-        with self._releasing(proc, group, "landlock", stdin=stdin) as child:
+        hold = request(where, environment, spec, argv)
+        proc, status_r = self._take_spare()
+        with contextlib.suppress(BackendUnavailable):  # out of processes now: the next call starts its own
+            self._spare = self._spawn()  # the next call's, starting while this one runs
+        with self._releasing(proc, group, "landlock", stdin=stdin, hold=hold) as child:
             try:
                 await _confined(status_r)
             except BaseException:
@@ -244,6 +233,47 @@ class LandlockJail(local.LocalJail):
         if self._audit is not None:
             child.audited = functools.partial(self._denials, self._audit, proc.pid)
         return child
+
+    def _prepared(self, cwd: str | None) -> tuple[dict[str, object], str]:
+        """The call's rules (:meth:`spec`) and its working directory as the jail sees it."""
+        where = self.to_view(cwd or str(self.workspace))
+        if not os.path.isdir(where):
+            raise InvalidArgument(f"the working directory {cwd} does not exist", cwd=cwd)
+        return self.spec(), where
+
+    def _take_spare(self) -> tuple[Child, int]:
+        """The launcher started ahead if it still waits (else it is dropped), or a new one."""
+        if self._spare is not None and self._spare[0].popen.poll() is not None:
+            self._drop_spare()  # killed from outside meanwhile
+        taken, self._spare = self._spare, None
+        return taken or self._spawn()
+
+    def _spawn(self) -> tuple[Child, int]:
+        """A launcher waiting for its request (the module doc of :mod:`sandbox._jailside.landlock`),
+        and our end of its status pipe."""
+        status_r, status_w = os.pipe()
+        try:
+            with confine.starting("cannot start the Landlock launcher"):
+                proc = Child(
+                    [self.python, "-I", "-S", "-c", _program(), str(status_w)],
+                    pass_fds=(status_w,),
+                    stdin=True,
+                    new_session=True,
+                    cwd="/",
+                    env={},
+                )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        return proc, status_r
+
+    def _drop_spare(self) -> None:
+        if self._spare is not None:
+            (proc, status_r), self._spare = self._spare, None
+            local.discard_held(proc)
+            os.close(status_r)
 
     async def _denials(self, audit: landlock_audit.AuditReader, launcher: int) -> dict[str, Any] | None:
         """The ended call's denials (its launcher created their domain), paths named as the workspace's."""
@@ -254,6 +284,7 @@ class LandlockJail(local.LocalJail):
         return account
 
     async def _shutdown(self) -> None:
+        self._drop_spare()
         await super()._shutdown()
         await off_loop(shutil.rmtree, self.private, True)
 
@@ -278,11 +309,25 @@ def build_spec(
     return {"paths": paths, "connect": list(ports), "seccomp": seccomp_program}
 
 
-def spec_argv(spec: dict[str, Any]) -> list[str]:
-    """The launcher's spec as its arguments: ``SECCOMP PORTS N (MODE PATH)*N`` (see its module doc)."""
+def request(cwd: str, env: Mapping[str, str], spec: dict[str, Any], argv: Sequence[str]) -> bytes:
+    """What a waiting launcher is told (its module doc): ``go LENGTH``, then NUL-separated fields."""
     paths = spec["paths"]
-    pairs = [part for mode_path in ((mode, path) for path, mode in paths) for part in mode_path]
-    return [spec["seccomp"] or "", ",".join(str(port) for port in spec["connect"]), str(len(paths)), *pairs]
+    fields = [
+        cwd,
+        str(len(env)),
+        *(f"{name}={value}" for name, value in env.items()),
+        spec["seccomp"] or "",
+        ",".join(str(port) for port in spec["connect"]),
+        str(len(paths)),
+        *(part for path, mode in paths for part in (mode, path)),
+        "--",
+        *argv,
+    ]
+    encoded = [os.fsencode(field) for field in fields]
+    if any(b"\0" in field for field in encoded):
+        raise InvalidArgument("a NUL byte in the command, its environment or its working directory")
+    data = b"\0".join(encoded)
+    return b"go %d\n" % len(data) + data
 
 
 @cache
@@ -388,7 +433,10 @@ class LandlockBackend(Backend):
             await off_loop(shutil.rmtree, private, True)
             raise
         audit = await off_loop(landlock_audit.reader) if abi() >= landlock_audit.ABI else None
-        return LandlockJail(workspace, profile, private, scratch, shared, tree, audit)
+        jail = LandlockJail(workspace, profile, private, scratch, shared, tree, audit)
+        with contextlib.suppress(BackendUnavailable):  # out of processes now: the first call says so
+            jail._spare = jail._spawn()
+        return jail
 
 
 def _prepare(workspace: Path, profile: Profile, shared: Sequence[tuple[str, str]]) -> tuple[Path, seal.Seal]:

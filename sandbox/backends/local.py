@@ -182,16 +182,16 @@ class LocalJail(Jail):
 
     @contextlib.contextmanager
     def _releasing(
-        self, proc: Child, group: cgroups.CallCgroup | None, kind: Kind, *, stdin: bool
+        self, proc: Child, group: cgroups.CallCgroup | None, kind: Kind, *, stdin: bool, hold: bytes = b"go\n"
     ) -> Iterator[LocalProcess]:
         """A first process held before its command (our child: no pid namespace), confined and
-        released; killed if the ``with`` block fails before it ends."""
+        released (``hold``: the line it waits for); killed if the ``with`` block fails before it ends."""
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(discard_held, proc)
             child = LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             cleanup_on_fail.callback(child.forget_root)
             confine(proc.pid, self.profile, group, kind)
-            proc.release_hold(b"go\n", keep_open=stdin)
+            proc.release_hold(hold, keep_open=stdin)
             yield child
             cleanup_on_fail.pop_all()
 

@@ -24,7 +24,7 @@ import pytest
 from sandbox import exec as executor
 from sandbox import profile as profiles
 from sandbox.backends import base, landlock
-from sandbox.errors import BackendUnavailable, GuaranteeUnavailable
+from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgument
 from sandbox.guarantees import Report
 from sandbox.session import Sandbox
 from tests import netlab
@@ -233,6 +233,35 @@ async def test_a_launcher_that_cannot_confine_runs_nothing(open_jail: JailFactor
     with pytest.raises(BackendUnavailable, match="could not be set up: .*no-such-program.bpf"):
         await sh(jail, "touch ran")
     assert not (workspace / "ran").exists()
+
+
+async def test_the_launcher_started_ahead_serves_a_call_and_a_dead_one_is_replaced(
+    open_jail: JailFactory, workspace: Path
+) -> None:
+    """Each call takes the launcher started ahead (its interpreter's start off the call's path),
+    with the call's environment, working directory and a request longer than a pipe holds; one
+    killed meanwhile is replaced; bad input is refused before any runs."""
+    jail = await open_jail()
+    assert isinstance(jail, landlock.LandlockJail) and jail._spare is not None
+    spare = jail._spare[0]
+    assert Path(f"/proc/{spare.pid}/environ").read_bytes() == b""  # it holds nothing of a call's yet
+    big = "x" * 100_000
+    result = await executor.run(
+        jail,
+        ["bash", "-c", 'pwd; echo "$MINE"; echo ${#BIG}; echo "$1"', "-", "a b"],
+        env={"MINE": "1", "BIG": big},
+        cwd=str(workspace / "src"),
+    )
+    assert result.stdout.splitlines()[1:] == ["1", "100000", "a b"], result
+    assert result.stdout.splitlines()[0].endswith("/src")
+    assert jail._spare is not None and jail._spare[0].pid != spare.pid  # the next one started meanwhile
+    os.kill(jail._spare[0].pid, 9)
+    assert (await sh(jail, "echo again")).stdout == "again\n"
+    with pytest.raises(InvalidArgument, match="NUL"):
+        await executor.run(jail, ["echo", "a\0b"])
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        await executor.run(jail, ["true"], cwd=str(workspace / "no-such-dir"))
+    assert (await sh(jail, "echo still")).stdout == "still\n"
 
 
 async def test_a_rule_on_a_path_swapped_for_a_link_grants_nothing(
