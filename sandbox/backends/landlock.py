@@ -221,17 +221,31 @@ class LandlockJail(local.LocalJail):
         environment = base_env(self.profile, env, workspace=self.view)
         environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
         hold = request(where, environment, spec, argv)
-        proc, status_r = self._take_spare()
+        launcher = self._take_spare()
         with contextlib.suppress(BackendUnavailable):  # out of processes now: the next call starts its own
             self._spare = self._spawn()  # the next call's, starting while this one runs
-        with self._releasing(proc, group, "landlock", stdin=stdin, hold=hold) as child:
-            try:
-                await _confined(status_r)
-            except BaseException:
-                await child.kill_tree(0)  # a launcher past its fork: its command too, not only itself
-                raise
+        try:
+            child = await self._go(launcher, group, hold, stdin=stdin)
+        except BrokenPipeError:  # it died while it waited (killed from outside): nothing of the call ran
+            child = await self._go(self._spawn(), group, hold, stdin=stdin)
         if self._audit is not None:
-            child.audited = functools.partial(self._denials, self._audit, proc.pid)
+            child.audited = functools.partial(self._denials, self._audit, child.root_pid)
+        return child
+
+    async def _go(
+        self, launcher: tuple[Child, int], group: cgroups.CallCgroup | None, hold: bytes, *, stdin: bool
+    ) -> local.LocalProcess:
+        """``launcher`` confined, told its request, and seen to confine itself and start the command."""
+        proc, status_r = launcher
+        try:
+            with self._releasing(proc, group, "landlock", stdin=stdin, hold=hold) as child:
+                try:
+                    await _confined(status_r)
+                except BaseException:
+                    await child.kill_tree(0)  # a launcher past its fork: its command too, not only itself
+                    raise
+        finally:
+            os.close(status_r)
         return child
 
     def _prepared(self, cwd: str | None) -> tuple[dict[str, object], str]:
@@ -380,8 +394,6 @@ async def _confined(status: int) -> None:
                 message += chunk
     except TimeoutError as exc:
         raise BackendUnavailable("the Landlock launcher did not confine itself in time", backend="landlock") from exc
-    finally:
-        os.close(status)
     if message:
         text = message.decode(errors="replace")[:_STATUS_SHOWN]
         raise BackendUnavailable(f"the Landlock jail could not be set up: {text}", backend="landlock")
