@@ -1,9 +1,10 @@
 """The Landlock jail's launcher: confine this process, then become the command.
 
-Started as ``python3 -I -S -c <this> STATUS_FD`` by the host (:mod:`sandbox.backends.landlock`)
-ahead of the call it will serve (a spare: the interpreter's start is off the call's path), it waits
-on stdin for its request, which the host writes once it has put it in the call's cgroups and set
-its rlimits: ``go LENGTH`` and a line's end, then LENGTH bytes of NUL-separated fields (a path, a
+Started as ``python3 -I -S -c <this> STATUS_FD SECCOMP MODE PATH ...`` by the host
+(:mod:`sandbox.backends.landlock`) ahead of the call it will serve (a spare: the interpreter's
+start, reading the seccomp program and the rules every call shares are off the call's path), it
+waits on stdin for its request, which the host writes once it has put it in the call's cgroups
+and set its rlimits: ``go LENGTH`` and a line's end, then LENGTH bytes of NUL-separated fields (a path, a
 variable, an argument hold any byte but NUL): the working directory, the number of environment
 variables and each ``NAME=value``, the seccomp program's file (or empty), the ports ``connect``
 may reach (comma-separated), the number of path rules and each rule's mode and path, ``--``, and
@@ -129,25 +130,35 @@ def drop_privileges() -> None:
     _call("capset", _libc.syscall(number, header, data))
 
 
-def restrict(spec: dict[str, Any]) -> None:
-    version = abi()
-    if version < MIN_ABI:  # the host checks it too; this is the last word
-        raise Refused(f"Landlock ABI {version} here; the jail needs {MIN_ABI} (TCP rules, scoped signals)")
-    handled = fs_rights(version)
-    attr = RulesetAttr(fs=handled, net=NET_BIND_TCP | NET_CONNECT_TCP, scoped=SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL)
-    ruleset = _call(
-        "landlock_create_ruleset", _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-    )
-    try:
-        for path, mode in spec["paths"]:
-            _add_path(ruleset, path, MODES[mode] & handled)
-        for port in spec.get("connect", ()):
-            rule = NetPort(allowed=NET_CONNECT_TCP, port=int(port))
-            _call(f"allow port {port}", _libc.syscall(SYS_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0))
-        flags = LOG_SAME_EXEC_OFF | LOG_NEW_EXEC_ON if version >= 7 else 0
-        _call("landlock_restrict_self", _libc.syscall(SYS_RESTRICT_SELF, ruleset, flags))
-    finally:
-        os.close(ruleset)
+class Ruleset:
+    """One call's ruleset: created, and given the rules every call shares, while the launcher
+    waits for its request; then the call's own rules and ports, then enforced on this process."""
+
+    def __init__(self) -> None:
+        self.version = abi()
+        if self.version < MIN_ABI:  # the host checks it too; this is the last word
+            raise Refused(f"Landlock ABI {self.version} here; the jail needs {MIN_ABI} (TCP rules, scoped signals)")
+        self.handled = fs_rights(self.version)
+        attr = RulesetAttr(
+            fs=self.handled, net=NET_BIND_TCP | NET_CONNECT_TCP, scoped=SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL
+        )
+        self.fd = _call(
+            "landlock_create_ruleset", _libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+        )
+
+    def allow(self, paths: list[tuple[str, str]]) -> None:
+        for path, mode in paths:
+            _add_path(self.fd, path, MODES[mode] & self.handled)
+
+    def enforce(self, ports: list[int]) -> None:
+        try:
+            for port in ports:
+                rule = NetPort(allowed=NET_CONNECT_TCP, port=int(port))
+                _call(f"allow port {port}", _libc.syscall(SYS_ADD_RULE, self.fd, RULE_NET_PORT, ctypes.byref(rule), 0))
+            flags = LOG_SAME_EXEC_OFF | LOG_NEW_EXEC_ON if self.version >= 7 else 0
+            _call("landlock_restrict_self", _libc.syscall(SYS_RESTRICT_SELF, self.fd, flags))
+        finally:
+            os.close(self.fd)
 
 
 def _add_path(ruleset: int, path: str, rights: int) -> None:
@@ -257,36 +268,55 @@ def supervise(command: list[str], env: dict[str, str], status: int) -> int:
     return wait_status
 
 
+def pairs(fields: list[str]) -> list[tuple[str, str]]:
+    """``MODE PATH MODE PATH ...`` as ``(path, mode)`` rules."""
+    if len(fields) % 2:
+        raise ValueError("a rule without its path")
+    return [(path, mode) for mode, path in zip(fields[::2], fields[1::2], strict=True)]
+
+
 def parse(fields: list[str]) -> tuple[str, dict[str, str], dict[str, Any], list[str]]:
     """A request's fields (the module doc): the working directory, the environment, the spec and the command."""
     cwd, variables = fields[0], int(fields[1])
     env = dict(entry.partition("=")[::2] for entry in fields[2 : 2 + variables])
     at = 2 + variables
     seccomp, ports, count = fields[at], fields[at + 1], int(fields[at + 2])
-    pairs = fields[at + 3 : at + 3 + 2 * count]
+    rules = fields[at + 3 : at + 3 + 2 * count]
     rest = fields[at + 3 + 2 * count :]
-    if len(pairs) != 2 * count or len(rest) < 2 or rest[0] != "--":
+    if len(rules) != 2 * count or len(rest) < 2 or rest[0] != "--":
         raise ValueError("the host's request is malformed")
-    spec = {
-        "seccomp": seccomp,
-        "connect": [int(port) for port in ports.split(",") if port],
-        "paths": [(path, mode) for mode, path in zip(pairs[::2], pairs[1::2], strict=True)],
-    }
+    spec = {"seccomp": seccomp, "connect": [int(port) for port in ports.split(",") if port], "paths": pairs(rules)}
     return cwd, env, spec, rest[1:]
 
 
+FAILURES = (Refused, OSError, ValueError, KeyError, IndexError)
+
+
 def main(argv: list[str]) -> None:
-    status = int(argv[1])
+    """``STATUS_FD SECCOMP MODE PATH ...``: the seccomp program's file and the rules every call
+    shares, read and built while waiting; then the request (the module doc)."""
+    status, seccomp = int(argv[1]), argv[2]
+    ahead: tuple[bytes, Ruleset] | BaseException
+    try:
+        ahead = (read_seccomp(seccomp) if seccomp else b""), Ruleset()
+        ahead[1].allow(pairs(argv[3:]))
+    except FAILURES as exc:
+        ahead = exc  # told once the call comes: a launcher never ends before it is asked
     try:
         cwd, env, spec, command = parse(_request())
+        if isinstance(ahead, BaseException):
+            raise ahead
+        program, ruleset = ahead
+        if spec["seccomp"] != seccomp:  # the host's program changed since this launcher started
+            program = read_seccomp(spec["seccomp"]) if spec["seccomp"] else b""
         os.chdir(cwd)
         _call("PR_SET_CHILD_SUBREAPER", _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0))
-        program = read_seccomp(spec["seccomp"]) if spec.get("seccomp") else b""
         drop_privileges()
-        restrict(spec)
-        if spec.get("seccomp"):
+        ruleset.allow(spec["paths"])
+        ruleset.enforce(spec["connect"])
+        if spec["seccomp"]:
             load_seccomp(program, spec["seccomp"])
-    except (Refused, OSError, ValueError, KeyError, IndexError) as exc:
+    except FAILURES as exc:
         os.write(status, f"{exc}".encode())
         os._exit(125)
     wait_status = supervise(command, env, status)

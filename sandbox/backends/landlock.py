@@ -221,13 +221,12 @@ class LandlockJail(local.LocalJail):
         environment = base_env(self.profile, env, workspace=self.view)
         environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
         hold = request(where, environment, spec, argv)
-        launcher = self._take_spare()
-        with contextlib.suppress(BackendUnavailable):  # out of processes now: the next call starts its own
-            self._spare = self._spawn()  # the next call's, starting while this one runs
         try:
-            child = await self._go(launcher, group, hold, stdin=stdin)
+            child = await self._go(self._take_spare(), group, hold, stdin=stdin)
         except BrokenPipeError:  # it died while it waited (killed from outside): nothing of the call ran
             child = await self._go(self._spawn(), group, hold, stdin=stdin)
+        with contextlib.suppress(BackendUnavailable):  # out of processes now: the next call starts its own
+            self._spare = self._spawn()  # the next call's, starting while this one's command runs
         if self._audit is not None:
             child.audited = functools.partial(self._denials, self._audit, child.root_pid)
         return child
@@ -268,8 +267,9 @@ class LandlockJail(local.LocalJail):
         status_r, status_w = os.pipe()
         try:
             with confine.starting("cannot start the Landlock launcher"):
+                shared = [part for path, mode in system_rules() for part in (mode, path)]
                 proc = Child(
-                    [self.python, "-I", "-S", "-c", _program(), str(status_w)],
+                    [self.python, "-I", "-S", "-c", _program(), str(status_w), self._seccomp or "", *shared],
                     pass_fds=(status_w,),
                     stdin=True,
                     new_session=True,
@@ -316,11 +316,11 @@ def build_spec(
     """What one call may touch and reach (see the module doc)."""
     strategy = profile.mount.strategy
     refuse_sealed_rw(strategy, sealed)
-    paths = list(system_rules())
+    paths: list[tuple[str, str]] = []
     view = os.path.realpath(workspace)  # the launcher opens every rule's path without following a link
     paths += split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
-    return {"paths": paths, "connect": list(ports), "seccomp": seccomp_program}
+    return {"system": system_rules(), "paths": paths, "connect": list(ports), "seccomp": seccomp_program}
 
 
 def request(cwd: str, env: Mapping[str, str], spec: dict[str, Any], argv: Sequence[str]) -> bytes:
