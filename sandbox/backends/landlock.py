@@ -59,7 +59,17 @@ import anyio
 
 from sandbox import _jailside, datadir
 from sandbox._jailside import landlock as launcher
-from sandbox.backends import bwrap_argv, cgroups, confine, jailpython, landlock_audit, local, seal, seccomp
+from sandbox.backends import (
+    bwrap_argv,
+    cgroups,
+    confine,
+    jailpython,
+    landlock_audit,
+    landlock_spare,
+    local,
+    seal,
+    seccomp,
+)
 from sandbox.backends.base import Backend
 from sandbox.backends.child import Child
 from sandbox.backends.environment import base_env, host_files
@@ -178,7 +188,7 @@ class LandlockJail(local.LocalJail):
         self._shared = tuple(host for host, _ in shared)
         self.python = jailpython.host_python()
         self._seccomp = seccomp.filter_path("landlock")
-        self._spare: tuple[Child, int] | None = None  # a launcher started ahead, and its status pipe
+        self._ahead = landlock_spare.Ahead(self._spawn, self._pool)  # the next call's launcher, started ahead
 
     @property
     def host_paths_shown(self) -> tuple[str, ...]:
@@ -221,23 +231,39 @@ class LandlockJail(local.LocalJail):
         environment = base_env(self.profile, env, workspace=self.view)
         environment |= {"HOME": str(self.home), "TMPDIR": str(self.tmp)} | dict(env or {})
         hold = request(where, environment, spec, argv)
+        spare = await self._ahead.take()
+        launcher = spare.launcher if spare is not None else self._spawn()
+        own = spare.group if spare is not None else None  # the launcher is in these cgroups already
         try:
-            child = await self._go(self._take_spare(), group, hold, stdin=stdin)
-        except BrokenPipeError:  # it died while it waited (killed from outside): nothing of the call ran
-            child = await self._go(self._spawn(), group, hold, stdin=stdin)
-        with contextlib.suppress(BackendUnavailable):  # out of processes now: the next call starts its own
-            self._spare = self._spawn()  # the next call's, starting while this one's command runs
+            try:
+                child = await self._go(launcher, own or group, hold, stdin=stdin, placed=own is not None)
+            except BrokenPipeError:  # it died while it waited (killed from outside): nothing of the call ran
+                child = await self._go(self._spawn(), own or group, hold, stdin=stdin, placed=False)
+        except BaseException:
+            if own is not None:
+                self._pool.give_back(own)
+            raise
+        if own is not None and group is not None:
+            self._pool.give_back(group)  # the call has the spare's
+        self._ahead.start()  # the next call's launcher, started and placed while this command runs
         if self._audit is not None:
             child.audited = functools.partial(self._denials, self._audit, child.root_pid)
         return child
 
     async def _go(
-        self, launcher: tuple[Child, int], group: cgroups.CallCgroup | None, hold: bytes, *, stdin: bool
+        self,
+        launcher: landlock_spare.Launcher,
+        group: cgroups.CallCgroup | None,
+        hold: bytes,
+        *,
+        stdin: bool,
+        placed: bool,
     ) -> local.LocalProcess:
-        """``launcher`` confined, told its request, and seen to confine itself and start the command."""
+        """``launcher`` confined (``placed``: in ``group`` already), told its request, and seen to
+        confine itself and start the command."""
         proc, status_r = launcher
         try:
-            with self._releasing(proc, group, "landlock", stdin=stdin, hold=hold) as child:
+            with self._releasing(proc, group, "landlock", stdin=stdin, hold=hold, placed=placed) as child:
                 try:
                     await _confined(status_r)
                 except BaseException:
@@ -254,14 +280,7 @@ class LandlockJail(local.LocalJail):
             raise InvalidArgument(f"the working directory {cwd} does not exist", cwd=cwd)
         return self.spec(), where
 
-    def _take_spare(self) -> tuple[Child, int]:
-        """The launcher started ahead if it still waits (else it is dropped), or a new one."""
-        if self._spare is not None and self._spare[0].popen.poll() is not None:
-            self._drop_spare()  # killed from outside meanwhile
-        taken, self._spare = self._spare, None
-        return taken or self._spawn()
-
-    def _spawn(self) -> tuple[Child, int]:
+    def _spawn(self) -> landlock_spare.Launcher:
         """A launcher waiting for its request (the module doc of :mod:`sandbox._jailside.landlock`),
         and our end of its status pipe."""
         status_r, status_w = os.pipe()
@@ -283,12 +302,6 @@ class LandlockJail(local.LocalJail):
             os.close(status_w)
         return proc, status_r
 
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            (proc, status_r), self._spare = self._spare, None
-            local.discard_held(proc)
-            os.close(status_r)
-
     async def _denials(self, audit: landlock_audit.AuditReader, launcher: int) -> dict[str, Any] | None:
         """The ended call's denials (its launcher created their domain), paths named as the workspace's."""
         account = await off_loop(audit.denials_of, launcher)
@@ -298,7 +311,7 @@ class LandlockJail(local.LocalJail):
         return account
 
     async def _shutdown(self) -> None:
-        self._drop_spare()
+        await self._ahead.close()
         await super()._shutdown()
         await off_loop(shutil.rmtree, self.private, True)
 
@@ -446,8 +459,7 @@ class LandlockBackend(Backend):
             raise
         audit = await off_loop(landlock_audit.reader) if abi() >= landlock_audit.ABI else None
         jail = LandlockJail(workspace, profile, private, scratch, shared, tree, audit)
-        with contextlib.suppress(BackendUnavailable):  # out of processes now: the first call says so
-            jail._spare = jail._spawn()
+        jail._ahead.start()
         return jail
 
 

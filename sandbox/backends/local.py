@@ -182,15 +182,23 @@ class LocalJail(Jail):
 
     @contextlib.contextmanager
     def _releasing(
-        self, proc: Child, group: cgroups.CallCgroup | None, kind: Kind, *, stdin: bool, hold: bytes = b"go\n"
+        self,
+        proc: Child,
+        group: cgroups.CallCgroup | None,
+        kind: Kind,
+        *,
+        stdin: bool,
+        hold: bytes = b"go\n",
+        placed: bool = False,
     ) -> Iterator[LocalProcess]:
         """A first process held before its command (our child: no pid namespace), confined and
-        released (``hold``: the line it waits for); killed if the ``with`` block fails before it ends."""
+        released (``hold``: the line it waits for; ``placed``: in ``group`` already); killed if the
+        ``with`` block fails before it ends."""
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(discard_held, proc)
             child = LocalProcess(proc, proc.pid, group, self._released, kernel_reaps=False)
             cleanup_on_fail.callback(child.forget_root)
-            confine(proc.pid, self.profile, group, kind)
+            confine(proc.pid, self.profile, None if placed else group, kind)  # placed: in it already
             proc.release_hold(hold, keep_open=stdin)
             yield child
             cleanup_on_fail.pop_all()

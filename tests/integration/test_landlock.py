@@ -235,6 +235,15 @@ async def test_a_launcher_that_cannot_confine_runs_nothing(open_jail: JailFactor
     assert not (workspace / "ran").exists()
 
 
+async def waiting(jail: landlock.LandlockJail) -> Any:
+    """The launcher started ahead for the next call, once its thread is done."""
+    thread = jail._ahead._thread
+    if thread is not None:
+        await anyio.to_thread.run_sync(thread.join)
+    assert jail._ahead._done is not None and jail._ahead._done[0] is not None
+    return jail._ahead._done[0][0]
+
+
 async def test_the_launcher_started_ahead_serves_a_call_and_a_dead_one_is_replaced(
     open_jail: JailFactory, workspace: Path
 ) -> None:
@@ -242,9 +251,11 @@ async def test_the_launcher_started_ahead_serves_a_call_and_a_dead_one_is_replac
     with the call's environment, working directory and a request longer than a pipe holds; one
     killed meanwhile is replaced; bad input is refused before any runs."""
     jail = await open_jail()
-    assert isinstance(jail, landlock.LandlockJail) and jail._spare is not None
-    spare = jail._spare[0]
+    assert isinstance(jail, landlock.LandlockJail)
+    spare = await waiting(jail)
     assert Path(f"/proc/{spare.pid}/environ").read_bytes() == b""  # it holds nothing of a call's yet
+    placed = jail._ahead._done[1] if jail._ahead._done else None
+    assert placed is None or spare.pid in placed.pids()  # in the call's cgroups before the call
     big = "x" * 100_000
     result = await executor.run(
         jail,
@@ -254,9 +265,10 @@ async def test_the_launcher_started_ahead_serves_a_call_and_a_dead_one_is_replac
     )
     assert result.stdout.splitlines()[1:] == ["1", "100000", "a b"], result
     assert result.stdout.splitlines()[0].endswith("/src")
-    assert jail._spare is not None and jail._spare[0].pid != spare.pid  # the next one started meanwhile
-    os.kill(jail._spare[0].pid, 9)
-    jail._spare[0].popen.wait()  # dead before the call takes it (one dying as it is told is a broken pipe: retried)
+    following = await waiting(jail)
+    assert following.pid != spare.pid  # the next one started while the command ran
+    os.kill(following.pid, 9)
+    following.popen.wait()  # dead before the call takes it (one dying as it is told is a broken pipe: retried)
     assert (await sh(jail, "echo again")).stdout == "again\n"
     with pytest.raises(InvalidArgument, match="NUL"):
         await executor.run(jail, ["echo", "a\0b"])
