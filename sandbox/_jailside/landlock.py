@@ -40,6 +40,7 @@ import resource
 import signal
 import stat
 import sys
+import warnings  # noqa: F401 - os.execvpe imports it to search PATH: in the forked child, each call, from disk
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
