@@ -90,10 +90,12 @@ def _v1(mount: Path, ctrl: str, view: HostView) -> Hierarchy | str:
     base = mount / view.own.get(ctrl, "/").lstrip("/")
     if _ours(base, view.euid):
         return Hierarchy(ctrl, 1, base, delegated=view.euid != 0)
-    return (
-        f"cgroup v1 {ctrl} hierarchy at {base} is not writable by uid {view.euid} "
-        "(run as root, or give this user a delegated cgroup)"
+    advice = (
+        "a container's cgroups are read-only to it: give it a writable cgroup, or run as an ordinary user"
+        if view.euid == 0
+        else "run as root, or give this user a delegated cgroup"
     )
+    return f"cgroup v1 {ctrl} hierarchy at {base} is not writable by uid {view.euid} ({advice})"
 
 
 def _v2_root_base(mount: Path, wanted: list[str]) -> tuple[Path, list[str]] | None:

@@ -81,6 +81,8 @@ def enforcement(kind: Kind) -> dict[str, Enforcement]:
         # what this user runs when it starts plus its limit (a fork bomb stops there; so, for
         # that moment, do the user's other new processes).
         found["pids"] = Enforcement(USER_NPROC, "call")
+    elif kind == "landlock":
+        found["pids"] = Enforcement(None, why_not=f"the kernel does not enforce RLIMIT_NPROC for root and {pids}")
     else:
         found["pids"] = Enforcement(
             None,

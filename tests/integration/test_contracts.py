@@ -451,6 +451,12 @@ async def test_copy_mount_of_another_users_workspace_keeps_owners_on_apply(
         assert (st.st_uid, st.st_gid) == (1234, 1234), rel
 
 
+def effective_caps() -> str:
+    """This process's effective capabilities (hex, from /proc)."""
+    status = Path("/proc/self/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+
+
 @pytest.fixture
 def small_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A 512 KiB tmpfs as the sandbox's data directory: a full disk on demand."""
@@ -458,6 +464,8 @@ def small_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs as the data directory")
+    if not int(effective_caps(), 16) & (1 << 21):  # CAP_SYS_ADMIN
+        pytest.skip("needs CAP_SYS_ADMIN to mount a small tmpfs as the data directory (root in a container has none)")
     small = tmp_path / "small-data"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], check=True)
