@@ -326,14 +326,14 @@ def build_spec(
     ports: Sequence[int],
     seccomp_program: str,
 ) -> dict[str, object]:
-    """What one call may touch and reach (see the module doc)."""
+    """What one call may touch and reach beyond the rules every call shares (:func:`system_rules`,
+    which its launcher was given as it started; see the module doc)."""
     strategy = profile.mount.strategy
     refuse_sealed_rw(strategy, sealed)
-    paths: list[tuple[str, str]] = []
     view = os.path.realpath(workspace)  # the launcher opens every rule's path without following a link
-    paths += split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
+    paths = split(view, sealed.masked_paths, "ro" if strategy == "ro" else "rw")  # copy: the copy
     paths += [(os.path.realpath(p), "rw") for p in writable] + [(os.path.realpath(p), "ro") for p in readable]
-    return {"system": system_rules(), "paths": paths, "connect": list(ports), "seccomp": seccomp_program}
+    return {"paths": paths, "connect": list(ports), "seccomp": seccomp_program}
 
 
 def request(cwd: str, env: Mapping[str, str], spec: dict[str, Any], argv: Sequence[str]) -> bytes:
