@@ -130,13 +130,14 @@ class Child:
     def release_hold(self, line: bytes, *, keep_open: bool) -> None:
         """Write the line a held child waits for on stdin; close stdin unless data follows."""
         assert self.stdin_fd is not None
-        os.set_blocking(self.stdin_fd, True)  # a long request fills the pipe: the child reads it meanwhile
-        try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self.stdin_fd, view) :]
-        finally:
-            os.set_blocking(self.stdin_fd, False)
+        view = memoryview(line)[os.write(self.stdin_fd, line) :]  # into an empty pipe: all, unless it is long
+        if view:  # a long request fills the pipe: the child reads it meanwhile
+            os.set_blocking(self.stdin_fd, True)
+            try:
+                while view:
+                    view = view[os.write(self.stdin_fd, view) :]
+            finally:
+                os.set_blocking(self.stdin_fd, False)
         if not keep_open:
             os.close(self.stdin_fd)
             self.stdin_fd = None

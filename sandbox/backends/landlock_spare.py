@@ -74,7 +74,7 @@ class Ahead:
     async def take(self) -> Spare | None:
         """The launcher started ahead if it still waits, or ``None`` (a new one is the caller's)."""
         thread, self._thread = self._thread, None
-        if thread is not None:
+        if thread is not None and thread.is_alive():  # done already, as a pause between calls lets it: no hop
             await off_loop(thread.join)
         done, self._done = self._done, None
         if done is None:

@@ -69,10 +69,7 @@ def forget_reader() -> None:
 
 
 def backlog_limit() -> int:
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, landlock_audit.NETLINK_AUDIT) as control:
-        control.bind((0, 0))
-        control.send(landlock_audit.NLMSG.pack(landlock_audit.NLMSG.size, landlock_audit.AUDIT_GET, 1, 1, 0))
-        reply = control.recv(4096)
+    reply = landlock_audit._send(landlock_audit.AUDIT_GET, b"")
     return int(landlock_audit.STATUS.unpack_from(reply, landlock_audit.NLMSG.size)[5])
 
 
