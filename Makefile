@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps node-deps mcp-inspector agents demo docs test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image docker-up compare schema clean
+.PHONY: setup system-deps node-deps mcp-inspector agents demo docs test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image microvm docker-up compare schema clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
@@ -32,6 +32,7 @@ system-deps:
 	  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing="$$missing libseccomp2"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import pip" 2>/dev/null || missing="$$missing python3-pip"; \
 	  [ "$$(id -u)" != 0 ] || command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
+	  [ "$$(id -u)" != 0 ] || command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	  [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || missing="$$missing python3-venv"; \
 	  [ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && $(APT) $$missing; \
@@ -52,6 +53,11 @@ image: setup docker-up
 	bash images/build.sh
 	bash images/build.sh --variant node
 
+# The microvm backend's kernel, initramfs and root file system (sandbox image build --microvm):
+# Debian's kernel and busybox-static packages (apt-get download) and the image's debootstrap rootfs.
+microvm: setup
+	SANDBOX_IMAGE_CACHE=$(CURDIR)/images/.cache $(BIN)/sandbox image build --microvm
+
 # Real projects and their dependencies for the recipe tests and the dependency benchmark
 # (tests/registries.py serves them as a package index and an npm registry on loopback): pip
 # download of two sdists and their test and build wheels, npm pack of minimist and its whole
@@ -70,6 +76,7 @@ docs: setup
 # suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
 test: setup mcp-inspector agents test-fixtures docs
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
+	-@$(MAKE) --no-print-directory microvm || echo "make test: microVM not built; microvm tests will be skipped with the reason" >&2
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
 	@$(MAKE) --no-print-directory test-installed

@@ -19,6 +19,10 @@ BENCHES = [
     ("classifier layer: share of a recorded session judged by the model", "bench_classifier.py"),
     ("docker backend", "bench_docker.py"),
     ("landlock backend: per call against bubblewrap, bare bwrap and Codex's sandbox", "bench_landlock.py"),
+    (
+        "microvm backend: cold boot, warm call, stdout and a real suite against bwrap, docker run and the host",
+        "bench_microvm.py",
+    ),
     ("1 GiB of stdout: docker warm jail against bubblewrap against bare bwrap", "bench_streams.py"),
     ("mount strategies", "bench_mounts.py"),
     ("copy over the archive API (a remote engine) against the local bind path", "bench_archive.py"),

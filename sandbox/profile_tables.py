@@ -324,6 +324,12 @@ class Docker(Table):
     by ``SSL_CERT_FILE`` and the other clients' variables, so an allowlisted download verifies as it
     does on the host (a company's CA, a mirror's). ``ca_bundle``: that bundle, a PEM file of
     certificates only (default: the first of the distributions' usual paths that exists).
+
+    ``runtime``: the OCI runtime the engine runs the jail's containers with, by the name the engine
+    registered it under (``docker info``: Runtimes); unset, the engine's default (runc, or Podman's
+    crun). ``runsc`` is gVisor (:mod:`sandbox.backends.docker.gvisor`): the commands' system calls
+    are served by its user-space kernel, not the host's (the ``kernel-isolated`` guarantee). A name
+    the engine does not know is refused, never run on the default runtime instead.
     """
 
     image: str | None = None
@@ -337,6 +343,7 @@ class Docker(Table):
     remote: Literal["auto"] | bool = "auto"
     ca_certificates: Literal["image", "host"] = "image"
     ca_bundle: Path | None = None
+    runtime: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")] | None = None
 
     @model_validator(mode="after")
     def _engine(self) -> Docker:

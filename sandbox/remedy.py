@@ -286,6 +286,11 @@ def host_changes(name: str, why: str = "") -> list[str]:
         return ["run as root, or install bubblewrap 0.9 or later (--overlay) or fuse-overlayfs"]
     if name == "net-transparent":
         return ["run as root (a veth pair and nftables rules in the call's network namespace)"]
+    if name == "kernel-isolated":
+        return [
+            "run the docker backend under gVisor: install runsc, register it with the engine (images/dockerd-up.sh "
+            'as root does both) and set [docker] runtime = "runsc" in the profile'
+        ]
     if name == "seccomp":
         return [f"the filter needs libseccomp (apt-get install libseccomp2) and a writable data directory ({why})"]
     if "namespace" in why or "uid map" in why:

@@ -35,7 +35,7 @@ ErrorCode = Literal[
 ]
 
 # -- backends and what they enforce -----------------------------------------------------------
-BackendName = Literal["bwrap", "docker", "landlock", "host", "winjob", "fake"]
+BackendName = Literal["bwrap", "docker", "landlock", "microvm", "host", "winjob", "fake"]
 """Every loadable backend. ``fake`` is the scripted one shipped for protocol tests: loadable by
 name (``session.open``), never chosen by ``auto``, not offered by the CLI nor listed by ``check``."""
 BackendChoice = Literal["auto", BackendName]
@@ -101,6 +101,7 @@ Guarantee = Literal[
     "new-session",
     "seccomp",
     "overlay",
+    "kernel-isolated",
 ]
 GUARANTEE_DESCRIPTIONS: dict[Guarantee, str] = {
     "fs-readonly-root": "system directories are mounted read-only",
@@ -126,6 +127,8 @@ GUARANTEE_DESCRIPTIONS: dict[Guarantee, str] = {
     "new-session": "a new session: no TIOCSTI into the caller's terminal",
     "seccomp": "a seccomp filter restricts system calls",
     "overlay": "an overlay (copy-on-write) mount of the workspace is possible",
+    "kernel-isolated": "commands do not make system calls to the host's kernel: a guest kernel of their own "
+    "(a microVM) or a user-space kernel (gVisor's Sentry) serves them",
 }
 Stream = Literal["stdout", "stderr"]
 LimitScope = Literal["call", "process", ""]
@@ -220,7 +223,8 @@ deletion, is modelled for seed 003 §4c's records but no tool makes one yet."""
 SnapshotState = Literal["active", "rolledBack"]
 
 ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
-BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "landlock", "host", "winjob")  # the real ones: offered, checked
+# The real ones: offered, checked.
+BACKENDS: tuple[BackendName, ...] = ("bwrap", "docker", "landlock", "microvm", "host", "winjob")
 # host is never chosen by auto; winjob (Windows job objects) only on Windows, where it is the one
 # (elsewhere `sandbox check` lists it as unavailable, with the reason); landlock last, where
 # namespaces cannot be had (it shares more of the host: see sandbox.backends.landlock).

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,66 @@ PER_CALL_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "tes
 DOCKER_PER_CALL = "docker-call"
 # backend param -> (the backend, the profile table whose lifecycle the param swaps to "call")
 _PER_CALL_OF = {PER_CALL: ("bwrap", "bwrap"), DOCKER_PER_CALL: ("docker", "docker")}
+# Docker with gVisor ([docker] runtime = "runsc": tests/integration/test_gvisor.py, docs/backends/gvisor.md)
+# runs the contract and attack suites, less what it declares it does not give, each skipped with the
+# reason; skipped as a whole, saying what is missing, where runsc is not installed or not registered.
+DOCKER_RUNSC = "docker-runsc"
+RUNSC = "runsc"
+RUNSC_MODULES = frozenset({"test_contracts", "test_tools", "test_limits", "test_gvisor"})
+_NOT_A_HOST_PROCESS = "a command under gVisor is no host process: the host's view of its session cannot be read"
+_SANDBOX_ENDS = "the host's cgroup holds the Sentry: reaching the limit ends the whole sandbox, not only the call"
+RUNSC_DECLARED = {
+    "test_new_session_no_terminal": _NOT_A_HOST_PROCESS + " (test_gvisor checks it from inside)",
+    "test_fork_bomb_is_contained": _SANDBOX_ENDS + " (test_gvisor: the next call gets a new container)",
+    "test_memory_bomb_kills_only_the_call": _SANDBOX_ENDS + " (test_gvisor: the call says out of memory)",
+    "test_non_root_without_privileges": "gVisor's /proc/self/status has no NoNewPrivs line (test_gvisor: prctl)",
+    "test_inode_flood_stops_at_the_tmpfs_cap": "gVisor's tmpfs ignores nr_inodes: its byte cap holds, not its inodes",
+    "test_copy_special_files_and_outside_symlinks_never_come_back": "a fifo made in a bind mount stays in the "
+    "Sentry, never on the host: there is none to skip (test_gvisor checks the host)",
+}
+# runsc 20221219 (Debian 12's) refuses statx with AT_NO_AUTOMOUNT, which coreutils 9 passes: `stat`
+# and `ls PATH` fail with EINVAL there (test_gvisor: the file size limit itself holds).
+RUNSC_OLD_STATX = "20221219"
+_STATX = f"runsc {RUNSC_OLD_STATX} refuses statx(AT_NO_AUTOMOUNT): coreutils' stat and ls PATH fail (EINVAL)"
+RUNSC_STATX_DECLARED = {
+    "test_file_size_limit": _STATX + " (test_gvisor checks the limit with wc -c)",
+    "test_a_write_outside_is_asked_and_denied_not_run": _STATX,
+}
+
+
+@functools.cache
+def runsc_version() -> str:
+    """``runsc --version``'s first line here, or ``""``."""
+    found = shutil.which(RUNSC)
+    if found is None:
+        return ""
+    done = subprocess.run([found, "--version"], capture_output=True, text=True, check=False, timeout=30)
+    return done.stdout.partition("\n")[0]
+
+
+# The microVM (tests/integration/test_microvm.py, docs/backends/microvm.md) runs the contract suite,
+# less what it declares it does not give. Where /dev/kvm is no hardware KVM its guests are emulated
+# (seconds a boot), so the leak, tool, limit and attack suites stay with test_microvm's own attacks.
+MICROVM = "microvm"
+MICROVM_MODULES = frozenset({"test_contracts"})
+_GUEST = (
+    "a guest's processes are no host processes: the host cannot list them (test_microvm checks each kill from "
+    "inside the guest, by a later call's ps)"
+)
+MICROVM_DECLARED = {
+    "test_timeout_kills_setsid_double_fork_and_term_ignoring": _GUEST,
+    "test_abort_kills_the_tree": _GUEST,
+    "test_cancellation_kills_the_tree_and_propagates": _GUEST,
+    "test_background_process_dies_with_a_normal_exit": _GUEST,
+    "test_descendant_holding_stdout_cannot_hang_the_call": _GUEST,
+    "test_jail_close_kills_what_it_runs": _GUEST + "; test_microvm: closing leaves no QEMU",
+    "test_new_session_no_terminal": _GUEST + "; test_microvm checks the session and /dev/tty from inside",
+    "test_copy_special_files_and_outside_symlinks_never_come_back": (
+        "9p cannot make a FIFO in the workspace (mkfifo: ENXIO); test_microvm: links and setuid never come back"
+    ),
+}
+
+
 # Landlock (no namespace) runs the contract and attack suites, less what it declares it does not
 # give (sandbox check, docs/backends/landlock.md), each shown as declared by
 # tests/integration/test_landlock.py instead; and the allowlist suite. test_broker does not apply:
@@ -92,9 +154,16 @@ def _landlock_wanted(item: pytest.Item) -> bool:
     return not any(item.name.startswith(name) for name in declared)
 
 
+def _runsc_declared(item: pytest.Item) -> str | None:
+    """Why ``item`` cannot hold under gVisor (``RUNSC_DECLARED``, and this release's), or ``None``."""
+    declared = {**RUNSC_DECLARED, **(RUNSC_STATX_DECLARED if RUNSC_OLD_STATX in runsc_version() else {})}
+    return next((why for name, why in declared.items() if item.name.startswith(name)), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``bwrap-call``, ``docker-call`` and ``landlock`` only where they are meant; ``@pytest.mark.root``
-    tests skip, saying so, as an ordinary user."""
+    """``bwrap-call``, ``docker-call``, ``docker-runsc`` and ``landlock`` only where they are meant (what
+    gVisor declares it does not give skips, saying why); ``@pytest.mark.root`` tests skip, saying so,
+    as an ordinary user."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
@@ -103,8 +172,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         per_call = param in _PER_CALL_OF
         wanted = item.path.stem in PER_CALL_MODULES or item.path.parent.name == "attack"
         on_landlock = callspec is not None and "landlock" in callspec.params.values()
+        on_runsc = param == DOCKER_RUNSC
+        on_microvm = param == MICROVM
         unwanted = (per_call and not wanted) or (on_landlock and not _landlock_wanted(item))
+        unwanted = unwanted or (on_runsc and item.path.stem not in RUNSC_MODULES and item.path.parent.name != "attack")
+        unwanted = unwanted or (on_microvm and item.path.stem not in MICROVM_MODULES)
         (dropped if unwanted else kept).append(item)
+        why = _runsc_declared(item) if on_runsc else None
+        if on_microvm:
+            why = next((why for name, why in MICROVM_DECLARED.items() if item.name.startswith(name)), None)
+        if why is not None:
+            what = "the microVM" if on_microvm else "gVisor"
+            item.add_marker(pytest.mark.skip(reason=f"declared for {what}: {why}"))
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -160,16 +239,67 @@ def landlock_or_skip(monkeypatch: pytest.MonkeyPatch) -> base.Backend:
     return found
 
 
+def runsc_missing(backend: base.Backend) -> str | None:
+    """What keeps the Docker backend from running jails under gVisor here, or ``None``."""
+    gvisor = backend.probe().details.get("gvisor") or {}
+    if not gvisor.get("installed"):
+        return "runsc (gVisor) is not installed: apt-get install runsc (images/dockerd-up.sh does it as root)"
+    if RUNSC not in (gvisor.get("registered") or {}):
+        known = ", ".join(backend.probe().details.get("runtimes") or ()) or "none"
+        return f"runsc is not registered with the Docker engine (its runtimes: {known}): images/dockerd-up.sh as root"
+    return None
+
+
+def _on_runsc(profile: profiles.Profile) -> profiles.Profile:
+    """``profile`` run by gVisor. gVisor cannot hold a call's processes to ``limits.cpu_time_s``, so a
+    profile that sets it is refused (test_gvisor checks that): the suites take it at the schema's
+    default, which is not asked for (best effort)."""
+    if profile.docker.runtime is not None:
+        return profile
+    default = type(profile.limits).model_fields["cpu_time_s"].default
+    return profile.with_overrides(**{"docker.runtime": RUNSC, "limits.cpu_time_s": default})
+
+
+def runsc_or_skip(monkeypatch: pytest.MonkeyPatch) -> base.Backend:
+    """The docker backend with every jail a test opens on it run by gVisor (``[docker] runtime``), and
+    its report the one for that runtime; skipped, saying what is missing, where runsc cannot run."""
+    found = backend_or_skip("docker")
+    missing = runsc_missing(found)
+    if missing is not None:
+        pytest.skip(missing)
+    on_runsc = make_profile(**{"docker.runtime": RUNSC})
+    report = found.probe_for(on_runsc)
+    if not report.available:
+        pytest.skip(f"docker with runsc unavailable on this host: {report.reason}")
+    cls = type(found)
+    opened, checked = cls.open_jail, cls.check
+
+    async def open_on_runsc(self: base.Backend, workspace: Path, profile: profiles.Profile, **kwargs: Any) -> base.Jail:
+        return await opened(self, workspace, _on_runsc(profile), **kwargs)
+
+    def check_on_runsc(self: base.Backend, profile: profiles.Profile) -> None:
+        checked(self, _on_runsc(profile))
+
+    monkeypatch.setattr(cls, "open_jail", open_on_runsc)
+    monkeypatch.setattr(cls, "check", check_on_runsc)  # sessions check the profile before they open
+    monkeypatch.setattr(found, "probe", lambda: report)
+    return found
+
+
 @pytest.fixture(
     params=[
         *(pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS),
         pytest.param(PER_CALL, marks=pytest.mark.bwrap),
         pytest.param(DOCKER_PER_CALL, marks=pytest.mark.docker),
+        pytest.param(DOCKER_RUNSC, marks=pytest.mark.docker),
+        pytest.param(MICROVM, marks=[pytest.mark.microvm, pytest.mark.slow]),
     ]
 )
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> base.Backend:
     if request.param == "landlock":
         return landlock_or_skip(monkeypatch)
+    if request.param == DOCKER_RUNSC:
+        return runsc_or_skip(monkeypatch)
     if request.param not in _PER_CALL_OF:
         return backend_or_skip(request.param)
     name, table = _PER_CALL_OF[request.param]
@@ -195,7 +325,7 @@ def workspace(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     (ws / "README.md").write_text("# sample\n")
     (ws / "src").mkdir()
     (ws / "src" / "app.py").write_text("print('hello')\n")
-    if "backend" in request.fixturenames and request.getfixturevalue("backend").name == "docker":
+    if "backend" in request.fixturenames and request.getfixturevalue("backend").name in ("docker", "microvm"):
         own_like_a_checkout(ws)
     return ws
 
@@ -253,12 +383,48 @@ def marker() -> str:
 
 
 def survivors(marker: str) -> list[int]:
-    """Host pids whose command line carries ``marker`` (the kernel's view, any backend)."""
+    """Pids whose command line carries ``marker``: the host kernel's view, any backend, and where a
+    gVisor sandbox runs (its processes are the Sentry's, not the host's), the view inside it."""
     found = []
+    sandboxed = False
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
         if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in cmdline):
             found.append(proc.pid)
+        sandboxed = sandboxed or cmdline[:1] == ["runsc-sandbox"]
+    return found + (in_gvisor(marker) if sandboxed else [])
+
+
+# Every process of the sandbox but this listing's own shell and its `cat`s: pid, then the command line.
+_LIST_SANDBOX = 'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = $$ ] || echo "$p $(tr "\\0" " " < $d/cmdline)"; done'
+
+
+def in_gvisor(marker: str) -> list[int]:
+    """Pids inside our running gVisor jails whose command line carries ``marker`` (the sandbox's own
+    pids, listed by an exec as the keeper uid: the agent sweeps only its own uid)."""
+    import docker
+    import docker.errors
+
+    from sandbox.backends.docker.config import KEEPER_USER, LABEL_JAIL
+
+    found: list[int] = []
+    client = docker.from_env()
+    try:
+        for container in client.containers.list(filters={"label": LABEL_JAIL}, sparse=False):
+            runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
+            if runtime != RUNSC:
+                continue
+            try:
+                code, out = container.exec_run(["/bin/sh", "-c", _LIST_SANDBOX], user=KEEPER_USER)
+            except docker.errors.APIError:  # gone meanwhile: nothing of it survives
+                continue
+            assert isinstance(out, bytes)  # not streamed
+            for line in out.decode(errors="replace").splitlines():
+                pid, _, cmdline = line.partition(" ")
+                if pid.isdigit() and marker in cmdline and "/proc/[0-9]" not in cmdline:
+                    found.append(int(pid))
+    finally:
+        client.close()
     return found
 
 

@@ -280,6 +280,11 @@ class Backend(ABC):
     def _probe(self) -> Report:
         """The backend's part of :meth:`probe`: look at this host (uncached)."""
 
+    def probe_for(self, profile: Profile) -> Report:  # noqa: ARG002 - a backend whose report depends on it
+        """What this host lets this backend enforce for ``profile``: :meth:`probe`'s, unless a setting
+        of the profile changes what the backend is (Docker's ``[docker] runtime``, gVisor)."""
+        return self.probe()
+
     async def open_jail(
         self,
         workspace: Path,
@@ -364,7 +369,7 @@ class Backend(ABC):
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""
-        report = self.probe()
+        report = self.probe_for(profile)
         if not report.available:
             raise BackendUnavailable(f"backend {self.name} is unavailable: {report.reason}", backend=self.name)
         missing = report.missing(profile.requires, profile)
@@ -436,7 +441,7 @@ def choose(name: str, profile: Profile, flags: Mapping[str, str] | None = None) 
     try:
         return _choose(name, profile)
     except GuaranteeUnavailable as exc:
-        raise remedy.explain(exc, profile, flags or {}, report_of) from exc
+        raise remedy.explain(exc, profile, flags or {}, functools.partial(report_of, profile=profile)) from exc
 
 
 def fallback_note(backend: Backend, profile: Profile) -> str | None:
@@ -457,10 +462,11 @@ def fallback_note(backend: Backend, profile: Profile) -> str | None:
     )
 
 
-def report_of(name: str) -> Report:
-    """Backend ``name``'s report here; one that cannot even load is unavailable, with the reason."""
+def report_of(name: str, profile: Profile | None = None) -> Report:
+    """Backend ``name``'s report here (for ``profile``, when given); one that cannot even load is
+    unavailable, with the reason."""
     try:
-        return get(name).probe()
+        return get(name).probe() if profile is None else get(name).probe_for(profile)
     except SandboxError as exc:
         return Report(name, False, exc.message)
 

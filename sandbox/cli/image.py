@@ -1,4 +1,5 @@
-"""``sandbox image build``: the Docker image the docker backend runs, without a checkout or a Makefile.
+"""``sandbox image build``: the Docker image the docker backend runs (``--microvm``: what the microvm
+backend boots), without a checkout or a Makefile.
 
 The same code as ``make image`` (:mod:`sandbox.image`): progress lines on stdout, the ready tag
 last; a problem the operator must fix is one line on stderr and exit 1.
@@ -41,6 +42,11 @@ def register(subparsers: Subparsers) -> None:
     build.add_argument("--force", action="store_true", help="rebuild even if the image is current")
     build.add_argument("--mode", choices=MODES, help="the base image's build path (default: auto)")
     build.add_argument("--print-tag", action="store_true", help="print the variant's tag and exit")
+    build.add_argument(
+        "--microvm",
+        action="store_true",
+        help="build the microvm backend's kernel, initramfs and root file system instead (from Debian packages)",
+    )
     build.set_defaults(func=guard(_build, EXIT_BUILD_FAILED, render=_image_problem))
 
 
@@ -51,6 +57,11 @@ def _image_problem(error: SandboxError) -> str:
 def _build(args: argparse.Namespace) -> int:
     from sandbox import image
 
+    if args.microvm:
+        from sandbox.backends.microvm import assets
+
+        print(assets.ensure().rootfs.parent, flush=True)
+        return 0
     if args.print_tag:
         print(image.alias(args.variant) or image.tag(args.variant))
         return 0

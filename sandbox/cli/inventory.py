@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     check = sub.add_parser("check", help="what each backend can guarantee on this host")
     options.add_backend(check, checked=True)
+    check.add_argument(
+        "--profile",
+        help="what each backend can guarantee for this profile (a shipped name or a TOML file), whose settings "
+        "may change it, as [docker] runtime = 'runsc' (gVisor) does (default: the backends' own defaults)",
+    )
     options.add_json(check)
     check.set_defaults(func=guard(cmd_check, EXIT_ERROR))
     prof = sub.add_parser("profiles", help="list the shipped profiles and what they guarantee")
@@ -37,14 +42,13 @@ def register(sub: Subparsers) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sandbox.backends import base
-    from sandbox.guarantees import Report
 
-    reports: list[Report] = []
-    for name in [args.backend] if args.backend else BACKENDS:
-        try:
-            reports.append(base.get(name).probe())
-        except SandboxError as exc:
-            reports.append(Report(name, False, exc.message))
+    prof = None
+    if args.profile is not None:
+        from sandbox import profile as profiles
+
+        prof = profiles.load(args.profile)
+    reports = [base.report_of(name, prof) for name in ([args.backend] if args.backend else BACKENDS)]
     if args.json:
         emit({"backends": [r.to_dict() for r in reports]})
         return 0

@@ -189,7 +189,7 @@ async def _run(args: argparse.Namespace, prof: profiles.Profile, workspace: Path
         err.close()
     if kept is not None and changes is not None:
         changes.changes = kept.changeset.changes  # as kept: an entry that could not be is never applicable
-    return _report(args, prof, result, changes, kept, applied, received, backend.probe().limits_in_force(prof))
+    return _report(args, prof, result, changes, kept, applied, received, backend.probe_for(prof).limits_in_force(prof))
 
 
 def _watch_network(jail: base.Jail, prof: profiles.Profile) -> None:

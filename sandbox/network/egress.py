@@ -109,6 +109,9 @@ class Egress:
         self._thread: ProxyThread | None = None
         self._ports: netns.Ports | None = None
         self.tcp_port: int | None = None  # where a jail with no network namespace reaches the proxy
+        # How the jail's forwarder moves a connection (FORWARDER_COPY): a jail whose sockets are not
+        # the host's (gVisor's Sentry) cannot hand one to the proxy, and relays it ("plain") instead.
+        self.forwarder_copy = FORWARDER_COPY
 
     @classmethod
     def start(
@@ -307,7 +310,7 @@ class Egress:
             "--to",
             f"{JAIL_DIR}/{SOCKET}",
             "--copy",
-            FORWARDER_COPY,
+            self.forwarder_copy,
             "--",
             *argv,
         ]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-from tests.conftest import own_like_a_checkout
+from tests.conftest import DOCKER_RUNSC, RUNSC, own_like_a_checkout
 from tests.rpc_client import MAX_LINE, Client, serve
 
 if TYPE_CHECKING:
@@ -41,11 +41,14 @@ SLOW_LINES, HUGE_LINES = 12_000, 40_000
 @pytest.fixture
 def profile_file(backend: base.Backend, request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """A profile naming the backend and lifecycle the ``backend`` param stands for, workspace copied."""
-    lifecycle = "call" if str(request.node.callspec.params["backend"]).endswith("-call") else "session"
+    param = str(request.node.callspec.params["backend"])
+    lifecycle = "call" if param.endswith("-call") else "session"
+    # The server is another process, which no patch of the fixture's reaches: the profile names the runtime.
+    runtime = f'runtime = "{RUNSC}"\n' if param == DOCKER_RUNSC else ""
     path = tmp_path / "stall.toml"
     path.write_text(
         f'backend = "{backend.name}"\nrequires = []\n\n[mount]\nstrategy = "copy"\n\n'
-        f'[{backend.name}]\nlifecycle = "{lifecycle}"\n'
+        f'[{backend.name}]\nlifecycle = "{lifecycle}"\n{runtime}'
     )
     return path
 

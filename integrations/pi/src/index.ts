@@ -89,7 +89,7 @@ export interface SandboxExtensionConfig {
 }
 
 const MODES: readonly PermissionMode[] = ["ask", "accept-edits", "auto"];
-const BACKENDS: readonly Backend[] = ["auto", "bwrap", "docker", "landlock", "host"];
+const BACKENDS: readonly Backend[] = ["auto", "bwrap", "docker", "landlock", "microvm", "host"];
 const MOUNTS: readonly MountStrategy[] = ["ro", "rw", "copy", "overlay"];
 const NETWORKS: readonly NetworkMode[] = ["none", "allowlist", "host"];
 

@@ -44,7 +44,7 @@ export interface InitializeResult {
 export type PermissionMode = "ask" | "accept-edits" | "auto";
 /** Seed 003 §10: plan and goal are the contract modes (no Write, Edit nor plugin tool); entered from agent only. */
 export type OperatingMode = "agent" | "plan" | "goal";
-export type Backend = "auto" | "bwrap" | "docker" | "landlock" | "host" | "winjob";
+export type Backend = "auto" | "bwrap" | "docker" | "landlock" | "microvm" | "host" | "winjob";
 export type MountStrategy = "ro" | "rw" | "copy" | "overlay";
 
 export interface SessionOpenParams {

@@ -15,7 +15,9 @@ Two process models, one module each, behind the common :class:`~.jail.DockerJail
 Around them: :mod:`.client` (the client, and the one place ``docker.errors.*`` become ours, so
 none crosses a public call), :mod:`.config` (the container's ``create()`` arguments: every
 confinement knob), :mod:`.runtime` (one container's blocking operations), :mod:`.streams` (the
-hijacked sockets as anyio streams) and :mod:`.gc` (containers nobody else will remove). Blocking
+hijacked sockets as anyio streams), :mod:`.gc` (containers nobody else will remove) and
+:mod:`.gvisor` (the OCI runtime, by the engine's name, and what gVisor's ``runsc`` changes: a
+profile's report comes from :meth:`DockerBackend.probe_for`, per runtime). Blocking
 SDK calls run in worker threads; output is read from hijacked sockets in dedicated threads that
 feed bounded memory streams as frames arrive.
 
@@ -41,6 +43,7 @@ import anyio.to_thread
 
 from sandbox.backends import seal
 from sandbox.backends.base import Backend, get
+from sandbox.backends.docker import gvisor
 from sandbox.backends.docker.archive import Limits, RemoteTree, populate
 from sandbox.backends.docker.client import (
     API_TIMEOUT_S,
@@ -121,8 +124,24 @@ class DockerBackend(Backend):
     name = "docker"
     binds_downloads = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_runtime: dict[str, Report] = {}
+
     def _probe(self) -> Report:
         return _report()
+
+    def probe_for(self, profile: Profile) -> Report:
+        """The report for the profile's ``[docker] runtime`` (cached per runtime, as :meth:`probe`)."""
+        runtime = profile.docker.runtime
+        if runtime is None:
+            return self.probe()
+        if runtime not in self._by_runtime:
+            report = _report(runtime)
+            if report.details.get("transient"):
+                return report
+            self._by_runtime[runtime] = report
+        return self._by_runtime[runtime]
 
     async def _open(
         self,
@@ -150,7 +169,7 @@ class DockerBackend(Backend):
                 await anyio.to_thread.run_sync(_own_tree, jail.tree, user)
             for area in (scratch, downloads):
                 if area is not None and engine.remote is None:
-                    await anyio.to_thread.run_sync(_own_dir, area, user)
+                    await anyio.to_thread.run_sync(own_dir, area, user)
             if isinstance(jail.tree, RemoteTree):
                 await _to_remote(jail, jail.tree, engine, scratch)
             await jail.start()
@@ -212,6 +231,7 @@ async def _new_jail(
     kind = WarmJail if profile.docker.lifecycle == "session" else PerCallJail
     with contextlib.ExitStack() as cleanup_on_fail:
         cleanup_on_fail.callback(client.close)
+        runtime = await anyio.to_thread.run_sync(_runtime_of, client, profile)
         await anyio.to_thread.run_sync(check_image, client, image_ref(profile))
         copy = profile.mount.strategy == "copy"
         sealed = await anyio.to_thread.run_sync(seal.for_profile, profile, workspace)
@@ -228,9 +248,21 @@ async def _new_jail(
         if tree is not None:
             cleanup_on_fail.callback(tree.remove)
         source = tree.root if tree else workspace
-        jail = kind(client, workspace, profile, source, tree, user, scratch, egress, sealed, shared, downloads)
+        jail = kind(
+            client, workspace, profile, source, tree, user, scratch, egress, sealed, shared, downloads, runtime=runtime
+        )
         cleanup_on_fail.pop_all()
     return jail
+
+
+def _runtime_of(client: docker.DockerClient, profile: Profile) -> gvisor.RuntimeChoice:
+    """The runtime the profile's containers will run under, asked of the engine now (the probe is
+    cached): one it has not registered, or cannot give the profile, is refused here."""
+    with translated("cannot query the Docker daemon"):
+        info: dict[str, Any] = client.info()
+        choice = gvisor.resolve(info, profile.docker.runtime, traits(client).podman)
+    gvisor.refusal(profile, choice)
+    return choice
 
 
 async def _to_remote(jail: DockerJail, tree: RemoteTree, engine: Engine, scratch: Path | None) -> None:
@@ -257,7 +289,7 @@ def _own_tree(tree: CopyTree, user: str) -> None:
         tree.hand_to(*uid_gid(user))
 
 
-def _own_dir(path: Path, user: str) -> None:
+def own_dir(path: Path, user: str) -> None:
     """Hand the session's scratch directory (ours, not the user's) to the command uid."""
     uid, gid = uid_gid(user)
     if os.geteuid() != 0 or path.stat().st_uid == uid:
@@ -314,7 +346,7 @@ def _grant_limits(report: Report, info: dict[str, Any], found: EngineTraits) -> 
     report.details["swap-limit"] = bool(info.get("SwapLimit")) and "memory-limit" not in dropped
 
 
-def _probe_report(client: docker.DockerClient, engine: Engine | None = None) -> Report:
+def _probe_report(client: docker.DockerClient, engine: Engine | None = None, runtime: str | None = None) -> Report:
     engine = engine or engine_of()
     info: dict[str, Any] = client.info()
     report = Report("docker", True)
@@ -367,12 +399,34 @@ def _probe_report(client: docker.DockerClient, engine: Engine | None = None) -> 
     )
     report.details["seccomp-profile"] = seccomp
     report.grant("overlay", False, "the docker backend offers ro, rw and copy mounts, not overlay")
+    return _with_runtime(report, info, runtime, found.podman, engine.remote)
+
+
+def _with_runtime(
+    report: Report, info: dict[str, Any], runtime: str | None, podman: bool, remote: str | None
+) -> Report:
+    """``report`` for containers of the runtime ``runtime`` (``None``: the engine's default); one the
+    engine has not registered makes the backend unavailable for it, with the reason (see .gvisor)."""
+    report.details["runtimes"] = sorted(gvisor.registered(info))
+    report.details["default-runtime"] = info.get("DefaultRuntime")
+    report.details["gvisor"] = gvisor.describe(info, remote)
+    report.notes.append(gvisor.status(report.details["gvisor"]))
+    try:
+        choice = gvisor.resolve(info, runtime, podman)
+    except BackendUnavailable as exc:
+        unavailable = Report("docker", False, exc.message)
+        unavailable.details = report.details
+        return unavailable
+    gvisor.apply(report, choice)
+    if choice.gvisor and gvisor.socket_refusal(choice) and not report.details["stream"].startswith("attach"):
+        report.details["stream"] = f"attach ({gvisor.socket_refusal(choice)})"
     return report
 
 
-def _report() -> Report:
+def _report(runtime: str | None = None) -> Report:
     """Daemon reachable (short timeout), image present, what the daemon enforces; the engine's name
-    and version, and whether it is remote (then only ``copy`` mounts, through the archive API)."""
+    and version, and whether it is remote (then only ``copy`` mounts, through the archive API);
+    all of it for containers of ``runtime`` (``[docker] runtime``; ``None``: the engine's default)."""
     engine = engine_of()
     try:
         client = connect(PROBE_TIMEOUT_S, engine)
@@ -380,7 +434,7 @@ def _report() -> Report:
         return Report("docker", False, exc.message)
     try:
         with translated("cannot query the Docker daemon"):
-            return _probe_report(client, engine)
+            return _probe_report(client, engine, runtime)
     except BackendUnavailable as exc:
         return Report("docker", False, exc.message)
     finally:

@@ -79,14 +79,14 @@ def _ulimits(profile: Profile, agent: bool = False) -> list[Ulimit]:
     return [Ulimit(name=name, soft=int(value), hard=int(value)) for name, value in pairs if value is not None]
 
 
-def _resources(profile: Profile, agent: bool = False) -> dict[str, Any]:
+def _resources(profile: Profile, agent: bool = False, runtime_pids: int = 0) -> dict[str, Any]:
     lim = profile.limits
     res: dict[str, Any] = {"ulimits": _ulimits(profile, agent)}
     if lim.memory is not None:
         # Swap equal to memory: no swap at all, so a memory bomb meets the limit, not the disk.
         res.update(mem_limit=lim.memory, memswap_limit=lim.memory)
     if lim.pids is not None:
-        res["pids_limit"] = lim.pids
+        res["pids_limit"] = lim.pids + runtime_pids
     if lim.cpus is not None:
         res["nano_cpus"] = int(lim.cpus * 1e9)
     return res
@@ -118,6 +118,7 @@ def container_config(
     sealed: seal.Seal | None = None,
     shared: Sequence[tuple[str, str]] = (),
     downloads: Path | None = None,
+    runtime_pids: int = 0,
 ) -> dict[str, Any]:
     """The create() arguments of a jail's container.
 
@@ -126,6 +127,8 @@ def container_config(
     home (which then gets a tmpfs of its own, owned by the command user). With ``agent_user``
     the container's only process is the agent (see :mod:`sandbox._jailside.agent`), running
     as that uid with stdin open; without, it is tini and ``sleep infinity`` as the keeper uid, for exec-per-call.
+    ``runtime_pids``: what the runtime's own processes take of the container's pids cgroup (gVisor's
+    Sentry and gofer threads, see :mod:`.gvisor`), added to the profile's limit.
     """
     ws = str(workspace)
     if sealed is None:
@@ -170,8 +173,10 @@ def container_config(
         "environment": {},
         # The daemon removes it by itself if it dies with us or is restarted without us.
         "auto_remove": True,
-        **_resources(profile, agent_user is not None),
+        **_resources(profile, agent_user is not None, runtime_pids),
     }
+    if profile.docker.runtime is not None:  # the engine refuses a name it does not know: never runc instead
+        config["runtime"] = profile.docker.runtime
     if agent_user is not None:
         config.update(_agent_config(profile, agent_user, [*(m["Target"] for m in mounts), *config["tmpfs"]]))
     return config

@@ -21,6 +21,7 @@ from sandbox.backends.base import Jail
 from sandbox.backends.docker.client import run_sync
 from sandbox.backends.docker.config import ca_env, container_config, uid_gid
 from sandbox.backends.docker.gc import remove_jail_containers
+from sandbox.backends.docker.gvisor import SENTRY_PIDS
 from sandbox.backends.jailpython import IMAGE_PYTHON
 from sandbox.threads import off_loop, soon
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     import docker
 
     from sandbox.backends.base import Process
+    from sandbox.backends.docker.gvisor import RuntimeChoice
     from sandbox.backends.docker.runtime import Runtime
     from sandbox.backends.seal import Seal
     from sandbox.mounts import CopyTree
@@ -56,8 +58,11 @@ class DockerJail(Jail):
         sealed: Seal | None = None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
+        *,
+        runtime: RuntimeChoice | None = None,
     ) -> None:
         self.client = client
+        self.oci_runtime = runtime  # the OCI runtime its containers run under (None: not asked, the engine's default)
         self.workspace = workspace
         self.profile = profile
         self.tree = tree
@@ -77,12 +82,17 @@ class DockerJail(Jail):
             egress_dir=egress.socket_dir if egress is not None else None,
             shared=shared,
             downloads=downloads,
+            runtime_pids=SENTRY_PIDS if runtime is not None and runtime.gvisor else 0,
         )
         self._config = self._configure(sealed=sealed)
         # The seal is searched again before each call (seal.Watch): the config is rebuilt when it moved.
         self._watch = seal.watch(profile, workspace, source, tree, sealed, shared)
         if egress is not None:  # the proxy's socket is private to us until the command user is let in
             egress.admit(*uid_gid(user))
+            if runtime is not None and runtime.gvisor:
+                # A connection accepted in the Sentry's network stack is no host socket: it cannot be
+                # handed to the proxy (SCM_RIGHTS to a host socket), so the forwarder relays its bytes.
+                egress.forwarder_copy = "plain"
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **more: Any) -> Process:
         # ca_certificates = "host": every call's clients are pointed at the bound bundle (the call's own env wins).

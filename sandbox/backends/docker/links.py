@@ -216,8 +216,13 @@ class Listener:
             self.close()
             raise
 
-    def accept(self, agent_pid: int) -> socket.socket:
-        """The one connection we take: the agent's, proven by its pid; the listener is gone after it."""
+    def accept(self, agent_pid: int, siblings: bool = False) -> socket.socket:
+        """The one connection we take: the agent's, proven by its pid; the listener is gone after it.
+
+        ``siblings`` (gVisor): the container's processes are not the host's, and its runtime's gofer
+        connects on the sandbox's behalf; a peer with the same parent as ``agent_pid`` (the Sentry,
+        under the container's shim) is then the container's, and nothing but the agent runs in it yet.
+        """
         try:
             conn, _ = self.sock.accept()
         except BlockingIOError:
@@ -225,7 +230,7 @@ class Listener:
         finally:
             self.close()
         pid, _uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        if pid != agent_pid:
+        if pid != agent_pid and not (siblings and _same_parent(pid, agent_pid)):
             conn.close()
             raise PeerRefused(f"the socket's peer is pid {pid}, not the container's agent (pid {agent_pid})")
         return conn
@@ -233,6 +238,22 @@ class Listener:
     def close(self) -> None:
         self.sock.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'.
+    fields = stat_line.rpartition(")")[2].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _same_parent(pid: int, other: int) -> bool:
+    """Whether two host processes are children of one process, which is neither init nor us."""
+    parent = _parent(pid)
+    return parent is not None and parent not in {0, 1, os.getpid()} and parent == _parent(other)
 
 
 def stale_listener_dirs(older_than_s: float = STALE_LISTENER_S) -> list[Path]:

@@ -50,6 +50,7 @@ import docker.errors
 
 from sandbox.backends.agentlink import AgentReplies, CallPipes, run_request
 from sandbox.backends.base import Process
+from sandbox.backends.docker import gvisor
 from sandbox.backends.docker.client import quietly, run_sync
 from sandbox.backends.docker.config import with_agent_socket
 from sandbox.backends.docker.jail import DockerJail
@@ -136,20 +137,20 @@ class AgentCall(AgentReplies, Process):
 
     # -- the Process interface
 
+    backend = "docker"
+    agent = "the container's agent"
+
     async def wait(self) -> int:
         await self._exited.wait()
+        where = {"backend": self.backend, "container" if self.backend == "docker" else "vm": self.runtime.id}
         if self._result is not None:
             code = self._result.get("code")
             if not isinstance(code, int):
-                raise BackendUnavailable(
-                    "the container's agent reported no exit status", backend="docker", container=self.runtime.id
-                )
+                raise BackendUnavailable(f"{self.agent} reported no exit status", **where)
             self.returncode = code
             return code
         if self._refused is not None:
-            raise BackendUnavailable(
-                f"the container's agent refused the call: {self._refused}", backend="docker", container=self.runtime.id
-            )
+            raise BackendUnavailable(f"{self.agent} refused the call: {self._refused}", **where)
         await self._jail.agent_lost(self)
         raise AssertionError("unreachable")  # agent_lost always raises
 
@@ -313,7 +314,9 @@ class AgentJail(DockerJail):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._no_socket: str | None = socket_wanted(str(self.client.api.base_url))
+        self._no_socket: str | None = socket_wanted(str(self.client.api.base_url)) or gvisor.socket_refusal(
+            self.oci_runtime
+        )
         self.stream_note = self._no_socket or ""  # why the calls use the attach stream, if they do
 
     async def _launch(self) -> tuple[Runtime, Link]:
@@ -380,7 +383,8 @@ class AgentJail(DockerJail):
             self.stream_note = attach.hello.removeprefix("attach: ")
             return attach
         pid = await run_sync("cannot find the container's process", runtime.pid)
-        conn = listener.accept(pid)
+        # gVisor: the gofer connects for the sandbox, a sibling of the Sentry (State.Pid) under the shim.
+        conn = listener.accept(pid, siblings=self.oci_runtime is not None and self.oci_runtime.gvisor)
         self.stream_note = ""
         return SocketLink(conn, attach)
 
@@ -446,6 +450,8 @@ class AgentJail(DockerJail):
             message = f"the container {runtime.id[:12]}'s agent died (exit status {code})"
             if diagnostics:
                 message += f": {diagnostics.splitlines()[-1][:200]}"
+        if self.oci_runtime is not None and self.oci_runtime.gvisor:
+            message += f" ({gvisor.ENDS_SANDBOX})"
         raise BackendUnavailable(
             f"{message}; the call's exit status is unknown",
             backend="docker",
@@ -455,16 +461,33 @@ class AgentJail(DockerJail):
         )
 
 
-class WarmJail(AgentJail):
+class SerialCalls:
+    """A warm agent's calls, one at a time: the slot, the call holding it, and one released before
+    its exit came (the next call first gives it :data:`KILL_WAIT_S` to be swept, :func:`settled`)."""
+
+    def __init__(self) -> None:
+        self._slot = anyio.Semaphore(1)
+        self._held: AgentCall | None = None
+        self._pending: AgentCall | None = None
+
+    def call_done(self, proc: AgentCall) -> None:
+        if not proc.finished:
+            self._pending = proc
+        else:
+            proc.forget()
+        if self._held is proc:
+            self._held = None
+            self._slot.release()
+
+
+class WarmJail(SerialCalls, AgentJail):
     """One container for the session's calls, one call at a time, through its agent."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        AgentJail.__init__(self, *args, **kwargs)
+        SerialCalls.__init__(self)
         self._warm: Runtime | None = None
         self._link: Link | None = None
-        self._slot = anyio.Semaphore(1)  # one call at a time in the warm container
-        self._held: AgentCall | None = None
-        self._pending: AgentCall | None = None  # released before its exit was reported
 
     @property
     def container_id(self) -> str | None:
@@ -502,13 +525,8 @@ class WarmJail(AgentJail):
     async def _ready_agent(self) -> tuple[Runtime, Link]:
         """The warm container with its agent idle; a new one if it died, was removed or is wedged."""
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.finished:
-            with anyio.move_on_after(KILL_WAIT_S):
-                await pending._exited.wait()
-            if not pending.finished and self._warm is not None:
-                await self.discard(self._warm)
-        if pending is not None:
-            pending.forget()
+        if await settled(pending) is False and self._warm is not None:
+            await self.discard(self._warm)
         link = self._link
         # A secret appeared (or went) since the container was sealed: its config is rebuilt and the
         # container replaced by one sealed anew.
@@ -530,15 +548,6 @@ class WarmJail(AgentJail):
         if not runtime.removed:
             await run_sync("cannot remove the container", runtime.remove)
 
-    def call_done(self, proc: AgentCall) -> None:
-        if not proc.finished:
-            self._pending = proc
-        else:
-            proc.forget()
-        if self._held is proc:
-            self._held = None
-            self._slot.release()
-
     def _release_calls(self) -> None:
         if self._held is not None:
             self._held.release()
@@ -547,6 +556,19 @@ class WarmJail(AgentJail):
         if self._link is not None:
             self._link.close()
         self._warm = self._link = None
+
+
+async def settled(pending: AgentCall | None) -> bool | None:
+    """A call released before its exit came, given :data:`KILL_WAIT_S` to be swept by its agent:
+    ``False`` when it was not (a wedged agent: its jail must go), ``None`` when there was none.
+    Forgotten by its link either way."""
+    if pending is None:
+        return None
+    if not pending.finished:
+        with anyio.move_on_after(KILL_WAIT_S):
+            await pending._exited.wait()
+    pending.forget()
+    return pending.finished
 
 
 async def _remove(runtime: Runtime) -> None:

@@ -1,0 +1,172 @@
+"""The microVM's first Python: PID 1 of the guest, root until it becomes the agent.
+
+Stdlib only. The guest's init (a shell script in the initramfs, :mod:`sandbox.backends.microvm.assets`)
+loads the virtio modules, mounts the image's root file system (9p, read-only) under a tmpfs
+overlay, opens the agent's virtio-serial port as fds 0 and 1 and starts this program as PID 1.
+It waits for the executor's word on the port, which may come long after the boot (a VM of the
+pool boots before anyone asks for it):
+
+``{"uid", "gid", "workspace", "mode", "binds", "exports", "dirs", "tmp_size", "memory", "pids", "rlimits",
+"argv", "program"}``
+as one JSON line, then ``program`` bytes: the agent's program (:mod:`sandbox._jailside.agent`).
+
+With it this program shows the workspace (the ``ws`` 9p export) at its own absolute path, read-only
+in ``ro``, makes its seal's binds (git's paths read-only, secrets masked), makes the private
+``/tmp`` and home, remounts the root read-only, puts itself in the jail's cgroup (``memory``,
+``pids``), sets the rlimits, drops to the command uid for good (no capabilities, no new
+privileges) and runs the agent in this same process: the agent is PID 1 as in a warm container.
+Anything that fails is told on the port as a ``!`` frame of call 0 and the guest powers off
+(PID 1 exits: the kernel panics, and QEMU, started with ``-no-reboot``, ends).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import struct
+import subprocess
+import sys
+from typing import Any
+
+HEADER = struct.Struct(">cII")  # the agent's frame header (sandbox._jailside.channel.HEADER)
+MAX_WORD = 1 << 20
+MAX_PROGRAM = 1 << 24
+PR_SET_NO_NEW_PRIVS = 38
+MOUNT = "/bin/mount"
+CGROUP = "/sys/fs/cgroup"
+CLONE_NEWCGROUP = 0x02000000
+EMPTY_DIR = "/run/sandbox-empty"  # what a masked directory shows
+EMPTY_FILE = "/run/sandbox-empty-file"  # what a masked file shows
+
+
+def frame(kind: bytes, payload: bytes) -> None:
+    data = HEADER.pack(kind, 0, len(payload)) + payload
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def read_exact(count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = os.read(0, count - len(data))
+        if not chunk:
+            raise OSError("the executor left before its word was whole")
+        data += chunk
+    return bytes(data)
+
+
+def read_word() -> dict[str, Any]:
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            raise OSError("the executor left before its word")
+        line += chunk
+        if len(line) > MAX_WORD:
+            raise ValueError("the executor's word is too long")
+    word: dict[str, Any] = json.loads(line)
+    return word
+
+
+def mount(*args: str) -> None:
+    done = subprocess.run([MOUNT, *args], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"mount {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}")
+
+
+def private_dir(path: str, size: str, uid: int, gid: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    mount("-t", "tmpfs", "-o", f"nosuid,nodev,size={size},mode=0700", "tmpfs", path)
+    os.chown(path, uid, gid)
+
+
+def show(word: dict[str, Any]) -> None:
+    uid, gid = int(word["uid"]), int(word["gid"])
+    # First the private places: a workspace may lie beneath one of them (under /tmp, say).
+    size = str(word.get("tmp_size") or "256m")
+    private_dir("/tmp", size, uid, gid)
+    os.chmod("/tmp", 0o1777)
+    for path in word.get("dirs", []):  # the home, and what else the command uid owns
+        private_dir(path, size, uid, gid)
+    workspace = word["workspace"]
+    os.makedirs(workspace, exist_ok=True)
+    options = "trans=virtio,version=9p2000.L,msize=262144,cache=none,nosuid,nodev"
+    mount("-t", "9p", "-o", options + (",ro" if word["mode"] == "ro" else ""), "ws", workspace)
+    for tag, path, read_only in word.get("exports", []):  # the scratch directory, plugin directories
+        os.makedirs(path, exist_ok=True)
+        mount("-t", "9p", "-o", options + (",ro" if read_only else ""), tag, path)
+    # The seal (sandbox.backends.seal.binds): in rw, git's protected paths bound read-only onto
+    # themselves; the masked secrets covered by an empty directory or file. Ours, in the guest's
+    # root: the command (not root) can neither unmount them nor write beneath them.
+    os.makedirs(EMPTY_DIR, mode=0o555, exist_ok=True)
+    with open(EMPTY_FILE, "wb"):
+        pass
+    os.chmod(EMPTY_FILE, 0o444)
+    for source, target, read_only in word.get("binds", []):
+        mount("--bind", source, target)
+        if read_only:
+            mount("-o", "remount,bind,ro,nosuid,nodev", target)
+    mount("-o", "remount,ro", "/")
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(text)
+
+
+def confine(word: dict[str, Any]) -> None:
+    """The jail's cgroup: ``memory.max`` and ``pids.max`` over the agent and what it runs (one call
+    at a time), seen as the root of a cgroup namespace of its own, so the agent reads its
+    ``memory.events`` where a container's agent does (:mod:`sandbox._jailside.census`). PID 1 is
+    never the OOM killer's choice: a call over the limit loses its own process, the agent stays."""
+    mount("-t", "cgroup2", "-o", "nosuid,nodev,noexec", "cgroup2", CGROUP)
+    write(f"{CGROUP}/cgroup.subtree_control", "+memory +pids")
+    jail = f"{CGROUP}/jail"
+    os.mkdir(jail)
+    if word.get("memory"):
+        write(f"{jail}/memory.max", str(int(word["memory"])))
+        write(f"{jail}/memory.swap.max", "0")
+    if word.get("pids"):
+        write(f"{jail}/pids.max", str(int(word["pids"])))
+    write(f"{jail}/cgroup.procs", str(os.getpid()))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWCGROUP) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWCGROUP)")
+    subprocess.run(["/bin/umount", "-l", CGROUP], check=True)
+    mount("-t", "cgroup2", "-o", "ro,nosuid,nodev,noexec", "cgroup2", CGROUP)
+
+
+def become(word: dict[str, Any]) -> None:
+    for name, value in (word.get("rlimits") or {}).items():
+        limit = getattr(resource, name)
+        resource.setrlimit(limit, (int(value), int(value)))
+    uid, gid = int(word["uid"]), int(word["gid"])
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # every uid non-zero: the capabilities are gone with root
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    os.chdir(word["workspace"])
+
+
+def main() -> None:
+    try:
+        word = read_word()
+        program = read_exact(min(int(word["program"]), MAX_PROGRAM))
+        show(word)
+        confine(word)
+        become(word)
+    except Exception as exc:  # told to the executor, then the guest ends
+        frame(b"!", f"the microVM could not start its agent: {exc}".encode(errors="replace"))
+        sys.exit(70)
+    frame(b"s", b"ready")
+    sys.argv = ["sandbox-agent", *word["argv"]]
+    code = compile(program, "sandbox/_jailside/agent-program", "exec")
+    exec(code, {"__name__": "__main__"})  # the executor's own agent, as docker runs it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""A session's microVM: one guest, its agent as PID 1, the calls over the virtio-serial port.
+
+The guest boots (:mod:`.machine`), :mod:`sandbox._jailside.vmboot` takes our word on the port (the
+workspace, the seal's binds, the uid, the rlimits, the agent's program), shows the workspace and
+becomes the agent of :mod:`sandbox._jailside.agent`, in the mode Docker's attach stream uses: requests
+as JSON lines, the command's stdout and stderr back in frames, stdin credited in a window
+(:class:`~sandbox.backends.docker.warm.FramedProcess`, which this jail's calls are). The port is a
+byte stream with the kernel's socket buffers and virtio's rings between us: a full buffer on our
+side stops QEMU reading the ring, which stops the agent reading the command's pipes.
+
+The agent kills each call's tree (``kill(-1)`` as the command uid, until none is left) before it
+reports the exit. If it cannot (a wedged agent, a guest that panicked, QEMU killed from outside),
+the VM goes: QEMU's process group is killed, and nothing the guest ran can outlive its process.
+The next call gets a new VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from sandbox.backends import seal
+from sandbox.backends.agentlink import AGENT_PROGRAM, FdLink, run_request
+from sandbox.backends.base import Jail
+from sandbox.backends.docker.warm import FramedProcess, SerialCalls, settled
+from sandbox.backends.microvm import machine
+from sandbox.envrules import SANDBOX_HOME
+from sandbox.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from sandbox.backends.base import Process, Stdin
+    from sandbox.backends.microvm.assets import Assets
+    from sandbox.backends.seal import Seal
+    from sandbox.mounts import CopyTree
+    from sandbox.profile import Profile
+
+BOOT_WAIT_S = {"kvm": 30.0, "tcg": 120.0}  # the guest's word after QEMU starts (TCG emulates every instruction)
+GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, beside what commands may use
+MIN_MEMORY_MIB = 256
+RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
+
+
+class VMLink(FdLink):
+    """Our end of the agent's port: frames in, requests out; ``s`` once the agent runs, ``!`` if it cannot."""
+
+    stream = "vm"
+
+    def __init__(self, sock: Any) -> None:
+        self.refusal: str | None = None
+        super().__init__(sock, "microvm-agent")
+
+    def _said(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"!":
+            self.refusal = payload.decode(errors="replace")
+        if kind in (b"s", b"!"):
+            self.hello.set()
+
+
+class Guest:
+    """One running VM: the ``runtime`` a :class:`FramedProcess` names (``id``, ``running``)."""
+
+    def __init__(self, vm: machine.Machine, link: VMLink, folder: Path) -> None:
+        self.vm = vm
+        self.link = link
+        self.folder = folder
+        self.id = f"microvm-{vm.pid}"
+        self.removed = False
+
+    def running(self) -> list[int]:
+        return []  # the guest's processes are not the host's: none of them is a host pid
+
+    def remove(self) -> None:
+        self.removed = True
+        self.link.close()
+        self.vm.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def ended_why(self) -> str:
+        tail = self.vm.console_tail(3)
+        qemu = self.vm.stderr_tail()
+        why = [part for part in (qemu, tail) if part]
+        return "; ".join(why)[-600:]
+
+
+class MicroVMJail(SerialCalls, Jail):
+    backend = "microvm"
+
+    def __init__(
+        self,
+        workspace: Path,
+        profile: Profile,
+        source: Path,
+        tree: CopyTree | None,
+        owner: tuple[int, int],
+        assets: Assets,
+        sealed: Seal,
+        exports: Sequence[tuple[Path, str, bool]] = (),
+    ) -> None:
+        self.workspace = workspace
+        self.profile = profile
+        self.tree = tree
+        self.owner = owner
+        self._source = source
+        self._assets = assets
+        self._sealed = sealed
+        # (host directory, guest path, read-only), each a 9p export of its own: tags x0, x1, ...
+        self._exports = [(f"x{n}", host, guest, ro) for n, (host, guest, ro) in enumerate(exports)]
+        self._accel, self.accel_note = machine.accel()
+        self._guest: Guest | None = None
+        SerialCalls.__init__(self)
+        self.leftover: Path | None = None  # a directory of ours to remove once the copy in it is gone
+
+    # -- the guest
+
+    @property
+    def guest(self) -> Guest | None:
+        return self._guest
+
+    async def start(self) -> None:
+        self._guest = await self._boot()
+
+    def _word(self) -> tuple[dict[str, Any], bytes]:
+        limits = self.profile.limits
+        rlimits = {RLIMITS[name]: getattr(limits, name) for name in RLIMITS if getattr(limits, name) is not None}
+        rw = self.mount != "ro"
+        binds = seal.binds(str(self.workspace), self._sealed, "/run/sandbox-empty", "/run/sandbox-empty-file", rw=rw)
+        if self.tree is not None:  # a copy holds no secrets (left out) and is not what the host's git obeys
+            binds = []
+        program = AGENT_PROGRAM.encode()
+        word = {
+            "uid": self.owner[0],
+            "gid": self.owner[1],
+            "workspace": str(self.workspace),
+            "mode": "rw" if rw else "ro",
+            "binds": [list(bind) for bind in binds],
+            "exports": [[tag, guest, ro] for tag, _host, guest, ro in self._exports],
+            "dirs": [SANDBOX_HOME],
+            "tmp_size": str(limits.tmp_size or 256 << 20),
+            "rlimits": rlimits,
+            "memory": limits.memory,
+            "pids": limits.pids,
+            "argv": ["", ""],
+            "program": len(program),
+        }
+        return word, program
+
+    def _machine_size(self) -> tuple[int, int]:
+        limits = self.profile.limits
+        memory = MIN_MEMORY_MIB if limits.memory is None else max(MIN_MEMORY_MIB, int(limits.memory) >> 20)
+        cpus = max(1, min(os.cpu_count() or 1, round(limits.cpus))) if limits.cpus else 1
+        return memory + GUEST_OVERHEAD_MIB, cpus
+
+    async def _boot(self) -> Guest:
+        # Its console's folder: QEMU runs as the workspace's owner, who cannot enter our data directory.
+        folder = Path(tempfile.mkdtemp(prefix="sbx-vm-"))
+        memory, cpus = self._machine_size()
+        spec = {
+            "workspace": self._source,
+            "read_only": self.mount == "ro",
+            "memory_mib": memory,
+            "cpus": cpus,
+            "kind": self._accel,
+            "exports": [(tag, host, ro) for tag, host, _guest, ro in self._exports],
+        }
+        console = folder / "console.log"
+        console.touch()
+        if os.geteuid() == 0:
+            os.chown(folder, *self.owner)
+            os.chown(console, *self.owner)
+        try:
+            vm = await anyio.to_thread.run_sync(machine.start, spec, self._assets, console, self.owner)
+        except OSError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise BackendUnavailable(f"cannot start QEMU: {exc.strerror or exc}", backend="microvm") from exc
+        guest = Guest(vm, VMLink(vm.sock), folder)
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(guest.remove)
+            word, program = self._word()
+            await anyio.to_thread.run_sync(guest.link.sock.sendall, json.dumps(word).encode() + b"\n" + program)
+            wait = BOOT_WAIT_S[self._accel]
+            said = await anyio.to_thread.run_sync(guest.link.hello.wait, wait, abandon_on_cancel=True)
+            if guest.link.refusal is not None or guest.link.dead or not said:
+                why = guest.link.refusal or (
+                    f"the guest did not start within {wait:.0f}s" if not said else "the guest ended as it started"
+                )
+                await anyio.to_thread.run_sync(vm.kill)
+                ended = guest.ended_why()
+                raise BackendUnavailable(
+                    f"the microVM did not start: {why}" + (f" ({ended})" if ended else ""), backend="microvm"
+                )
+            cleanup_on_fail.pop_all()
+        return guest
+
+    async def _ready(self) -> Guest:
+        pending, self._pending = self._pending, None
+        if await settled(pending) is False and self._guest is not None:
+            await self.discard(self._guest)
+        guest = self._guest
+        if guest is not None and (guest.removed or guest.link.dead or guest.link.retired):
+            await self.discard(guest)
+        if self._guest is None:
+            self._guest = await self._boot()
+        return self._guest
+
+    # -- calls
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: Stdin,
+        runner: bool = False,  # noqa: ARG002
+    ) -> Process:
+        # The runner runs as a program in the guest (the agent serves none inline over a byte stream).
+        await self._slot.acquire()
+        with contextlib.ExitStack() as cleanup_on_fail:
+            cleanup_on_fail.callback(self._slot.release)
+            guest = await self._ready()
+            request, _ = run_request(self.profile, self.workspace, argv, env, cwd, stdin, runner=False, inline=False)
+            proc = VMCall(self, guest, guest.link, stdin)  # type: ignore[arg-type]
+            request["id"] = proc.id
+            try:
+                await anyio.to_thread.run_sync(guest.link.send, request)
+            except OSError as exc:
+                proc.forget()
+                proc._close_streams()
+                raise BackendUnavailable(
+                    f"cannot start the command in the microVM: {exc.strerror or exc}", backend="microvm"
+                ) from exc
+            cleanup_on_fail.pop_all()
+        self._held = proc
+        return proc
+
+    async def discard(self, runtime: Guest) -> None:
+        if self._guest is runtime:
+            self._guest = None
+        if not runtime.removed:
+            await anyio.to_thread.run_sync(runtime.remove)
+
+    async def agent_lost(self, proc: FramedProcess) -> None:
+        guest: Guest = proc.runtime  # type: ignore[assignment]
+        alive = guest.vm.alive()
+        await self.discard(guest)
+        why = guest.ended_why()
+        what = "the microVM's agent stopped answering" if alive else "the microVM ended (QEMU exited)"
+        raise BackendUnavailable(
+            f"{what} during the call; its exit status is unknown" + (f": {why}" if why else ""),
+            backend="microvm",
+            vm=guest.id,
+        )
+
+    async def _shutdown(self) -> None:
+        if self._held is not None:
+            self._held.release()
+        guest, self._guest = self._guest, None
+        if guest is not None and not guest.removed:
+            await anyio.to_thread.run_sync(guest.remove)
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            if self.leftover is not None:
+                shutil.rmtree(self.leftover, ignore_errors=True)
+
+
+class VMCall(FramedProcess):
+    """A call in the guest: the attach stream's frames, over the port."""
+
+    backend = "microvm"
+    agent = "the microVM's agent"
