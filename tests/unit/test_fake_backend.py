@@ -255,7 +255,7 @@ def test_never_offered_nor_chosen_by_auto() -> None:
 
 def test_the_loader_hands_out_the_fake_by_name() -> None:
     assert isinstance(base.get("fake"), FakeBackend)
-    offered = "auto, bwrap, docker, landlock, host, winjob"
+    offered = "auto, bwrap, docker, landlock, microvm, host, winjob"
     with pytest.raises(InvalidArgument, match=f"unknown backend 'fake'; choose one of {offered}"):
         base.get("fake", offered=True)
 
