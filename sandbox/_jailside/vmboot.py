@@ -25,17 +25,21 @@ import ctypes
 import json
 import os
 import resource
+import select
 import struct
 import subprocess
 import sys
+import time
 from typing import Any
 
 HEADER = struct.Struct(">cII")  # the agent's frame header (sandbox._jailside.channel.HEADER)
 MAX_WORD = 1 << 20
+BOOT_WORD_S = 30.0  # to write ``s boot``: the executor reads it at once, if it is still there
 MAX_PROGRAM = 1 << 24
 PR_SET_NO_NEW_PRIVS = 38
 MOUNT = "/bin/mount"
 CGROUP = "/sys/fs/cgroup"
+STAGE = "/run/sandbox-stage"  # a staged VM's one export (sandbox.backends.microvm.pool)
 CLONE_NEWCGROUP = 0x02000000
 EMPTY_DIR = "/run/sandbox-empty"  # what a masked directory shows
 EMPTY_FILE = "/run/sandbox-empty-file"  # what a masked file shows
@@ -93,10 +97,22 @@ def show(word: dict[str, Any]) -> None:
     workspace = word["workspace"]
     os.makedirs(workspace, exist_ok=True)
     options = "trans=virtio,version=9p2000.L,msize=262144,cache=none,nosuid,nodev"
-    mount("-t", "9p", "-o", options + (",ro" if word["mode"] == "ro" else ""), "ws", workspace)
-    for tag, path, read_only in word.get("exports", []):  # the scratch directory, plugin directories
+    shown = [("ws", workspace, word["mode"] == "ro"), *word.get("exports", [])]
+    if word.get("staged"):
+        # One export, the executor's staging directory, holding each directory by its tag (bound
+        # there in QEMU's own mount namespace after the boot); its mount point is root's alone.
+        os.makedirs(STAGE, mode=0o700, exist_ok=True)
+        mount("-t", "9p", "-o", options, "ws", STAGE)
+    for tag, path, read_only in shown:  # the workspace, the scratch directory, plugin directories
         os.makedirs(path, exist_ok=True)
-        mount("-t", "9p", "-o", options + (",ro" if read_only else ""), tag, path)
+        if word.get("staged"):
+            mount("--bind", f"{STAGE}/{tag}", path)
+            if read_only:
+                mount("-o", "remount,bind,ro,nosuid,nodev", path)
+        else:
+            mount("-t", "9p", "-o", options + (",ro" if read_only else ""), tag, path)
+    if word.get("staged"):  # the binds stay; the staging directory itself leaves the command's view
+        subprocess.run(["/bin/umount", "-l", STAGE], check=True)
     # The seal (sandbox.backends.seal.binds): in rw, git's protected paths bound read-only onto
     # themselves; the masked secrets covered by an empty directory or file. Ours, in the guest's
     # root: the command (not root) can neither unmount them nor write beneath them.
@@ -152,7 +168,24 @@ def become(word: dict[str, Any]) -> None:
     os.chdir(word["workspace"])
 
 
+def booted() -> None:
+    """``s boot`` on the port, the word may come now (or when a session takes this VM). A port whose
+    host end is gone blocks a write for ever: an executor that died while we booted ends us here."""
+    data = HEADER.pack(b"s", 0, 4) + b"boot"
+    os.set_blocking(1, False)
+    deadline = time.monotonic() + BOOT_WORD_S
+    while data:
+        try:
+            data = data[os.write(1, data) :]
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                sys.exit(71)
+            select.select([], [1], [], 1.0)
+    os.set_blocking(1, True)
+
+
 def main() -> None:
+    booted()
     try:
         word = read_word()
         program = read_exact(min(int(word["program"]), MAX_PROGRAM))

@@ -195,6 +195,36 @@ async def test_closing_the_jail_leaves_no_qemu(microvm: base.Backend, ws: Path) 
     assert pid not in [proc.pid for proc in qemus()]
 
 
+async def test_a_pooled_vm_is_taken_and_shows_only_its_own_session(microvm: base.Backend, tmp_path: Path) -> None:
+    from sandbox.backends.microvm import pool
+
+    if not pool.staged(1000):
+        pytest.skip("VMs are booted ahead only as root (their session's directories are bound in later)")
+    workspaces = []
+    for name in ("one", "two", "three"):
+        path = tmp_path / name
+        path.mkdir()
+        (path / f"{name}.txt").write_text(name)
+        for item in (path, path / f"{name}.txt"):
+            os.chown(item, 1000, 1000)
+        workspaces.append(path)
+    for path in workspaces[:2]:  # a kind asked for twice is kept booted
+        jail = await microvm.open_jail(path, make_profile())
+        kind = jail._kind()  # type: ignore[attr-defined]
+        await jail.aclose()
+    with anyio.fail_after(180):
+        while not pool.POOL._ready.get(kind):
+            await anyio.sleep(0.5)
+    spare = pool.POOL._ready[kind][0].vm.pid
+    jail = await microvm.open_jail(workspaces[2], make_profile(**{"mount.strategy": "ro"}))
+    try:
+        assert qemu_of(jail).pid == spare
+        result = await sh(jail, "ls; ls -A /run/sandbox-stage; echo x > new.txt || echo refused")
+        assert result.stdout.split() == ["three.txt", "refused"]
+    finally:
+        await jail.aclose()
+
+
 # --- floods and bombs --------------------------------------------------------------------------
 
 

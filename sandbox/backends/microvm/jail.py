@@ -20,8 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,12 +29,13 @@ from sandbox.backends import seal
 from sandbox.backends.agentlink import AGENT_PROGRAM, FdLink, run_request
 from sandbox.backends.base import Jail
 from sandbox.backends.docker.warm import FramedProcess, SerialCalls, settled
-from sandbox.backends.microvm import machine
+from sandbox.backends.microvm import machine, pool
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from pathlib import Path
 
     from sandbox.backends.base import Process, Stdin
     from sandbox.backends.microvm.assets import Assets
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from sandbox.mounts import CopyTree
     from sandbox.profile import Profile
 
-BOOT_WAIT_S = {"kvm": 30.0, "tcg": 120.0}  # the guest's word after QEMU starts (TCG emulates every instruction)
+BOOT_WAIT_S = {"kvm": 10.0, "tcg": 60.0}  # the agent's word after ours (the boot is over by then)
 GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, beside what commands may use
 MIN_MEMORY_MIB = 256
 RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
@@ -160,32 +159,41 @@ class MicroVMJail(SerialCalls, Jail):
         cpus = max(1, min(os.cpu_count() or 1, round(limits.cpus))) if limits.cpus else 1
         return memory + GUEST_OVERHEAD_MIB, cpus
 
-    async def _boot(self) -> Guest:
-        # Its console's folder: QEMU runs as the workspace's owner, who cannot enter our data directory.
-        folder = Path(tempfile.mkdtemp(prefix="sbx-vm-"))
+    def _kind(self) -> pool.Kind:
         memory, cpus = self._machine_size()
-        spec = {
-            "workspace": self._source,
-            "read_only": self.mount == "ro",
-            "memory_mib": memory,
-            "cpus": cpus,
-            "kind": self._accel,
-            "exports": [(tag, host, ro) for tag, host, _guest, ro in self._exports],
-        }
-        console = folder / "console.log"
-        console.touch()
-        if os.geteuid() == 0:
-            os.chown(folder, *self.owner)
-            os.chown(console, *self.owner)
+        return pool.Kind(self.owner, memory, cpus, self._accel, str(self._assets.kernel))
+
+    def _booted(self, kind: pool.Kind) -> pool.Booted:
+        """A VM at its first word: the pool's (staged), else one booted now (blocking)."""
+        if pool.staged(self.owner[0]):
+            booted = pool.POOL.take(kind)
+            if booted is None:
+                booted = pool.boot(self._assets, kind)
+            try:  # the session's directories into its export, in QEMU's own mount namespace
+                pool.stage(booted, "ws", self._source, self.mount == "ro", self.owner)
+                for tag, host, _guest, ro in self._exports:
+                    pool.stage(booted, tag, host, ro, self.owner)
+            except BaseException:
+                booted.discard()
+                raise
+            return booted
+        exports = [(tag, host, ro) for tag, host, _guest, ro in self._exports]
+        # An ordinary user's VM exports the session's directories from its start (no mounts).
+        return pool.boot(self._assets, kind, self._source, exports)
+
+    async def _boot(self) -> Guest:
+        kind = self._kind()
         try:
-            vm = await anyio.to_thread.run_sync(machine.start, spec, self._assets, console, self.owner)
-        except OSError as exc:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise BackendUnavailable(f"cannot start QEMU: {exc.strerror or exc}", backend="microvm") from exc
-        guest = Guest(vm, VMLink(vm.sock), folder)
+            booted = await anyio.to_thread.run_sync(self._booted, kind)
+        except (pool.BootFailed, OSError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise BackendUnavailable(f"the microVM did not start: {why}", backend="microvm") from exc
+        vm = booted.vm
+        guest = Guest(vm, VMLink(vm.sock), booted.folder)
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(guest.remove)
             word, program = self._word()
+            word["staged"] = booted.staging is not None
             await anyio.to_thread.run_sync(guest.link.sock.sendall, json.dumps(word).encode() + b"\n" + program)
             wait = BOOT_WAIT_S[self._accel]
             said = await anyio.to_thread.run_sync(guest.link.hello.wait, wait, abandon_on_cancel=True)
@@ -199,6 +207,7 @@ class MicroVMJail(SerialCalls, Jail):
                     f"the microVM did not start: {why}" + (f" ({ended})" if ended else ""), backend="microvm"
                 )
             cleanup_on_fail.pop_all()
+        pool.POOL.refill(self._assets, kind)  # the next session's VM boots while this one works
         return guest
 
     async def _ready(self) -> Guest:

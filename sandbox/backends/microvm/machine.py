@@ -25,6 +25,7 @@ there the machine is emulated, much slower, and ``sandbox check`` says so.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pwd
@@ -32,13 +33,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandbox.backends.microvm.assets import AGENT_PORT
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from sandbox.backends.microvm.assets import Assets
 
@@ -84,6 +86,7 @@ def argv(
     console: Path,
     kind: Accel,
     exports: Sequence[tuple[str, Path, bool]] = (),
+    own_namespace: bool = False,
 ) -> list[str]:
     qemu = qemu_path() or QEMU
     machine = "microvm,accel=kvm" if kind == "kvm" else "microvm,accel=tcg"
@@ -108,6 +111,8 @@ def argv(
     ]  # fmt: skip
     for tag, path, ro in exports:  # the scratch directory, plugin directories
         command += _export(tag, path, read_only=ro)
+    if own_namespace:  # staged (sandbox.backends.microvm.pool): its binds live and die with QEMU
+        command = ["unshare", "--mount", "--propagation", "private", "--", *command]
     return command
 
 
@@ -115,6 +120,19 @@ def _export(tag: str, path: Path, *, read_only: bool) -> list[str]:
     """A 9p export: QEMU's own file server, as whoever QEMU runs as (``security_model=none``)."""
     fsdev = f"local,id={tag},path={path},security_model=none,multidevs=remap" + (",readonly=on" if read_only else "")
     return ["-fsdev", fsdev, "-device", f"virtio-9p-device,fsdev={tag},mount_tag={tag}"]
+
+
+_LIVE: set[Machine] = set()  # every QEMU this process started and has not killed yet
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _kill_all() -> None:
+    """An executor that exits leaves no VM behind (one killed outright: each guest ends as its port does)."""
+    with _LIVE_LOCK:
+        machines = list(_LIVE)
+    for vm in machines:
+        vm.kill()
 
 
 class Machine:
@@ -153,6 +171,8 @@ class Machine:
             )
         finally:
             theirs.close()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     @property
     def pid(self) -> int:
@@ -177,6 +197,8 @@ class Machine:
 
     def kill(self) -> None:
         """QEMU's process group killed and reaped: the guest, whatever it runs, is gone."""
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
@@ -196,7 +218,7 @@ def user_name(uid: int) -> str | None:
         return None
 
 
-def start(command_for: dict[str, object], assets: Assets, console: Path, owner: tuple[int, int]) -> Machine:
+def start(command_for: Mapping[str, object], assets: Assets, console: Path, owner: tuple[int, int]) -> Machine:
     """QEMU started with one end of a new socketpair as the agent port's host end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     os.set_inheritable(theirs.fileno(), True)
