@@ -63,14 +63,11 @@ def accel() -> tuple[Accel, str]:
     if forced in ("kvm", "tcg"):
         return forced, f"{ACCEL_ENV}={forced}"  # type: ignore[return-value]
     if Path("/sys/module/kvm_pvm").exists():
-        return "tcg", (
-            "/dev/kvm is PVM (kvm_pvm), which runs only PVM-built guest kernels, not Debian's: "
-            "the guest is emulated (TCG)"
-        )
+        return "tcg", ("/dev/kvm is PVM (kvm_pvm), which runs only PVM-built guest kernels, not Debian's")
     try:
         fd = os.open(KVM_DEVICE, os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        return "tcg", f"{KVM_DEVICE}: {exc.strerror}: the guest is emulated (TCG)"
+        return "tcg", f"{KVM_DEVICE}: {exc.strerror}"
     os.close(fd)
     return "kvm", "KVM"
 
