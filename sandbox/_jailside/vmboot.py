@@ -27,7 +27,6 @@ import os
 import resource
 import select
 import struct
-import subprocess
 import sys
 import time
 from typing import Any
@@ -37,7 +36,9 @@ MAX_WORD = 1 << 20
 BOOT_WORD_S = 30.0  # to write ``s boot``: the executor reads it at once, if it is still there
 MAX_PROGRAM = 1 << 24
 PR_SET_NO_NEW_PRIVS = 38
-MOUNT = "/bin/mount"
+LIBC = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MNT_DETACH = 2
 CGROUP = "/sys/fs/cgroup"
 STAGE = "/run/sandbox-stage"  # a staged VM's one export (sandbox.backends.microvm.pool)
 CLONE_NEWCGROUP = 0x02000000
@@ -74,15 +75,29 @@ def read_word() -> dict[str, Any]:
     return word
 
 
-def mount(*args: str) -> None:
-    done = subprocess.run([MOUNT, *args], capture_output=True, check=False)
-    if done.returncode != 0:
-        raise OSError(f"mount {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}")
+def mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str = "") -> None:
+    """mount(2) itself: no ``mount`` program, no process per mount (each costs a fork on an emulated CPU)."""
+    fs = fstype.encode() if fstype else None
+    if LIBC.mount(source.encode(), target.encode(), fs, flags, data.encode() if data else None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+
+
+def bind(source: str, target: str, read_only: bool) -> None:
+    mount(source, target, None, MS_BIND)
+    if read_only:
+        mount("none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def detach(target: str) -> None:
+    if LIBC.umount2(target.encode(), MNT_DETACH) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"umount {target}: {os.strerror(errno)}")
 
 
 def private_dir(path: str, size: str, uid: int, gid: int) -> None:
     os.makedirs(path, exist_ok=True)
-    mount("-t", "tmpfs", "-o", f"nosuid,nodev,size={size},mode=0700", "tmpfs", path)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700")
     os.chown(path, uid, gid)
 
 
@@ -96,23 +111,21 @@ def show(word: dict[str, Any]) -> None:
         private_dir(path, size, uid, gid)
     workspace = word["workspace"]
     os.makedirs(workspace, exist_ok=True)
-    options = "trans=virtio,version=9p2000.L,msize=262144,cache=none,nosuid,nodev"
+    options = "trans=virtio,version=9p2000.L,msize=262144,cache=none"
     shown = [("ws", workspace, word["mode"] == "ro"), *word.get("exports", [])]
     if word.get("staged"):
         # One export, the executor's staging directory, holding each directory by its tag (bound
         # there in QEMU's own mount namespace after the boot); its mount point is root's alone.
         os.makedirs(STAGE, mode=0o700, exist_ok=True)
-        mount("-t", "9p", "-o", options, "ws", STAGE)
+        mount("ws", STAGE, "9p", MS_NOSUID | MS_NODEV, options)
     for tag, path, read_only in shown:  # the workspace, the scratch directory, plugin directories
         os.makedirs(path, exist_ok=True)
         if word.get("staged"):
-            mount("--bind", f"{STAGE}/{tag}", path)
-            if read_only:
-                mount("-o", "remount,bind,ro,nosuid,nodev", path)
+            bind(f"{STAGE}/{tag}", path, read_only)
         else:
-            mount("-t", "9p", "-o", options + (",ro" if read_only else ""), tag, path)
+            mount(tag, path, "9p", MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0), options)
     if word.get("staged"):  # the binds stay; the staging directory itself leaves the command's view
-        subprocess.run(["/bin/umount", "-l", STAGE], check=True)
+        detach(STAGE)
     # The seal (sandbox.backends.seal.binds): in rw, git's protected paths bound read-only onto
     # themselves; the masked secrets covered by an empty directory or file. Ours, in the guest's
     # root: the command (not root) can neither unmount them nor write beneath them.
@@ -121,10 +134,8 @@ def show(word: dict[str, Any]) -> None:
         pass
     os.chmod(EMPTY_FILE, 0o444)
     for source, target, read_only in word.get("binds", []):
-        mount("--bind", source, target)
-        if read_only:
-            mount("-o", "remount,bind,ro,nosuid,nodev", target)
-    mount("-o", "remount,ro", "/")
+        bind(source, target, read_only)
+    mount("none", "/", None, MS_REMOUNT | MS_RDONLY)
 
 
 def write(path: str, text: str) -> None:
@@ -137,7 +148,7 @@ def confine(word: dict[str, Any]) -> None:
     at a time), seen as the root of a cgroup namespace of its own, so the agent reads its
     ``memory.events`` where a container's agent does (:mod:`sandbox._jailside.census`). PID 1 is
     never the OOM killer's choice: a call over the limit loses its own process, the agent stays."""
-    mount("-t", "cgroup2", "-o", "nosuid,nodev,noexec", "cgroup2", CGROUP)
+    mount("cgroup2", CGROUP, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     write(f"{CGROUP}/cgroup.subtree_control", "+memory +pids")
     jail = f"{CGROUP}/jail"
     os.mkdir(jail)
@@ -147,11 +158,10 @@ def confine(word: dict[str, Any]) -> None:
     if word.get("pids"):
         write(f"{jail}/pids.max", str(int(word["pids"])))
     write(f"{jail}/cgroup.procs", str(os.getpid()))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWCGROUP) != 0:
+    if LIBC.unshare(CLONE_NEWCGROUP) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWCGROUP)")
-    subprocess.run(["/bin/umount", "-l", CGROUP], check=True)
-    mount("-t", "cgroup2", "-o", "ro,nosuid,nodev,noexec", "cgroup2", CGROUP)
+    detach(CGROUP)
+    mount("cgroup2", CGROUP, "cgroup2", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def become(word: dict[str, Any]) -> None:
@@ -162,8 +172,7 @@ def become(word: dict[str, Any]) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # every uid non-zero: the capabilities are gone with root
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     os.chdir(word["workspace"])
 
