@@ -167,7 +167,7 @@ def test_host_backend_refuses_isolating_profile(workspace: Path) -> None:
 def test_check_and_profiles_commands() -> None:
     check = subprocess.run([SANDBOX, "check", "--json"], capture_output=True, text=True, check=True)
     backends = {b["backend"]: b for b in json.loads(check.stdout)["backends"]}
-    assert set(backends) == {"bwrap", "docker", "landlock", "host", "winjob"}
+    assert set(backends) == {"bwrap", "docker", "landlock", "microvm", "host", "winjob"}
     # Listed on Linux, never available there, and saying why (tests/wine runs it under Wine).
     assert not backends["winjob"]["available"] and "Windows" in backends["winjob"]["reason"]
     listing = subprocess.run([SANDBOX, "profiles"], capture_output=True, text=True, check=True)
