@@ -29,7 +29,7 @@ install -d -o "$user" -g "$(id -gn "$user")" -m 0700 "$work" "$work/src" "$work/
 say "copying $checkout for $user"
 tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='*/node_modules' --exclude=./bench/.peers \
     --exclude='*/__pycache__' --exclude='*.egg-info' --exclude=./build --exclude=./dist \
-    --exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.pytest_cache -cf - . \
+    --exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.pytest_cache --exclude=./images/.cache -cf - . \
   | as_user tar -C "$work/src" -xf -
 as_user cp -r "$work/src/tests" "$work/run/tests"
 # Checkout files some tests read beside tests/ (never the package: that is the installed one);
@@ -51,10 +51,17 @@ case "$where" in
   *) say "the tests would import sandbox from $where, not from the installed package"; exit 1 ;;
 esac
 
+# The microVM's kernel, initramfs and root file system root built (`make microvm`), read in place
+# (the root file system holds device nodes an ordinary user could not copy); else its tests skip, saying so.
+cache=()
+if as_user test -r "$checkout/images/.cache/microvm" -a -x "$checkout/images/.cache/microvm"; then
+  cache=(SANDBOX_IMAGE_CACHE="$checkout/images/.cache")
+fi
+
 say "running pytest as $(as_user id)"
 started=$(date +%s)
 set +e
-as_user env -u SANDBOX_DATA_DIR HOME="$home" "$work/venv/bin/python" -m pytest -p no:cacheprovider \
+as_user env -u SANDBOX_DATA_DIR HOME="$home" "${cache[@]}" "$work/venv/bin/python" -m pytest -p no:cacheprovider \
   -m "not docker and not root and not soak and not npm and not wine" "$@" tests
 rc=$?
 set -e

@@ -140,6 +140,9 @@ def ensure() -> Assets:
     if not rootfs.exists():
         _rootfs(image.rootfs_tarball(), rootfs)
     (home / f"current-{_text_key()}").write_text(f"{version} {root_key}\n")
+    for stale in (*home.glob("current-*"), *home.glob("initrd-*")):  # what older versions booted
+        if _text_key() not in stale.name:
+            stale.unlink(missing_ok=True)
     found = find()
     assert found is not None
     log(f"microVM assets ready in {home}")
