@@ -190,9 +190,11 @@ async def test_a_killed_qemu_ends_the_call_cleanly_and_the_next_call_gets_a_new_
 async def test_closing_the_jail_leaves_no_qemu(microvm: base.Backend, ws: Path) -> None:
     jail = await microvm.open_jail(ws, make_profile())
     pid = qemu_of(jail).pid
+    folder = jail.guest.vm.console.parent  # type: ignore[attr-defined]
     await sh(jail, "sleep 100 >/dev/null 2>&1 &")
     await jail.aclose()
     assert pid not in [proc.pid for proc in qemus()]
+    assert not folder.exists()  # its console (and a staging directory) went with it
 
 
 async def test_a_pooled_vm_is_taken_and_shows_only_its_own_session(microvm: base.Backend, tmp_path: Path) -> None:

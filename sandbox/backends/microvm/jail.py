@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 BOOT_WAIT_S = {"kvm": 10.0, "tcg": 60.0}  # the agent's word after ours (the boot is over by then)
 GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, beside what commands may use
 MIN_MEMORY_MIB = 256
+LOST_WAIT_S = 2.0  # a port that ended: QEMU's exit, if it is going, comes within this
 RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
 
 
@@ -68,10 +69,9 @@ class VMLink(FdLink):
 class Guest:
     """One running VM: the ``runtime`` a :class:`FramedProcess` names (``id``, ``running``)."""
 
-    def __init__(self, vm: machine.Machine, link: VMLink, folder: Path) -> None:
+    def __init__(self, vm: machine.Machine, link: VMLink) -> None:
         self.vm = vm
         self.link = link
-        self.folder = folder
         self.id = f"microvm-{vm.pid}"
         self.removed = False
 
@@ -82,7 +82,6 @@ class Guest:
         self.removed = True
         self.link.close()
         self.vm.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     def ended_why(self) -> str:
         tail = self.vm.console_tail(3)
@@ -189,7 +188,7 @@ class MicroVMJail(SerialCalls, Jail):
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise BackendUnavailable(f"the microVM did not start: {why}", backend="microvm") from exc
         vm = booted.vm
-        guest = Guest(vm, VMLink(vm.sock), booted.folder)
+        guest = Guest(vm, VMLink(vm.sock))
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(guest.remove)
             word, program = self._word()
@@ -260,7 +259,7 @@ class MicroVMJail(SerialCalls, Jail):
 
     async def agent_lost(self, proc: FramedProcess) -> None:
         guest: Guest = proc.runtime  # type: ignore[assignment]
-        alive = guest.vm.alive()
+        alive = not await anyio.to_thread.run_sync(guest.vm.ends_within, LOST_WAIT_S)
         await self.discard(guest)
         why = guest.ended_why()
         what = "the microVM's agent stopped answering" if alive else "the microVM ended (QEMU exited)"

@@ -133,7 +133,8 @@ def _kill_all() -> None:
 
 
 class Machine:
-    """A started QEMU with our end of the agent's port."""
+    """A started QEMU with our end of the agent's port; the console's folder is its own (made for
+    it, removed with it)."""
 
     def __init__(
         self, command: list[str], ours: socket.socket, theirs: socket.socket, console: Path, owner: tuple[int, int]
@@ -141,6 +142,7 @@ class Machine:
         self.console = console
         self.sock = ours
         self._stderr: str | None = None
+        self._console: str | None = None  # the console's tail, read as the VM went
         user: int | None = None
         group: int | None = None
         if os.geteuid() == 0 and owner[0] != 0:  # QEMU runs as the workspace's owner, never as root
@@ -179,6 +181,15 @@ class Machine:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def ends_within(self, seconds: float) -> bool:
+        """Whether QEMU has exited, or does within ``seconds`` (a port that just ended: killed, or
+        the guest powered off, and QEMU not yet gone)."""
+        try:
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def stderr_tail(self) -> str:
         """What QEMU said on stderr, once it has ended (its reason for ending early)."""
         if self._stderr is None and self.proc.poll() is not None and self.proc.stderr is not None:
@@ -187,10 +198,12 @@ class Machine:
         return self._stderr or ""
 
     def console_tail(self, lines: int = 5) -> str:
-        with contextlib.suppress(OSError):
-            text = self.console.read_text(errors="replace")
-            return "\n".join(text.strip().splitlines()[-lines:])
-        return ""
+        """The guest's last console lines (a panic's reason), kept once the VM is gone."""
+        text = self._console
+        if text is None:
+            with contextlib.suppress(OSError):
+                text = self.console.read_text(errors="replace")[-8192:]
+        return "\n".join((text or "").strip().splitlines()[-lines:])
 
     def kill(self) -> None:
         """QEMU's process group killed and reaped: the guest, whatever it runs, is gone."""
@@ -205,6 +218,9 @@ class Machine:
         self.stderr_tail()
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        if self._console is None:  # its folder (the console, a staging directory) goes with it
+            self._console = self.console_tail(20)
+            shutil.rmtree(self.console.parent, ignore_errors=True)
 
 
 def user_name(uid: int) -> str | None:

@@ -64,8 +64,7 @@ class Booted(NamedTuple):
     staging: Path | None  # root: the directory QEMU exports, in its own mount namespace
 
     def discard(self) -> None:
-        self.vm.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.vm.kill()  # its folder with it
 
 
 class BootFailed(Exception):
