@@ -105,7 +105,7 @@ def test_the_pool_boots_ahead_only_for_a_kind_asked_for_twice(monkeypatch: pytes
     def fake_boot(_assets: object, kind: pool.Kind) -> pool.Booted:
         booted.append(kind)
         done.set()
-        return pool.Booted(FakeVM(), Path("/nonexistent"), Path("/nonexistent/stage"))  # type: ignore[arg-type]
+        return pool.Booted(FakeVM(), Path("/nonexistent/stage"))  # type: ignore[arg-type]
 
     monkeypatch.setattr(pool, "staged", lambda _uid: True)
     monkeypatch.setattr(pool, "boot", fake_boot)

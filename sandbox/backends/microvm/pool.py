@@ -57,10 +57,10 @@ class Kind(NamedTuple):
 
 
 class Booted(NamedTuple):
-    """A VM at ``s boot``: QEMU, our end of its port, its folder (console, staging directory)."""
+    """A VM at ``s boot``: QEMU (which owns its folder: the console, a staging directory) and, as
+    root, the directory it exports."""
 
     vm: machine.Machine
-    folder: Path
     staging: Path | None  # root: the directory QEMU exports, in its own mount namespace
 
     def discard(self) -> None:
@@ -106,7 +106,7 @@ def boot(
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    booted = Booted(vm, folder, staging)
+    booted = Booted(vm, staging)
     try:
         _wait_for_boot(vm, BOOT_WAIT_S.get(kind.accel, 120.0))
     except BaseException:
