@@ -5,6 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT    := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 PYTEST_ARGS ?=
+# make test's pytest workers (pytest-xdist, a test file per worker: its fixtures and its order stay
+# together). Most of the suite waits on jails, daemons and guests, so two workers on two cores halve
+# its wall time; PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+XDIST  := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup system-deps node-deps mcp-inspector agents demo docs test test-fixtures test-wine test-installed test-user test-unit test-pi soak bench lint image microvm docker-up compare schema clean
 
@@ -72,15 +77,15 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The whole suite, as users meet the product: the checkout's suite as root, then the installed
-# wheel (CLI contract tests, the README's example, the pi extension's tests), then the bubblewrap
-# suite as an ordinary user. pytest exit 5 means "no tests ran": that is a failure, not a pass.
+# wheel (CLI contract tests, the README's example, the pi extension's tests) beside the bubblewrap
+# suite as an ordinary user (two makes at once, each one's output printed whole when it ends).
+# pytest exit 5 means "no tests ran": that is a failure, not a pass.
 test: setup mcp-inspector agents test-fixtures docs
 	-@$(MAKE) --no-print-directory image || echo "make test: docker image not built; docker tests will be skipped with the reason" >&2
 	-@$(MAKE) --no-print-directory microvm || echo "make test: microVM not built; microvm tests will be skipped with the reason" >&2
-	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$rc
-	@$(MAKE) --no-print-directory test-installed
-	@$(MAKE) --no-print-directory test-user
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-installed test-user
 
 # The Windows backend (winjob) under Wine with the official embeddable CPython: installs Wine as root,
 # prepares ~/.cache/sandbox-wine (tests/run-wine.sh), runs the Windows suite and the Linux-side ps checks.
@@ -94,7 +99,7 @@ test-installed: setup system-deps node-deps
 
 # The bubblewrap suite as an ordinary user (root creates the user; an ordinary user already is one).
 test-user: setup system-deps
-	@if [ "$$(id -u)" = 0 ]; then bash tests/run-as-user.sh $(CURDIR); \
+	@if [ "$$(id -u)" = 0 ]; then bash tests/run-as-user.sh $(CURDIR) $(XDIST); \
 	  else echo "make test-user: already an ordinary user; 'make test' ran the suite as one"; fi
 
 # pi 1.6 needs Node >= 22.19; the npm "node" devDependency provides it for the tests; npm itself must exist.

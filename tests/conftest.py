@@ -407,10 +407,14 @@ def in_gvisor(marker: str) -> list[int]:
     import docker
     import docker.errors
 
+    from sandbox.backends.docker.client import DEFAULT_HOST
     from sandbox.backends.docker.config import KEEPER_USER, LABEL_JAIL
 
     found: list[int] = []
-    client = docker.from_env()
+    # The host's runsc sandboxes are the local daemon's (dockerd-up.sh registers runsc there), whatever
+    # DOCKER_HOST the running test set: a remote engine's test, or Podman's, while another worker's
+    # gVisor jail runs.
+    client = docker.DockerClient(base_url=DEFAULT_HOST)
     try:
         for container in client.containers.list(filters={"label": LABEL_JAIL}, sparse=False):
             runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")

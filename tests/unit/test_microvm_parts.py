@@ -88,6 +88,17 @@ def test_the_acceleration_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None
     assert machine.accel() == ("tcg", f"{machine.ACCEL_ENV}=tcg")
 
 
+def test_a_cpu_without_vmx_or_svm_is_not_a_hardware_kvm(tmp_path: Path) -> None:
+    # A paravirtual /dev/kvm (PVM) on a CPU that shows neither flag runs only PVM-built kernels:
+    # Debian's crawls there, so the machine must be emulated instead.
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu vme hypervisor lm\n")
+    assert not machine.cpu_virtualises(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu vmx lm\n")
+    assert machine.cpu_virtualises(str(info))
+    assert not machine.cpu_virtualises(str(tmp_path / "absent"))
+
+
 def test_the_pool_boots_ahead_only_for_a_kind_asked_for_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     booted: list[pool.Kind] = []
     done = threading.Event()

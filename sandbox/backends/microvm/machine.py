@@ -17,10 +17,11 @@ QEMU runs as the workspace owner (``-runas`` when we are root), under its own se
 own, with ``-no-reboot``: when the guest's PID 1 ends or its kernel panics, QEMU exits. Killing
 QEMU is the last resort of every kill: nothing of the guest survives its process.
 
-Acceleration: KVM where ``/dev/kvm`` opens and is a hardware KVM; TCG (QEMU's own code
-translation) where it is not. A host whose ``/dev/kvm`` is PVM (``/sys/module/kvm_pvm``: a
-paravirtual KVM for nested clouds) runs only PVM-built guest kernels, and Debian's is not one:
-there the machine is emulated, much slower, and ``sandbox check`` says so.
+Acceleration: KVM where ``/dev/kvm`` opens and is a hardware KVM (the CPU shows ``vmx`` or
+``svm``); TCG (QEMU's own code translation) where it is not. A host whose ``/dev/kvm`` is PVM
+(``/sys/module/kvm_pvm``, or a ``/dev/kvm`` on a CPU without either flag: a paravirtual KVM for
+nested clouds) runs only PVM-built guest kernels, and Debian's is not one: there the machine is
+emulated, much slower, and ``sandbox check`` says so.
 """
 
 from __future__ import annotations
@@ -69,7 +70,21 @@ def accel() -> tuple[Accel, str]:
     except OSError as exc:
         return "tcg", f"{KVM_DEVICE}: {exc.strerror}"
     os.close(fd)
+    if not cpu_virtualises():
+        return "tcg", f"{KVM_DEVICE} opens but the CPU shows neither vmx nor svm (a paravirtual KVM)"
     return "kvm", "KVM"
+
+
+def cpu_virtualises(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU shows hardware virtualisation (Intel VMX, AMD SVM) to this kernel."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as file:
+            for line in file:
+                if line.startswith("flags"):
+                    return bool({"vmx", "svm"} & set(line.split(":", 1)[-1].split()))
+    except OSError:
+        return False
+    return False
 
 
 def argv(
