@@ -20,6 +20,7 @@ import pytest
 from sandbox import profile as profiles
 from sandbox.backends import base, confine
 from sandbox.errors import BackendUnavailable
+from sandbox.imagehost import DOCKER_SOCKET
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,7 +80,7 @@ def runsc_version() -> str:
 # less what it declares it does not give. Where /dev/kvm is no hardware KVM its guests are emulated
 # (seconds a boot), so the leak, tool, limit and attack suites stay with test_microvm's own attacks.
 MICROVM = "microvm"
-MICROVM_MODULES = frozenset({"test_contracts"})
+MICROVM_MODULES = frozenset({"test_contracts", "test_leaks", "test_tools", "test_limits"})
 _GUEST = (
     "a guest's processes are no host processes: the host cannot list them (test_microvm checks each kill from "
     "inside the guest, by a later call's ps)"
@@ -178,7 +179,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         unwanted = unwanted or (on_runsc and item.path.stem not in RUNSC_MODULES and item.path.parent.name != "attack")
         # As an ordinary user the contract suite stays with root's run (a boot per jail, no pool, on
         # an emulated machine here); test_microvm runs for both, the ordinary user's unstaged VMs too.
-        unwanted = unwanted or (on_microvm and (item.path.stem not in MICROVM_MODULES or os.geteuid() != 0))
+        microvm_module = item.path.stem in MICROVM_MODULES or item.path.parent.name == "attack"
+        unwanted = unwanted or (on_microvm and (not microvm_module or os.geteuid() != 0))
         (dropped if unwanted else kept).append(item)
         why = _runsc_declared(item) if on_runsc else None
         if on_microvm:
@@ -394,7 +396,10 @@ def survivors(marker: str) -> list[int]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in part for part in cmdline):
             found.append(proc.pid)
         sandboxed = sandboxed or cmdline[:1] == ["runsc-sandbox"]
-    return found + (in_gvisor(marker) if sandboxed else [])
+    # Only the local daemon's jails run under runsc, and only a process that can reach it has any:
+    # an ordinary user's run sees root's gVisor jails (another run's) and can own none of them.
+    mine = sandboxed and os.access(DOCKER_SOCKET, os.R_OK | os.W_OK)
+    return found + (in_gvisor(marker) if mine else [])
 
 
 # Every process of the sandbox but this listing's own shell and its `cat`s: pid, then the command line.
@@ -407,14 +412,13 @@ def in_gvisor(marker: str) -> list[int]:
     import docker
     import docker.errors
 
-    from sandbox.backends.docker.client import DEFAULT_HOST
     from sandbox.backends.docker.config import KEEPER_USER, LABEL_JAIL
 
     found: list[int] = []
     # The host's runsc sandboxes are the local daemon's (dockerd-up.sh registers runsc there), whatever
     # DOCKER_HOST the running test set: a remote engine's test, or Podman's, while another worker's
     # gVisor jail runs.
-    client = docker.DockerClient(base_url=DEFAULT_HOST)
+    client = docker.DockerClient(base_url=f"unix://{DOCKER_SOCKET}")
     try:
         for container in client.containers.list(filters={"label": LABEL_JAIL}, sparse=False):
             runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
