@@ -22,6 +22,7 @@ Anything that fails is told on the port as a ``!`` frame of call 0 and the guest
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -79,8 +80,8 @@ def mount(source: str, target: str, fstype: str | None = None, flags: int = 0, d
     """mount(2) itself: no ``mount`` program, no process per mount (each costs a fork on an emulated CPU)."""
     fs = fstype.encode() if fstype else None
     if LIBC.mount(source.encode(), target.encode(), fs, flags, data.encode() if data else None) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
 def bind(source: str, target: str, read_only: bool) -> None:
@@ -89,10 +90,26 @@ def bind(source: str, target: str, read_only: bool) -> None:
         mount("none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def mount_point(target: str, is_dir: bool) -> bool:
+    """Make a mask's mount point that is not there (a copy leaves masked entries out; a secret went
+    meanwhile): what a call later writes at that path is covered too. False on a read-only workspace."""
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if is_dir:
+            os.mkdir(target)
+        else:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            return False
+        raise
+    return True
+
+
 def detach(target: str) -> None:
     if LIBC.umount2(target.encode(), MNT_DETACH) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"umount {target}: {os.strerror(errno)}")
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
 
 
 def private_dir(path: str, size: str, uid: int, gid: int) -> None:
@@ -134,6 +151,8 @@ def show(word: dict[str, Any]) -> None:
         pass
     os.chmod(EMPTY_FILE, 0o444)
     for source, target, read_only in word.get("binds", []):
+        if not os.path.lexists(target) and not mount_point(target, source == EMPTY_DIR):
+            continue  # a read-only workspace without it: nothing there to mask, nor can anything be made
         bind(source, target, read_only)
     mount("none", "/", None, MS_REMOUNT | MS_RDONLY)
 

@@ -124,7 +124,7 @@ class MicroVMBackend(Backend):
             if scratch is not None:  # QEMU serves it as the command uid, as Docker's bind does
                 await anyio.to_thread.run_sync(own_dir, scratch, f"{owner[0]}:{owner[1]}")
             source = tree.root if tree else workspace
-            jail = MicroVMJail(workspace, profile, source, tree, owner, found, sealed, exports)
+            jail = MicroVMJail(workspace, profile, source, tree, owner, found, sealed, exports, shared)
             await jail.start()
         except BaseException:
             if tree is not None:

@@ -32,6 +32,7 @@ from sandbox.backends.docker.warm import FramedProcess, SerialCalls, settled
 from sandbox.backends.microvm import machine, pool
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
+from sandbox.threads import soon
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -47,6 +48,8 @@ BOOT_WAIT_S = {"kvm": 10.0, "tcg": 60.0}  # the agent's word after ours (the boo
 GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, beside what commands may use
 MIN_MEMORY_MIB = 256
 LOST_WAIT_S = 2.0  # a port that ended: QEMU's exit, if it is going, comes within this
+EMPTY_DIR = "/run/sandbox-empty"  # what a masked directory shows (made by vmboot in the guest's root)
+EMPTY_FILE = "/run/sandbox-empty-file"  # what a masked file shows
 RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
 
 
@@ -103,6 +106,7 @@ class MicroVMJail(SerialCalls, Jail):
         assets: Assets,
         sealed: Seal,
         exports: Sequence[tuple[Path, str, bool]] = (),
+        shared: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.workspace = workspace
         self.profile = profile
@@ -111,6 +115,10 @@ class MicroVMJail(SerialCalls, Jail):
         self._source = source
         self._assets = assets
         self._sealed = sealed
+        self._shared = tuple(shared)
+        # The seal is searched again before each call (seal.Watch): when it moved, the guest that was
+        # told the old one is destroyed and the next call boots one told the new one.
+        self._watch = seal.watch(profile, workspace, source, tree, sealed, self._shared)
         # (host directory, guest path, read-only), each a 9p export of its own: tags x0, x1, ...
         self._exports = [(f"x{n}", host, guest, ro) for n, (host, guest, ro) in enumerate(exports)]
         self._accel, self.accel_note = machine.accel()
@@ -131,9 +139,12 @@ class MicroVMJail(SerialCalls, Jail):
         limits = self.profile.limits
         rlimits = {RLIMITS[name]: getattr(limits, name) for name in RLIMITS if getattr(limits, name) is not None}
         rw = self.mount != "ro"
-        binds = seal.binds(str(self.workspace), self._sealed, "/run/sandbox-empty", "/run/sandbox-empty-file", rw=rw)
-        if self.tree is not None:  # a copy holds no secrets (left out) and is not what the host's git obeys
-            binds = []
+        # The workspace's secrets masked (a copy's too: what a call writes at a masked path stays
+        # covered), git's paths read-only in rw; the plugin directories' secrets masked as well
+        # (the directories themselves are exports).
+        binds = seal.binds(str(self.workspace), self._sealed, EMPTY_DIR, EMPTY_FILE, rw=self.mount == "rw")
+        masks = seal.shared_binds(self._shared, self.profile.policy.deny_read, EMPTY_DIR, EMPTY_FILE)
+        binds += [bind for bind in masks if bind[0] in (EMPTY_DIR, EMPTY_FILE)]
         program = AGENT_PROGRAM.encode()
         word = {
             "uid": self.owner[0],
@@ -209,12 +220,21 @@ class MicroVMJail(SerialCalls, Jail):
         pool.POOL.refill(self._assets, kind)  # the next session's VM boots while this one works
         return guest
 
+    async def _resealed(self) -> bool:
+        """Search the seal again before a call (cached, cheap); say whether it moved."""
+        sealed = await soon(self._watch.changed, inline=self._watch.quick)
+        if sealed is None:
+            return False
+        self._sealed = sealed
+        return True
+
     async def _ready(self) -> Guest:
         pending, self._pending = self._pending, None
         if await settled(pending) is False and self._guest is not None:
             await self.discard(self._guest)
         guest = self._guest
-        if guest is not None and (guest.removed or guest.link.dead or guest.link.retired):
+        resealed = await self._resealed()  # a secret appeared (or went) since the guest was told
+        if guest is not None and (resealed or guest.removed or guest.link.dead or guest.link.retired):
             await self.discard(guest)
         if self._guest is None:
             self._guest = await self._boot()
