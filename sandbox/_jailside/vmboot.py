@@ -6,7 +6,7 @@ overlay, opens the agent's virtio-serial port as fds 0 and 1 and starts this pro
 It waits for the executor's word on the port, which may come long after the boot (a VM of the
 pool boots before anyone asks for it):
 
-``{"uid", "gid", "workspace", "mode", "binds", "exports", "dirs", "tmp_size", "memory", "pids", "rlimits",
+``{"uid", "gid", "workspace", "mode", "binds", "exports", "dirs", "tmp_size", "tmp_inodes", "memory", "pids", "rlimits",
 "argv", "program"}``
 as one JSON line, then ``program`` bytes: the agent's program (:mod:`sandbox._jailside.agent`).
 
@@ -112,9 +112,9 @@ def detach(target: str) -> None:
         raise OSError(err, f"umount {target}: {os.strerror(err)}")
 
 
-def private_dir(path: str, size: str, uid: int, gid: int) -> None:
+def private_dir(path: str, size: str, inodes: int, uid: int, gid: int) -> None:
     os.makedirs(path, exist_ok=True)
-    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700")
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={inodes},mode=0700")
     os.chown(path, uid, gid)
 
 
@@ -122,10 +122,11 @@ def show(word: dict[str, Any]) -> None:
     uid, gid = int(word["uid"]), int(word["gid"])
     # First the private places: a workspace may lie beneath one of them (under /tmp, say).
     size = str(word.get("tmp_size") or "256m")
-    private_dir("/tmp", size, uid, gid)
+    inodes = int(word.get("tmp_inodes") or 65536)
+    private_dir("/tmp", size, inodes, uid, gid)
     os.chmod("/tmp", 0o1777)
     for path in word.get("dirs", []):  # the home, and what else the command uid owns
-        private_dir(path, size, uid, gid)
+        private_dir(path, size, inodes, uid, gid)
     workspace = word["workspace"]
     os.makedirs(workspace, exist_ok=True)
     options = "trans=virtio,version=9p2000.L,msize=262144,cache=none"

@@ -109,8 +109,7 @@ async def test_a_plugin_dirs_secrets_are_masked(
 ) -> None:
     manifest = _manifest(tmp_path / "plugins" / "kit")
     _secrets(manifest.parent)
-    if backend.name == "docker":
-        own_like_a_checkout(manifest.parent)
+    own_like_a_checkout(manifest.parent, backend.name)
     plugin = plugins.Plugin.load(manifest)
     jail = await backend.open_jail(workspace, mode_profile(mode), shared=plugins.jail_binds([plugin]))
     async with jail:
@@ -131,8 +130,7 @@ async def test_a_project_declared_plugin_outside_the_workspace_needs_trust_and_a
     (outside / "kit" / "notes.json").write_text(json.dumps(f"{SECRET}-outside"))
     (workspace / ".pi").mkdir()
     (workspace / ".pi" / "sandbox-plugins").symlink_to(outside, target_is_directory=True)
-    if backend.name == "docker":
-        own_like_a_checkout(outside)
+    own_like_a_checkout(outside, backend.name)
     declared = workspace / ".pi" / "sandbox-plugins" / "kit" / "plugin.json"
     profile = mode_profile("ro", backend=backend.name)
     for trusted, granted in ((None, ["kit"]), (True, [])):
@@ -152,8 +150,7 @@ async def test_a_project_declared_plugin_inside_the_workspace_is_sealed(
     """A manifest the project ships whose directory is the workspace's own: its secrets stay masked."""
     manifest = _manifest(workspace / ".pi" / "sandbox-plugins" / "kit")
     _secrets(manifest.parent)
-    if backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, backend.name)
     profile = mode_profile(mode, backend=backend.name)
     async with Sandbox.open(workspace, profile=profile, plugins=[manifest], mode="auto") as box:
         seen = await _bash(box.jail, "cd /run/sandbox/plugins/kit && cat .env keys/id_rsa; echo end")
@@ -170,8 +167,7 @@ async def test_a_secret_created_on_the_host_mid_session_is_masked(
     assert "before" in await _bash(jail, "cat .env 2>/dev/null; echo before")  # the jail is up (and warm)
     (workspace / ".env").write_text(f"API_KEY={SECRET}\n")
     (workspace / "src" / "id_rsa").write_text(f"{SECRET}-rsa\n")
-    if backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, backend.name)
     seen = await _bash(jail, "cat .env src/id_rsa; echo after")
     assert SECRET not in seen and "after" in seen, seen
 

@@ -67,8 +67,7 @@ def _workspace(disk: Path, backend: base.Backend) -> Path:
     ws = disk / "ws"
     ws.mkdir()
     (ws / "README.md").write_text("# sample\n")
-    if backend.name == "docker":
-        own_like_a_checkout(ws)
+    own_like_a_checkout(ws, backend.name)
     return ws
 
 

@@ -77,8 +77,7 @@ async def test_another_workspace_never_sees_it(open_jail: JailFactory, tmp_path:
     await _sh(open_jail, prof, WRITE)
     other = tmp_path / "other"
     other.mkdir()
-    if backend.name == "docker":
-        own_like_a_checkout(other)
+    own_like_a_checkout(other, backend.name)
     assert await _sh(open_jail, prof, LOOK, other) == "none"
 
 

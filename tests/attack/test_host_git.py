@@ -95,8 +95,7 @@ def repo(workspace: Path, tmp_path: Path, backend: base.Backend) -> Path:
     git(workspace, "init", "-q", "-b", "main", "vendor/lib")
     git(workspace / "vendor" / "lib", "commit", "-q", "--allow-empty", "-m", "vendored")
     (workspace / ".git" / "info" / "exclude").write_text("vendor/\nplanted/\nevil*\n")
-    if backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, backend.name)
     return workspace
 
 
@@ -258,8 +257,7 @@ async def test_rw_the_users_own_git_state_stays_until_a_call_changes_it(
     todo = repo / ".git" / "sequencer" / "todo"
     todo.parent.mkdir()
     todo.write_text("pick 0000000 x\n")
-    if backend.name == "docker":
-        own_like_a_checkout(repo)
+    own_like_a_checkout(repo, backend.name)
     jail = await open_jail(mode_profile("rw"))
     quiet = await executor.run(jail, ["bash", "-c", "cat .git/sequencer/todo >/dev/null && git status -s >/dev/null"])
     assert quiet.exit_code == 0 and quiet.quarantined is None, quiet.stderr
@@ -281,8 +279,7 @@ async def test_a_linked_worktree_keeps_its_gitdir_pointer(
     git(main, "add", "-A")
     git(main, "commit", "-q", "-m", "first")
     git(main, "worktree", "add", "-q", "-b", "feature", str(linked))
-    if backend.name == "docker":
-        own_like_a_checkout(linked)
+    own_like_a_checkout(linked, backend.name)
     jail = await open_jail(mode_profile(writable_mode), linked)
     script = f'M={markers}; {PRELUDE}{evil_gitdir("evil.git")} echo "gitdir: $PWD/evil.git" > .git; echo planted'
     result = await executor.run(jail, ["bash", "-c", script])

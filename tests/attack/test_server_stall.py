@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-from tests.conftest import DOCKER_RUNSC, RUNSC, own_like_a_checkout
+from tests.conftest import DOCKER_RUNSC, MICROVM, RUNSC, own_like_a_checkout
 from tests.rpc_client import MAX_LINE, Client, serve
 
 if TYPE_CHECKING:
@@ -45,11 +45,10 @@ def profile_file(backend: base.Backend, request: pytest.FixtureRequest, tmp_path
     lifecycle = "call" if param.endswith("-call") else "session"
     # The server is another process, which no patch of the fixture's reaches: the profile names the runtime.
     runtime = f'runtime = "{RUNSC}"\n' if param == DOCKER_RUNSC else ""
+    # The microVM has no table: a VM per session, none per call.
+    table = "" if backend.name == MICROVM else f'[{backend.name}]\nlifecycle = "{lifecycle}"\n{runtime}'
     path = tmp_path / "stall.toml"
-    path.write_text(
-        f'backend = "{backend.name}"\nrequires = []\n\n[mount]\nstrategy = "copy"\n\n'
-        f'[{backend.name}]\nlifecycle = "{lifecycle}"\n{runtime}'
-    )
+    path.write_text(f'backend = "{backend.name}"\nrequires = []\n\n[mount]\nstrategy = "copy"\n\n{table}')
     return path
 
 

@@ -75,8 +75,7 @@ def plant(workspace: Path, marker: str, backend: base.Backend, *, linked: bool =
             else:
                 path.write_text(_hostile(workspace, name, marker))
                 path.chmod(0o755)
-    if backend.name == "docker":  # owned as the workspace fixture owns it
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, backend.name)  # owned as the workspace fixture owns it
 
 
 async def assert_never_ran(box: Sandbox, workspace: Path, marker: str) -> None:

@@ -28,6 +28,7 @@ import anyio.to_thread
 from sandbox.backends import seal
 from sandbox.backends.agentlink import AGENT_PROGRAM, FdLink, run_request
 from sandbox.backends.base import Jail
+from sandbox.backends.bwrap_argv import tmp_inodes
 from sandbox.backends.docker.warm import FramedProcess, SerialCalls, settled
 from sandbox.backends.microvm import machine, pool
 from sandbox.envrules import SANDBOX_HOME
@@ -155,6 +156,7 @@ class MicroVMJail(SerialCalls, Jail):
             "exports": [[tag, guest, ro] for tag, _host, guest, ro in self._exports],
             "dirs": [SANDBOX_HOME],
             "tmp_size": str(limits.tmp_size or 256 << 20),
+            "tmp_inodes": tmp_inodes(limits.tmp_size or 256 << 20),  # an inode flood stops where bwrap's does
             "rlimits": rlimits,
             "memory": limits.memory,
             "pids": limits.pids,
@@ -176,20 +178,28 @@ class MicroVMJail(SerialCalls, Jail):
     def _booted(self, kind: pool.Kind) -> pool.Booted:
         """A VM at its first word: the pool's (staged), else one booted now (blocking)."""
         if pool.staged(self.owner[0]):
-            booted = pool.POOL.take(kind)
-            if booted is None:
-                booted = pool.boot(self._assets, kind)
-            try:  # the session's directories into its export, in QEMU's own mount namespace
-                pool.stage(booted, "ws", self._source, self.mount == "ro", self.owner)
-                for tag, host, _guest, ro in self._exports:
-                    pool.stage(booted, tag, host, ro, self.owner)
-            except BaseException:
-                booted.discard()
-                raise
-            return booted
+            pooled = pool.POOL.take(kind)
+            if pooled is not None:
+                try:
+                    return self._staged(pooled)
+                except OSError:  # its mount namespace predates a mount the session's directories lie under
+                    pass
+            return self._staged(pool.boot(self._assets, kind))
         exports = [(tag, host, ro) for tag, host, _guest, ro in self._exports]
         # An ordinary user's VM exports the session's directories from its start (no mounts).
         return pool.boot(self._assets, kind, self._source, exports)
+
+    def _staged(self, booted: pool.Booted) -> pool.Booted:
+        """``booted`` with the session's directories in its export (bound in QEMU's own mount
+        namespace); discarded if one cannot be."""
+        try:
+            pool.stage(booted, "ws", self._source, self.mount == "ro", self.owner)
+            for tag, host, _guest, ro in self._exports:
+                pool.stage(booted, tag, host, ro, self.owner)
+        except BaseException:
+            booted.discard()
+            raise
+        return booted
 
     async def _boot(self) -> Guest:
         kind = self._kind()
