@@ -126,7 +126,11 @@ def show(word: dict[str, Any]) -> None:
     private_dir("/tmp", size, inodes, uid, gid)
     os.chmod("/tmp", 0o1777)
     for path in word.get("dirs", []):  # the home, and what else the command uid owns
-        private_dir(path, size, inodes, uid, gid)
+        if path.startswith("/tmp/"):  # within /tmp's tmpfs: under its caps, as bubblewrap's home is
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chown(path, uid, gid)
+        else:
+            private_dir(path, size, inodes, uid, gid)
     workspace = word["workspace"]
     os.makedirs(workspace, exist_ok=True)
     options = "trans=virtio,version=9p2000.L,msize=262144,cache=none"
