@@ -199,8 +199,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         on_microvm = param == MICROVM
         unwanted = (per_call and not wanted) or (on_landlock and not _landlock_wanted(item))
         unwanted = unwanted or (on_runsc and item.path.stem not in RUNSC_MODULES and item.path.parent.name != "attack")
-        # As an ordinary user the contract suite stays with root's run (a boot per jail, no pool, on
-        # an emulated machine here); test_microvm runs for both, the ordinary user's unstaged VMs too.
+        # As an ordinary user the microVM's contract, tool and attack suites stay with root's run (a
+        # boot per jail, no pool, on an emulated machine here); test_microvm runs for both users.
         microvm_module = item.path.stem in MICROVM_MODULES or item.path.parent.name == "attack"
         unwanted = unwanted or (on_microvm and (not microvm_module or os.geteuid() != 0))
         (dropped if unwanted else kept).append(item)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from sandbox._jailside.vmboot import EMPTY_DIR, EMPTY_FILE
 from sandbox.backends import seal
 from sandbox.backends.agentlink import AGENT_PROGRAM, FdLink, run_request
 from sandbox.backends.base import Jail
@@ -49,8 +50,6 @@ BOOT_WAIT_S = {"kvm": 10.0, "tcg": 60.0}  # the agent's word after ours (the boo
 GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, beside what commands may use
 MIN_MEMORY_MIB = 256
 LOST_WAIT_S = 2.0  # a port that ended: QEMU's exit, if it is going, comes within this
-EMPTY_DIR = "/run/sandbox-empty"  # what a masked directory shows (made by vmboot in the guest's root)
-EMPTY_FILE = "/run/sandbox-empty-file"  # what a masked file shows
 RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
 
 
