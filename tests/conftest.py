@@ -79,7 +79,7 @@ def runsc_version() -> str:
 # The microVM (tests/integration/test_microvm.py, docs/backends/microvm.md) runs the contract, tool
 # and attack suites as root, less what it declares it does not give, each skipped with the reason.
 MICROVM = "microvm"
-MICROVM_MODULES = frozenset({"test_contracts", "test_tools"})
+MICROVM_MODULES = frozenset({"test_contracts", "test_tools", "test_egress", "test_broker"})
 _GUEST = (
     "a guest's processes are no host processes: the host cannot list them (test_microvm checks each kill from "
     "inside the guest, by a later call's ps)"
@@ -94,25 +94,6 @@ MICROVM_DECLARED = {
     "test_new_session_no_terminal": _GUEST + "; test_microvm checks the session and /dev/tty from inside",
     "test_copy_special_files_and_outside_symlinks_never_come_back": (
         "9p cannot make a FIFO in the workspace (mkfifo: ENXIO); test_microvm: links and setuid never come back"
-    ),
-    **dict.fromkeys(
-        (
-            "test_a_later_run_of_the_workspace_finds_its_downloads",
-            "test_another_workspace_never_sees_it",
-            "test_the_hosts_own_caches_and_the_entry_stamp_are_out_of_reach",
-            "test_every_installer_is_pointed_at_it",
-            "test_what_a_jail_plants_is_removed_without_following_or_opening_it",
-            "test_the_disk_guard_watches_it",
-        ),
-        "no download cache yet: mount.download_cache = 'project' is refused (INVALID_ARGUMENT)",
-    ),
-    **dict.fromkeys(
-        (
-            "test_the_forwarder_is_not_shadowed",
-            "test_a_jail_cannot_smuggle_requests_nor_flood_its_proxy",
-            "test_a_jails_proxy_socket_admits_the_jail_and_not_another_user",
-        ),
-        "network 'none' only: no allowlist proxy nor forwarder yet (net-allowlist: GUARANTEE_UNAVAILABLE)",
     ),
     "test_an_interpreter_the_jail_could_write_is_refused": (
         "the agent's interpreter is the guest root's /usr/bin/python3 (a read-only export), never one looked for "

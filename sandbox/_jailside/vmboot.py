@@ -7,13 +7,15 @@ It waits for the executor's word on the port, which may come long after the boot
 pool boots before anyone asks for it):
 
 ``{"uid", "gid", "workspace", "mode", "binds", "exports", "dirs", "tmp_size", "tmp_inodes", "memory", "pids", "rlimits",
-"argv", "program"}``
-as one JSON line, then ``program`` bytes: the agent's program (:mod:`sandbox._jailside.agent`).
+"argv", "program", "net"}``
+as one JSON line, then ``program`` bytes: the agent's program (:mod:`sandbox._jailside.agent`); with
+``net`` (``{"port", "uid", "listen", "program"}``, an allowlist network), its ``program`` bytes
+next: the relay of :mod:`sandbox._jailside.vmnet`, started as ``uid`` on its own port.
 
 With it this program shows the workspace (the ``ws`` 9p export) at its own absolute path, read-only
 in ``ro``, makes its seal's binds (git's paths read-only, secrets masked), makes the private
-``/tmp`` and home, remounts the root read-only, puts itself in the jail's cgroup (``memory``,
-``pids``), sets the rlimits, drops to the command uid for good (no capabilities, no new
+``/tmp`` and home, remounts the root read-only, starts the allowlist's relay, puts itself in the
+jail's cgroup (``memory``, ``pids``), sets the rlimits, drops to the command uid for good (no capabilities, no new
 privileges) and runs the agent in this same process: the agent is PID 1 as in a warm container.
 Anything that fails is told on the port as a ``!`` frame of call 0 and the guest powers off
 (PID 1 exits: the kernel panics, and QEMU, started with ``-no-reboot``, ends).
@@ -45,6 +47,8 @@ STAGE = "/run/sandbox-stage"  # a staged VM's one export (sandbox.backends.micro
 CLONE_NEWCGROUP = 0x02000000
 EMPTY_DIR = "/run/sandbox-empty"  # what a masked directory shows
 EMPTY_FILE = "/run/sandbox-empty-file"  # what a masked file shows
+PORTS = "/sys/class/virtio-ports"
+NET_READY_S = 20.0
 
 
 def frame(kind: bytes, payload: bytes) -> None:
@@ -162,6 +166,56 @@ def show(word: dict[str, Any]) -> None:
     mount("none", "/", None, MS_REMOUNT | MS_RDONLY)
 
 
+def port_device(name: str) -> str:
+    """The device of the virtio-serial port QEMU named ``name``."""
+    for entry in sorted(os.listdir(PORTS)):
+        try:
+            with open(f"{PORTS}/{entry}/name", encoding="ascii") as fh:
+                if fh.read().strip() == name:
+                    return f"/dev/{entry}"
+        except OSError:
+            continue
+    raise OSError(f"no virtio-serial port named {name}")
+
+
+def network(net: dict[str, Any], program: bytes) -> None:
+    """The allowlist's mux (:mod:`sandbox._jailside.vmnet`): its port opened as root, then its own
+    process as a uid of its own, listening before the agent (and any command) runs."""
+    port = os.open(port_device(net["port"]), os.O_RDWR | os.O_CLOEXEC)
+    ready, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the guest's child
+        code = 0
+        try:
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)  # the agent's port is the agent's alone
+            os.dup2(port, 3)
+            os.dup2(told, 4)
+            os.closerange(5, 4096)
+            uid = int(net["uid"])
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                os._exit(71)
+            listen = [arg for address in net["listen"] for arg in ("--listen", address)]
+            sys.argv = ["sandbox-vmnet", "--port-fd", "3", "--ready-fd", "4", *listen]
+            exec(compile(program, "sandbox/_jailside/vmnet-program", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.close(port)
+    os.close(told)
+    try:
+        readable, _, _ = select.select([ready], [], [], NET_READY_S)
+        said = os.read(ready, 64) if readable else b""
+    finally:
+        os.close(ready)
+    if said != b"ready\n":
+        raise OSError("the network's relay did not start")
+
+
 def write(path: str, text: str) -> None:
     with open(path, "w", encoding="ascii") as fh:
         fh.write(text)
@@ -222,7 +276,11 @@ def main() -> None:
     try:
         word = read_word()
         program = read_exact(min(int(word["program"]), MAX_PROGRAM))
+        net = word.get("net")
+        relay = read_exact(min(int(net["program"]), MAX_PROGRAM)) if net else b""
         show(word)
+        if net:
+            network(net, relay)
         confine(word)
         become(word)
     except Exception as exc:  # told to the executor, then the guest ends

@@ -112,6 +112,9 @@ class Egress:
         # How the jail's forwarder moves a connection (FORWARDER_COPY): a jail whose sockets are not
         # the host's (gVisor's Sentry) cannot hand one to the proxy, and relays it ("plain") instead.
         self.forwarder_copy = FORWARDER_COPY
+        # A jail whose relay to the proxy listens at PORT for its whole life (the microVM's,
+        # sandbox._jailside.vmnet): its commands need no forwarder beside them.
+        self.resident = False
 
     @classmethod
     def start(
@@ -296,8 +299,9 @@ class Egress:
         ``python`` is the jail's interpreter by its absolute path (:attr:`Jail.python
         <sandbox.backends.base.Jail.python>`): by name, the jail's PATH would find the workspace's
         ``.venv/bin/python3`` first. A jail that reaches the proxy's loopback port itself
-        (:attr:`tcp_port`) runs ``argv`` as it is."""
-        if self.tcp_port is not None:
+        (:attr:`tcp_port`), or keeps a relay of its own listening at :data:`PORT` (:attr:`resident`),
+        runs ``argv`` as it is."""
+        if self.tcp_port is not None or self.resident:
             return list(argv)
         listen = [f"127.0.0.1:{PORT}", f"[::1]:{PORT}"]
         return [

@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.anyio
 
-BACKENDS = [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
+BACKENDS = [
+    pytest.param("bwrap", marks=pytest.mark.bwrap),
+    pytest.param("docker", marks=pytest.mark.docker),
+    pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +73,7 @@ Opener = "Callable[..., Any]"
 @pytest.fixture
 async def jail_with(net_backend: base.Backend, workspace: Path, lab: NetLab) -> AsyncIterator[Callable[..., Any]]:
     opened: list[base.Jail] = []
-    if net_backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, net_backend.name)
 
     async def factory(secrets: dict[str, Any], requests: list[dict[str, Any]] | None = None) -> base.Jail:
         overrides: dict[str, Any] = {"network.mode": "allowlist", "network.allow": allow(lab), "secrets": secrets}
@@ -437,8 +440,7 @@ async def test_transparent_mode_brokers_a_program_that_ignores_the_proxy_variabl
     missing = net_backend.probe().missing((), make_profile("default", **overrides))
     if missing:
         pytest.skip(f"no transparent network here: {missing}")
-    if net_backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, net_backend.name)
     allowed = [*allow(lab), f"allowed.test:{lab.http_port}"]
     profile = make_profile("default", **overrides, **{"network.allow": allowed, "secrets": token(lab)})
     async with await net_backend.open_jail(workspace, profile) as jail:

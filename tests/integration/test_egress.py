@@ -43,6 +43,7 @@ BACKENDS = [
     pytest.param("bwrap", marks=pytest.mark.bwrap),
     pytest.param("docker", marks=pytest.mark.docker),
     pytest.param("landlock", marks=pytest.mark.landlock),
+    pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow]),
 ]
 
 
@@ -89,8 +90,7 @@ def ca_env(workspace: Path, lab: NetLab) -> dict[str, str]:
 @pytest.fixture
 async def allowlist_jail(net_backend: base.Backend, workspace: Path) -> AsyncIterator[Opener]:
     opened: list[base.Jail] = []
-    if net_backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, net_backend.name)
 
     async def factory(allow: list[str], deny: list[str] | None = None, **more: Any) -> base.Jail:
         profile = make_profile(
@@ -348,8 +348,7 @@ def ask_profile(tmp_path: Path, timeout_s: int = 120) -> Path:
 async def test_an_unknown_host_is_put_to_the_client(
     net_backend: base.Backend, lab: NetLab, workspace: Path, tmp_path: Path, answer: dict[str, str], reason: str | None
 ) -> None:
-    if net_backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, net_backend.name)
     async with rpc_client.serve() as client:
         client.answer = answer
         profile = ask_profile(tmp_path)
@@ -415,8 +414,7 @@ async def transparent_jail(net_backend: base.Backend, workspace: Path, lab: NetL
     if lab.loopback_only:
         pytest.skip("the transparent mode's tests need the namespace lab: root creates it (pyroute2)")
     backend = net_backend
-    if backend.name == "docker":
-        own_like_a_checkout(workspace)
+    own_like_a_checkout(workspace, backend.name)
     missing = backend.probe().missing(
         (), make_profile("default", **{"network.mode": "allowlist", "network.transparent": True})
     )

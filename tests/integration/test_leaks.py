@@ -198,7 +198,9 @@ async def test_sweep_removes_what_a_killed_executor_left_and_never_a_live_ones(
         assert live.tree is not None and (live.tree.root / "big.bin").exists()
         assert call_cgroups(owners.owner_tag()) == live_cgroups
         assert (scratch / "live-session" / "notes.txt").exists()
-        assert proc.running_pids() and survivors(marker)
+        # The spawn returns once the jail started the command, not once it has exec'd `sleep`.
+        await anyio.to_thread.run_sync(_wait_for, lambda: survivors(marker))
+        assert proc.running_pids()
         await proc.kill_tree(0)
         proc.release()
     assert survivors(marker) == []

@@ -9,9 +9,11 @@ attack allows.
 
 from __future__ import annotations
 
+import http.server
 import os
 import platform
 import socket
+import threading
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,7 +25,7 @@ from sandbox.errors import BackendUnavailable, GuaranteeUnavailable, InvalidArgu
 from tests.conftest import backend_or_skip, make_profile
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from pathlib import Path
     from typing import TypeAlias
 
@@ -105,7 +107,8 @@ async def test_check_grants_kernel_isolated_and_a_profile_can_require_it(microvm
     report = microvm.probe()
     assert report.guarantees["kernel-isolated"] is True
     assert report.details["accel"] in ("kvm", "tcg")
-    assert report.guarantees["net-allowlist"] is False
+    assert report.guarantees["net-allowlist"] is True  # the host's proxy, over a port of its own
+    assert report.guarantees["net-transparent"] is False  # no network device to redirect
     bwrap = backend_or_skip("bwrap")
     assert bwrap.probe().guarantees.get("kernel-isolated") is not True
     with pytest.raises(GuaranteeUnavailable, match="kernel-isolated"):
@@ -335,11 +338,93 @@ async def test_no_network_device_and_the_hosts_loopback_is_unreachable(vm: Opene
     assert lines[0] == "lo" and "Refused" in result.stdout
 
 
-async def test_network_modes_other_than_none_are_refused(microvm: base.Backend, ws: Path) -> None:
+async def test_network_modes_it_cannot_give_are_refused(microvm: base.Backend, ws: Path) -> None:
     with pytest.raises(InvalidArgument, match="no network device"):
         await microvm.open_jail(ws, make_profile(**{"network.mode": "host"}))
-    with pytest.raises((GuaranteeUnavailable, InvalidArgument)):
-        await microvm.open_jail(ws, make_profile(**{"network.mode": "allowlist"}))
+    allowlist = {"network.mode": "allowlist", "network.allow": ["example.test"]}
+    with pytest.raises(GuaranteeUnavailable, match="net-transparent"):
+        await microvm.open_jail(ws, make_profile(**allowlist, **{"network.transparent": True}))
+
+
+@pytest.fixture
+def host_http() -> Iterator[int]:
+    """An HTTP server on the host's loopback (its port): reachable from a guest only through the proxy."""
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from the host\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+RELAY_CHECK = r"""
+import os, socket
+def status(pid):
+    return {k: v.split() for k, _, v in (line.partition(":") for line in open(f"/proc/{pid}/status"))}
+others = [p for p in os.listdir("/proc") if p.isdigit() and status(p)["Uid"][0] not in ("0", str(os.getuid()))]
+print("relays", len(others), "uid", status(others[0])["Uid"][0], "parent", status(others[0])["PPid"][0])
+try:
+    os.kill(int(others[0]), 9)
+    print("kill ok")
+except PermissionError:
+    print("kill refused")
+for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    try:
+        socket.socket(family).bind((host, 3128))
+        print("bind ok")
+    except OSError as exc:
+        print("bind", exc.errno)
+"""
+
+
+async def test_the_allowlist_relay_reaches_the_proxy_alone_and_the_command_cannot_touch_it(
+    vm: Opener, host_http: int
+) -> None:
+    jail = await vm(**{"network.mode": "allowlist", "network.allow": [f"127.0.0.1:{host_http}"]})
+    url = f"http://127.0.0.1:{host_http}/"
+    fetch = "curl -sS -m 20 --noproxy '' -x \"$http_proxy\" "
+    result = await sh(
+        jail,
+        f"{fetch} {url}; {fetch} -o /dev/null -w '%{{http_code}}\\n' http://10.9.9.9/; "
+        f"curl -sS -m 5 --noproxy '*' {url} >/dev/null 2>&1 || echo direct refused; "
+        f"ls /sys/class/net; python3 -c '{RELAY_CHECK}'",
+    )
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["hello from the host", "403", "direct refused", "lo"], result
+    # One process of another uid than root's and the command's: the relay, nobody's, PID 1's child.
+    assert lines[4:] == ["relays 1 uid 65534 parent 1", "kill refused", "bind 98", "bind 98"], result
+    assert result.network is not None
+    assert [(d["host"], d["reason"]) for d in result.network["denials"]] == [("10.9.9.9", "not-allowed")]
+    again = await sh(jail, f"{fetch} {url}")  # the relay outlives the call, and the next one uses it
+    assert again.stdout == "hello from the host\n", again
+
+
+async def test_a_killed_qemu_ends_its_relay_on_the_host(vm: Opener, host_http: int) -> None:
+    jail = await vm(**{"network.mode": "allowlist", "network.allow": [f"127.0.0.1:{host_http}"]})
+    first = qemu_of(jail)
+    name = f"microvm-net-{first.pid}"
+    assert name in [thread.name for thread in threading.enumerate()]
+    first.kill()
+    with pytest.raises(BackendUnavailable):
+        await sh(jail, "true")
+    deadline = anyio.current_time() + 10
+    while name in [thread.name for thread in threading.enumerate()] and anyio.current_time() < deadline:
+        await anyio.sleep(0.05)
+    assert name not in [thread.name for thread in threading.enumerate()]
+    again = await sh(jail, f"curl -sS -m 20 --noproxy '' -x \"$http_proxy\" http://127.0.0.1:{host_http}/")
+    assert again.stdout == "hello from the host\n", again  # a new VM, a new relay
 
 
 # --- the file tools, through the same agent ----------------------------------------------------

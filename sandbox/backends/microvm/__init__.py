@@ -13,11 +13,14 @@ trusted base: it runs as the workspace's owner, never root, under ``-sandbox on`
   :mod:`sandbox._jailside.vmboot`) driving the calls.
 
 Mounts: ``ro`` and ``rw`` export the workspace; ``copy`` exports a private copy, which comes back
-as a changeset and a guarded apply like every backend's; ``overlay`` is refused. Network: ``none``
-(the guest has only its loopback). Limits: ``memory`` and ``pids`` are a cgroup in the guest over the
-agent and its one call at a time, the VM a little larger; ``cpus`` its vCPUs; ``file_size``, ``nofile`` and
-``cpu_time_s`` rlimits; ``/tmp`` and the home are
-tmpfs of ``tmp_size``.
+as a changeset and a guarded apply like every backend's; ``overlay`` is refused; the download cache
+is one more export. Network: ``none`` (the guest has only its loopback) or ``allowlist``: the
+guest's loopback port is relayed over a virtio-serial port of its own to the host's filtering
+proxy (:mod:`.netside`, :mod:`sandbox._jailside.vmnet`), with the session CA's files (``[secrets]``,
+request rules) a read-only export; no transparent mode. Limits: ``memory`` and ``pids`` are a
+cgroup in the guest over the agent and its one call at a time, the VM a little larger; ``cpus``
+its vCPUs; ``file_size``, ``nofile`` and ``cpu_time_s`` rlimits; ``/tmp`` and the home are tmpfs
+of ``tmp_size``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import anyio.to_thread
 from sandbox.backends import seal
 from sandbox.backends.base import Backend, Jail
 from sandbox.backends.microvm import assets, machine
+from sandbox.downloads import JAIL_DIR as downloads_jail_dir
 from sandbox.errors import BackendUnavailable, InvalidArgument
 from sandbox.guarantees import Enforcement, Report
 
@@ -66,6 +70,7 @@ BUILD_HINT = "build it with: sandbox image build --microvm (as root: it runs deb
 
 class MicroVMBackend(Backend):
     name = "microvm"
+    binds_downloads = True
 
     def _probe(self) -> Report:
         return _report()
@@ -76,27 +81,35 @@ class MicroVMBackend(Backend):
         profile: Profile,
         *,
         scratch: Path | None,
-        egress: Egress | None,  # noqa: ARG002 - never one: network 'none' only
+        egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
     ) -> Jail:
         from sandbox.backends.docker import own_dir
         from sandbox.backends.docker.config import exec_user, uid_gid
         from sandbox.backends.microvm.jail import MicroVMJail
+        from sandbox.backends.microvm.netside import TrustFiles
         from sandbox.mounts import CopyTree
 
         strategy = profile.mount.strategy
         if strategy == "overlay":
             raise InvalidArgument("the microvm backend has no overlay mount; use copy", backend="microvm")
-        if profile.network.mode != "none":
+        if profile.network.mode not in ("none", "allowlist"):
             raise InvalidArgument(
-                f"network {profile.network.mode!r}: a microVM has no network device yet; use network 'none'",
+                f"network {profile.network.mode!r}: a microVM has no network device; use 'none', or 'allowlist' "
+                "(the host's filtering proxy)",
                 backend="microvm",
             )
-        if downloads is not None:
-            raise InvalidArgument("the microvm backend cannot show a download cache yet", backend="microvm")
+        if profile.network.transparent:
+            raise InvalidArgument(
+                "a transparent network needs a network device, and a microVM has none: its allowlist is the "
+                "proxy's (the proxy variables); set network.transparent = false",
+                backend="microvm",
+            )
         exports = [(scratch, str(scratch), False)] if scratch is not None else []
         exports += [(Path(host), guest, True) for host, guest in shared]
+        if downloads is not None:  # the project's download cache, read-write at the jail's own path
+            exports.append((downloads, downloads_jail_dir, False))
         found = assets.find()
         if found is None:
             raise BackendUnavailable(f"the microVM's kernel and root file system are not built; {BUILD_HINT}")
@@ -104,29 +117,37 @@ class MicroVMBackend(Backend):
         sealed = await anyio.to_thread.run_sync(seal.for_profile, profile, workspace)
         tree = None
         parent = None
-        if strategy == "copy":
-            exclude = (*profile.mount.exclude, *sealed.masked_paths)
-            if os.geteuid() == 0 and owner[0] != 0 and machine.user_name(owner[0]) is None:
-                # QEMU then runs as that uid from its start (no -runas without a name), so the copy
-                # lives where it can walk: a directory of its own, not our private data directory.
-                parent = Path(tempfile.mkdtemp(prefix="sbx-vm-copy-"))
-                os.chown(parent, *owner)
-            tree = await CopyTree.prepare(
-                workspace,
-                parent=parent,
-                exclude=exclude,
-                environment_cache=profile.mount.environment_cache == "project",
-                environment=profile.mount.environment,
-            )
+        trust = None
         try:
+            if egress is not None:
+                egress.resident = True  # the guest's relay listens at the proxy port for the VM's life
+                trust = await anyio.to_thread.run_sync(TrustFiles, egress, owner)
+                exports.append(trust.export())
+            if strategy == "copy":
+                exclude = (*profile.mount.exclude, *sealed.masked_paths)
+                if os.geteuid() == 0 and owner[0] != 0 and machine.user_name(owner[0]) is None:
+                    # QEMU then runs as that uid from its start (no -runas without a name), so the copy
+                    # lives where it can walk: a directory of its own, not our private data directory.
+                    parent = Path(tempfile.mkdtemp(prefix="sbx-vm-copy-"))
+                    os.chown(parent, *owner)
+                tree = await CopyTree.prepare(
+                    workspace,
+                    parent=parent,
+                    exclude=exclude,
+                    environment_cache=profile.mount.environment_cache == "project",
+                    environment=profile.mount.environment,
+                )
             if tree is not None and os.geteuid() == 0:
                 await anyio.to_thread.run_sync(tree.hand_to, *owner)
-            if scratch is not None:  # QEMU serves it as the command uid, as Docker's bind does
-                await anyio.to_thread.run_sync(own_dir, scratch, f"{owner[0]}:{owner[1]}")
+            for area in (scratch, downloads):  # QEMU serves them as the command uid, as Docker's binds do
+                if area is not None:
+                    await anyio.to_thread.run_sync(own_dir, area, f"{owner[0]}:{owner[1]}")
             source = tree.root if tree else workspace
-            jail = MicroVMJail(workspace, profile, source, tree, owner, found, sealed, exports, shared)
+            jail = MicroVMJail(workspace, profile, source, tree, owner, found, sealed, exports, shared, egress, trust)
             await jail.start()
         except BaseException:
+            if trust is not None:
+                trust.remove()
             if tree is not None:
                 await anyio.to_thread.run_sync(tree.remove)
             if parent is not None:
@@ -150,14 +171,16 @@ def _report() -> Report:
     report.notes += [
         "a guest kernel of its own (Debian's) under QEMU: the command's system calls never reach the host's "
         "kernel; QEMU (as the workspace's owner, under -sandbox on) is in the trusted base",
-        "no network device: network 'none' only; ro, rw and copy mounts over 9p",
+        "no network device: network 'none', or 'allowlist' through the host's filtering proxy over a "
+        "virtio-serial port of its own (the proxy variables, brokered secrets; no transparent mode); ro, rw and copy "
+        "mounts over 9p",
     ]
     if kind == "tcg":
         report.advice.append(f"the guest runs emulated (TCG), tens of times slower than with KVM: {why}")
     for name in _GRANTED:
         report.grant(name, problem is None, problem or "")
-    report.grant("net-allowlist", False, "a microVM has no network device yet: network 'none' only")
-    report.grant("net-transparent", False, "a microVM has no network device yet: network 'none' only")
+    report.grant("net-allowlist", problem is None, problem or "")
+    report.grant("net-transparent", False, "a microVM has no network device: its allowlist is the proxy's alone")
     report.grant("overlay", False, "the microvm backend offers ro, rw and copy mounts, not overlay")
     report.grant("seccomp", False, "no seccomp filter in the guest: its kernel is the boundary, not the host's")
     report.limits = {

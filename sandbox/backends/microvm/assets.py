@@ -51,6 +51,7 @@ MODULES = (
     "kernel/fs/overlayfs/overlay.ko",
 )
 AGENT_PORT = "sandbox.agent"  # the virtio-serial port's name (QEMU's virtserialport name=)
+NET_PORT = "sandbox.net"  # an allowlist VM's second port: its connections to the egress proxy
 
 INIT = r"""#!/bin/busybox sh
 # The microVM's init (sandbox.backends.microvm.assets): modules, the image's root read-only

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from sandbox import _jailside
 from sandbox._jailside.vmboot import EMPTY_DIR, EMPTY_FILE
 from sandbox.backends import seal
 from sandbox.backends.agentlink import AGENT_PROGRAM, FdLink, run_request
@@ -32,8 +33,11 @@ from sandbox.backends.base import Jail
 from sandbox.backends.bwrap_argv import tmp_inodes
 from sandbox.backends.docker.warm import FramedProcess, SerialCalls, settled
 from sandbox.backends.microvm import machine, pool
+from sandbox.backends.microvm.assets import NET_PORT
+from sandbox.backends.microvm.netside import TrustFiles, relay
 from sandbox.envrules import SANDBOX_HOME
 from sandbox.errors import BackendUnavailable
+from sandbox.network.places import PORT
 from sandbox.threads import soon
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from sandbox.backends.microvm.assets import Assets
     from sandbox.backends.seal import Seal
     from sandbox.mounts import CopyTree
+    from sandbox.network.egress import Egress
     from sandbox.profile import Profile
 
 BOOT_WAIT_S = {"kvm": 10.0, "tcg": 60.0}  # the agent's word after ours (the boot is over by then)
@@ -51,6 +56,7 @@ GUEST_OVERHEAD_MIB = 160  # the guest kernel, its page cache and the agent, besi
 MIN_MEMORY_MIB = 256
 LOST_WAIT_S = 2.0  # a port that ended: QEMU's exit, if it is going, comes within this
 RLIMITS = {"file_size": "RLIMIT_FSIZE", "nofile": "RLIMIT_NOFILE", "cpu_time_s": "RLIMIT_CPU"}
+RELAY_UID = 65534  # the guest's relay runs as nobody (as 65533 if nobody is the command's uid)
 
 
 class VMLink(FdLink):
@@ -77,6 +83,7 @@ class Guest:
         self.link = link
         self.id = f"microvm-{vm.pid}"
         self.removed = False
+        self.bundled = False  # booted with the session's CA bundle over the system one
 
     def running(self) -> list[int]:
         return []  # the guest's processes are not the host's: none of them is a host pid
@@ -107,8 +114,12 @@ class MicroVMJail(SerialCalls, Jail):
         sealed: Seal,
         exports: Sequence[tuple[Path, str, bool]] = (),
         shared: Sequence[tuple[str, str]] = (),
+        egress: Egress | None = None,
+        trust: TrustFiles | None = None,
     ) -> None:
         self.workspace = workspace
+        self.egress = egress  # an allowlist's proxy: the guest's connections go to it (relay)
+        self._trust = trust  # the session CA's files, one of the exports
         self.profile = profile
         self.tree = tree
         self.owner = owner
@@ -145,6 +156,7 @@ class MicroVMJail(SerialCalls, Jail):
         binds = seal.binds(str(self.workspace), self._sealed, EMPTY_DIR, EMPTY_FILE, rw=self.mount == "rw")
         masks = seal.shared_binds(self._shared, self.profile.policy.deny_read, EMPTY_DIR, EMPTY_FILE)
         binds += [bind for bind in masks if bind[0] in (EMPTY_DIR, EMPTY_FILE)]
+        binds += self._trust.bundle_bind() if self._trust is not None else []
         program = AGENT_PROGRAM.encode()
         word = {
             "uid": self.owner[0],
@@ -162,6 +174,15 @@ class MicroVMJail(SerialCalls, Jail):
             "argv": ["", ""],
             "program": len(program),
         }
+        if self.egress is not None:  # the relay's program follows the agent's
+            relay_program = _jailside.program("vmnet", "netfwd").encode()
+            word["net"] = {
+                "port": NET_PORT,
+                "uid": RELAY_UID if self.owner[0] != RELAY_UID else RELAY_UID - 1,
+                "listen": [f"127.0.0.1:{PORT}", f"[::1]:{PORT}"],
+                "program": len(relay_program),
+            }
+            program += relay_program
         return word, program
 
     def _machine_size(self) -> tuple[int, int]:
@@ -172,7 +193,7 @@ class MicroVMJail(SerialCalls, Jail):
 
     def _kind(self) -> pool.Kind:
         memory, cpus = self._machine_size()
-        return pool.Kind(self.owner, memory, cpus, self._accel, str(self._assets.kernel))
+        return pool.Kind(self.owner, memory, cpus, self._accel, str(self._assets.kernel), self.egress is not None)
 
     def _booted(self, kind: pool.Kind) -> pool.Booted:
         """A VM at its first word: the pool's (staged), else one booted now (blocking)."""
@@ -209,8 +230,11 @@ class MicroVMJail(SerialCalls, Jail):
             raise BackendUnavailable(f"the microVM did not start: {why}", backend="microvm") from exc
         vm = booted.vm
         guest = Guest(vm, VMLink(vm.sock))
+        guest.bundled = self._trust is not None and self._trust.bundled
         with contextlib.ExitStack() as cleanup_on_fail:
             cleanup_on_fail.callback(guest.remove)
+            if self.egress is not None:
+                relay(vm, self.egress)
             word, program = self._word()
             word["staged"] = booted.staging is not None
             await anyio.to_thread.run_sync(guest.link.sock.sendall, json.dumps(word).encode() + b"\n" + program)
@@ -243,6 +267,9 @@ class MicroVMJail(SerialCalls, Jail):
             await self.discard(self._guest)
         guest = self._guest
         resealed = await self._resealed()  # a secret appeared (or went) since the guest was told
+        if self._trust is not None:  # a live change of the secrets rewrote the CA's files
+            await anyio.to_thread.run_sync(self._trust.sync)
+            resealed = resealed or (guest is not None and self._trust.bundled and not guest.bundled)
         if guest is not None and (resealed or guest.removed or guest.link.dead or guest.link.retired):
             await self.discard(guest)
         if self._guest is None:
@@ -311,6 +338,8 @@ class MicroVMJail(SerialCalls, Jail):
         finally:
             if self.leftover is not None:
                 shutil.rmtree(self.leftover, ignore_errors=True)
+            if self._trust is not None:
+                self._trust.remove()
 
 
 class VMCall(FramedProcess):

@@ -9,7 +9,9 @@ virtio-mmio devices only, namely
   link the guest plants leads nowhere on the host;
 * one virtio-serial port (:data:`~sandbox.backends.microvm.assets.AGENT_PORT`) whose host end is one
   end of a socketpair of ours handed to QEMU as an fd (``-chardev socket,fd=N``): no path that
-  another process could connect to, nothing to clean up;
+  another process could connect to, nothing to clean up; under an allowlist network a second one
+  (:data:`~sandbox.backends.microvm.assets.NET_PORT`), the same way, for the connections to the
+  egress proxy (:mod:`sandbox._jailside.vmnet`);
 * the serial console, written to a file of ours (the guest kernel's messages: a panic's reason).
 
 QEMU runs as the workspace owner (``-runas`` when we are root), under its own seccomp sandbox
@@ -38,7 +40,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sandbox.backends.microvm.assets import AGENT_PORT
+from sandbox.backends.microvm.assets import AGENT_PORT, NET_PORT
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -99,6 +101,7 @@ def argv(
     kind: Accel,
     exports: Sequence[tuple[str, Path, bool]] = (),
     own_namespace: bool = False,
+    net_fd: int | None = None,
 ) -> list[str]:
     qemu = qemu_path() or QEMU
     machine = "microvm,accel=kvm" if kind == "kvm" else "microvm,accel=tcg"
@@ -116,9 +119,13 @@ def argv(
         "-append", KERNEL_ARGS,
         *_export("root", assets.rootfs, read_only=True),
         *_export("ws", workspace, read_only=read_only),
-        "-device", "virtio-serial-device,max_ports=2",
+        "-device", "virtio-serial-device,max_ports=3",
         "-chardev", f"socket,id=agent,fd={chardev_fd}",
         "-device", f"virtserialport,chardev=agent,name={AGENT_PORT}",
+        *(() if net_fd is None else (
+            "-chardev", f"socket,id=net,fd={net_fd}",
+            "-device", f"virtserialport,chardev=net,name={NET_PORT}",
+        )),
         "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
     ]  # fmt: skip
     for tag, path, ro in exports:  # the scratch directory, plugin directories
@@ -152,10 +159,18 @@ class Machine:
     it, removed with it)."""
 
     def __init__(
-        self, command: list[str], ours: socket.socket, theirs: socket.socket, console: Path, owner: tuple[int, int]
+        self,
+        command: list[str],
+        ours: socket.socket,
+        theirs: socket.socket,
+        console: Path,
+        owner: tuple[int, int],
+        net: tuple[socket.socket | None, socket.socket | None] = (None, None),
     ) -> None:
         self.console = console
         self.sock = ours
+        self.net = net[0]  # the network port's host end (an allowlist VM's), else None
+        passed = [sock.fileno() for sock in (theirs, net[1]) if sock is not None]
         self._stderr: str | None = None
         self._console: str | None = None  # the console's tail, read as the VM went
         user: int | None = None
@@ -177,14 +192,16 @@ class Machine:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
+                pass_fds=passed,
                 start_new_session=True,
                 user=user,
                 group=group,
                 extra_groups=[] if user is not None else None,
             )
         finally:
-            theirs.close()
+            for sock in (theirs, net[1]):
+                if sock is not None:
+                    sock.close()
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -226,8 +243,12 @@ class Machine:
             _LIVE.discard(self)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        for sock in (self.sock, self.net):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # a reader of it (the network's relay) sees its end
+                with contextlib.suppress(OSError):
+                    sock.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         self.stderr_tail()
@@ -246,13 +267,23 @@ def user_name(uid: int) -> str | None:
         return None
 
 
-def start(command_for: Mapping[str, object], assets: Assets, console: Path, owner: tuple[int, int]) -> Machine:
-    """QEMU started with one end of a new socketpair as the agent port's host end."""
+def start(
+    command_for: Mapping[str, object], assets: Assets, console: Path, owner: tuple[int, int], *, net: bool = False
+) -> Machine:
+    """QEMU started with one end of a new socketpair as the agent port's host end (and with ``net``,
+    of another as the network port's: :attr:`Machine.net`)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    os.set_inheritable(theirs.fileno(), True)
-    command = argv(assets, chardev_fd=theirs.fileno(), console=console, **command_for)  # type: ignore[arg-type]
+    net_ours, net_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if net else (None, None)
+    for sock in (theirs, net_theirs):
+        if sock is not None:
+            os.set_inheritable(sock.fileno(), True)
+    net_fd = None if net_theirs is None else net_theirs.fileno()
+    command = argv(assets, chardev_fd=theirs.fileno(), console=console, net_fd=net_fd, **command_for)  # type: ignore[arg-type]
     try:
-        return Machine(command, ours, theirs, console, owner)
+        return Machine(command, ours, theirs, console, owner, net=(net_ours, net_theirs))
     except BaseException:
         ours.close()
+        for sock in (net_ours, net_theirs):
+            if sock is not None:
+                sock.close()
         raise

@@ -14,7 +14,7 @@ QEMU ends, however it ends. An ordinary user cannot mount, so there every VM exp
 directories from its start, and none is booted ahead.
 
 :class:`Pool` keeps up to :data:`POOL_ENV` (default 1) booted VMs per kind (owner uid, memory,
-vCPUs, acceleration, kernel) once a kind has been asked for twice, boots a replacement in a thread
+vCPUs, acceleration, kernel, network port) once a kind has been asked for twice, boots a replacement in a thread
 when one is taken, and kills the ones left when the process exits (a VM whose executor is gone
 powers off anyway: its port ends).
 """
@@ -54,6 +54,7 @@ class Kind(NamedTuple):
     cpus: int
     accel: str
     kernel: str
+    net: bool = False  # with the network port (an allowlist session's)
 
 
 class Booted(NamedTuple):
@@ -102,7 +103,7 @@ def boot(
             "exports": exports,
             "own_namespace": staging is not None,
         }
-        vm = machine.start(spec, assets, console, kind.owner)
+        vm = machine.start(spec, assets, console, kind.owner, net=kind.net)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
