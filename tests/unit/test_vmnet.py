@@ -250,7 +250,7 @@ def test_a_guest_sending_past_its_credit_loses_that_connection(
     assert not host.ended.is_set()  # the port stays: other connections go on
 
 
-def test_a_connection_closed_while_its_connect_waits_leaves_nothing(tmp_path: Path) -> None:
+def test_a_connection_closed_while_its_connect_waits_leaves_nothing() -> None:
     """The guest breaks its credit before the host has reached the proxy: the socket the connect
     then returns is closed at once, and no thread is left writing to it."""
     release = threading.Event()
