@@ -14,7 +14,9 @@ host directories (:attr:`~sandbox.backends.base.Jail.host_writable`) and returns
   watched filesystems together; other writers to the same disks count too, so it is off by default).
 
 The executor then kills the call's tree at once (a timeout's kill, without the grace: a writer
-gets no time to write on) and fails the call with TOOL_FAILED, ``errno`` ENOSPC. The looks are
+gets no time to write on) and fails the call with TOOL_FAILED, ``errno`` ENOSPC. A call that ends
+between two looks gets one look more (:meth:`Watch.last`): past ``limits.disk_write``, it fails the
+same way. The looks are
 adaptive: the nearer a bound, the sooner the next one (the headroom at :data:`ASSUMED_RATE`,
 between :data:`MIN_TICK` and :data:`MAX_TICK`), so the reserve absorbs what a writer at disk speed
 adds between two looks; far from any bound a look costs one ``statvfs`` per filesystem per quarter
@@ -159,13 +161,28 @@ def for_jail(paths: Sequence[Path], limits: Limits) -> Guard | None:
     return Guard(paths, limits) if paths else None
 
 
-async def watch(guard: Guard) -> Breach:
-    """Look until a bound is passed (the caller cancels this when the call ends first)."""
-    # The first look on the loop: microseconds, where a thread's round trip would cost every call more.
-    start = now = guard.first_look()
-    while True:
-        breach, headroom = guard.check(start, now)
-        if breach is not None:
-            return breach
-        await anyio.sleep(min(MAX_TICK, max(MIN_TICK, headroom / ASSUMED_RATE)))
-        now = await off_loop(guard.look, list(start))
+class Watch:
+    """One call's watch: the first look as it starts (on the loop: microseconds, where a thread's
+    round trip would cost every call more), :meth:`breach` while it runs, :meth:`last` once it ended."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.start = guard.first_look()
+
+    async def breach(self) -> Breach:
+        """Look until a bound is passed (the caller cancels this when the call ends first)."""
+        now = self.start
+        while True:
+            breach, headroom = self.guard.check(self.start, now)
+            if breach is not None:
+                return breach
+            await anyio.sleep(min(MAX_TICK, max(MIN_TICK, headroom / ASSUMED_RATE)))
+            now = await off_loop(self.guard.look, list(self.start))
+
+    def last(self) -> Breach | None:
+        """``limits.disk_write``, if the ended call passed it: a writer fast enough to finish between
+        two looks (hundreds of MiB into the page cache in tens of milliseconds) fails all the same.
+        Not the reserve: a short call ending near it would answer for what others wrote meanwhile,
+        and a call past it leaves the next one starting below it, with :data:`SLACK` at most."""
+        breach = self.guard.check(self.start, self.guard.look(list(self.start)))[0]
+        return breach if breach is not None and breach.bound == "limits.disk_write" else None

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from sandbox import calls, diskguard, gitsweep
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
+from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
@@ -136,11 +137,12 @@ async def _supervise(
     proc: Process, limit: float, abort: anyio.Event | None, grace: float, guard: diskguard.Guard | None
 ) -> _Outcome:
     outcome = _Outcome()
+    watch = diskguard.Watch(guard) if guard is not None else None
     async with anyio.create_task_group() as tg:
 
         async def watch_disk() -> None:
-            assert guard is not None
-            outcome.disk = await diskguard.watch(guard)
+            assert watch is not None
+            outcome.disk = await watch.breach()
             tg.cancel_scope.cancel()
 
         async def watch_abort() -> None:
@@ -151,13 +153,15 @@ async def _supervise(
 
         if abort is not None:
             tg.start_soon(watch_abort)
-        if guard is not None:
+        if watch is not None:
             tg.start_soon(watch_disk)
         with anyio.move_on_after(limit) as deadline:
             await proc.wait()
         outcome.timed_out = deadline.cancelled_caught
         if abort is not None or guard is not None:  # (a cancel costs a task's repr in anyio: none when idle)
             tg.cancel_scope.cancel()
+    if watch is not None and outcome.disk is None and not (outcome.timed_out or outcome.aborted):
+        outcome.disk = await off_loop(watch.last)  # it may have written past a bound between two looks
     stop = time.monotonic()
     # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it. Nor does a
     # disk filler: a grace would be more time to write.

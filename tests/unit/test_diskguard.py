@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox.diskguard import DEFAULT_RESERVE, SLACK, Guard, Space
 from sandbox.profile_tables import Limits
+
+if TYPE_CHECKING:
+    import pytest
 
 GiB = 2**30
 
@@ -45,3 +49,30 @@ def test_disk_write_bounds_what_one_call_takes() -> None:
     assert ok is None and headroom == GiB - 100
     breach, _ = _guard(disk_write=GiB).check(start, {"/d": Space(free=49 * GiB - 1, size=100 * GiB)})
     assert breach is not None and breach.bound == "limits.disk_write"
+
+
+def test_a_call_that_ends_between_two_looks_is_judged_by_one_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that fills the page cache in tens of milliseconds may finish before the next look:
+    the look taken as the call ends still finds what it took."""
+    from sandbox import diskguard
+
+    free = [50 * GiB]
+    monkeypatch.setattr(diskguard, "_space", lambda _path: Space(free=free[0], size=100 * GiB))
+    watch = diskguard.Watch(Guard([tmp_path], Limits(disk_write=16 * 2**20)))
+    assert watch.last() is None
+    free[0] -= 256 * 2**20  # what dd wrote before the guard looked again
+    breach = watch.last()
+    assert breach is not None and (breach.bound, breach.used) == ("limits.disk_write", 256 * 2**20)
+
+
+def test_the_last_look_leaves_the_reserve_to_the_running_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the reserve, a short call would answer for what others wrote on the disk meanwhile."""
+    from sandbox import diskguard
+
+    free = [2 * GiB]
+    monkeypatch.setattr(diskguard, "_space", lambda _path: Space(free=free[0], size=100 * GiB))
+    watch = diskguard.Watch(Guard([tmp_path], Limits()))
+    free[0] = GiB - 1
+    assert watch.last() is None
