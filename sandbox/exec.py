@@ -25,7 +25,6 @@ from pydantic import BaseModel
 from sandbox import calls, diskguard, gitsweep
 from sandbox.calls import check_timeout
 from sandbox.errors import SandboxError
-from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
@@ -160,8 +159,11 @@ async def _supervise(
         outcome.timed_out = deadline.cancelled_caught
         if abort is not None or guard is not None:  # (a cancel costs a task's repr in anyio: none when idle)
             tg.cancel_scope.cancel()
-    if watch is not None and outcome.disk is None and not (outcome.timed_out or outcome.aborted):
-        outcome.disk = await off_loop(watch.last)  # it may have written past a bound between two looks
+    ended = outcome.disk is None and not (outcome.timed_out or outcome.aborted)
+    if ended and watch is not None and watch.guard.write_limit is not None:
+        # It may have written past disk_write between two looks: one look more, on the loop (microseconds,
+        # as the first), and only where disk_write is set (it is off by default).
+        outcome.disk = watch.last()
     stop = time.monotonic()
     # Leftovers of a normal exit get no grace: the call is over, nothing may outlive it. Nor does a
     # disk filler: a grace would be more time to write.
