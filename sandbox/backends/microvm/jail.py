@@ -268,7 +268,7 @@ class MicroVMJail(SerialCalls, Jail):
         guest = self._guest
         resealed = await self._resealed()  # a secret appeared (or went) since the guest was told
         if self._trust is not None:  # a live change of the secrets rewrote the CA's files
-            await anyio.to_thread.run_sync(self._trust.sync)
+            self._trust.sync()  # on the loop: a scandir of a few entries, copies only after a change
             resealed = resealed or (guest is not None and self._trust.bundled and not guest.bundled)
         if guest is not None and (resealed or guest.removed or guest.link.dead or guest.link.retired):
             await self.discard(guest)
