@@ -242,6 +242,10 @@ class Limits(Table):
     # What the data directory keeps of copy/overlay sessions' changes, all kept changesets together
     # (sandbox.changes): a keep that would pass it is refused (TOOL_FAILED, reason ENOSPC).
     kept_changes: PositiveSize = parse_size("2GiB")
+    # What the data directory keeps of session snapshots (sandbox.snapshots): at most ``snapshots``
+    # a workspace and ``snapshot_bytes`` of layers a user; one past either is refused (CONFLICT).
+    snapshots: int = Field(32, ge=1)
+    snapshot_bytes: PositiveSize = parse_size("2GiB")
     # While a call runs, the free space the host filesystems it writes (copy tree, overlay upper dir,
     # scratch, a rw workspace) keep; below it the call is killed with TOOL_FAILED (ENOSPC), see
     # sandbox.diskguard. Unset: 1 GiB or 5% of the filesystem, whichever is smaller.
@@ -252,7 +256,8 @@ class Limits(Table):
 
     def in_force(self) -> dict[str, int | float | None]:
         """The limits a call runs under (``None``: not limited), as ``--json`` reports them."""
-        host_side = {"kept_changes", "disk_reserve", "disk_write"}  # bounds the host keeps, not the jail's
+        # bounds the host keeps, not the jail's
+        host_side = {"kept_changes", "snapshots", "snapshot_bytes", "disk_reserve", "disk_write"}
         return self.model_dump(exclude={"capture_bytes", "live_stream_bytes", "live_total_bytes", *host_side})
 
 

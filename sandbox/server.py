@@ -28,7 +28,7 @@ import anyio
 import anyio.lowlevel
 from pydantic import BaseModel
 
-from sandbox import changes, server_requests
+from sandbox import changes, server_requests, snapshots
 from sandbox import plugins as plugin_tools
 from sandbox.audit import AuditLog
 from sandbox.backends.child import FdReceiveStream
@@ -62,8 +62,10 @@ from sandbox.server_messages import (
     PluginParams,
     RollbackParams,
     SessionConfigureParams,
+    SessionForkParams,
     SessionOpenParams,
     SessionParams,
+    SessionRestoreParams,
     ToolCallParams,
     ToolCancelParams,
     ToolCheckParams,
@@ -279,6 +281,10 @@ class Server:
         except SandboxError:
             await sandbox.aclose()
             raise
+        return self._opened(sandbox)
+
+    def _opened(self, sandbox: Sandbox) -> dict[str, Any]:
+        """A session opened (by session.open, or a fork): served from now on, and described."""
         self.sessions[sandbox.session_id] = sandbox
         if sandbox.jail.egress is not None:
             sandbox.on_denial = self._denied
@@ -294,6 +300,7 @@ class Server:
             "notices": sandbox.notices,
             "trust": sandbox.trust,  # the project's policy file: loaded or not, and who decided
             "plugins": sandbox.plugins_listing(),
+            "snapshot_id": sandbox.current_snapshot,  # the snapshot it was opened from, if any
         }
 
     def _classifier(self, p: SessionOpenParams, builtin: Classifier | None) -> Classifier | None:
@@ -334,6 +341,24 @@ class Server:
             "notices": sandbox.mode_notices(),  # e.g. plan with auto: Bash may still write
             "tools": [tool["name"] for tool in sandbox.tools_listing()],  # what the model may call now
         }
+
+    @method("session.snapshot", SessionParams)
+    async def session_snapshot(self, p: SessionParams) -> dict[str, Any]:
+        """The session's file state kept under an id (issue 39): its view, scratch and modes, no process."""
+        snapshot_id = await self._session(p.session_id).snapshot()
+        return {"session_id": p.session_id, **snapshots.read(snapshot_id).describe()}
+
+    @method("session.restore", SessionRestoreParams)
+    async def session_restore(self, p: SessionRestoreParams) -> dict[str, Any]:
+        restored = await self._session(p.session_id).restore(p.snapshot_id, force=p.force, turn_id=p.turn_id)
+        return {"session_id": p.session_id, **restored}
+
+    @method("session.fork", SessionForkParams)
+    async def session_fork(self, p: SessionForkParams) -> dict[str, Any]:
+        """``n`` new sessions from this one's state now, each served under its own id."""
+        forks = await self._session(p.session_id).fork(p.n, turn_id=p.turn_id)
+        opened = [self._opened(fork) for fork in forks]
+        return {"session_id": p.session_id, "snapshot_id": forks[0].current_snapshot, "sessions": opened}
 
     @method("session.changes", SessionParams)
     async def session_changes(self, p: SessionParams) -> dict[str, Any]:

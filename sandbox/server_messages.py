@@ -58,6 +58,7 @@ class SessionOpenParams(Params):
     # classify.request to this client), "builtin" (the profile's policy.classifier_endpoint), "none"
     # (every such call is asked). Absent: builtin when the profile names an endpoint, else client.
     classifier: Literal["client", "builtin", "none"] | None = None
+    from_snapshot: str | None = None  # a session snapshot of the workspace to start from (issue 39)
 
     def options(self, approver: Approver) -> SessionOptions:
         return SessionOptions(
@@ -71,6 +72,7 @@ class SessionOpenParams(Params):
             network=self.network,
             allow_hosts=self.allow_hosts,
             allow_indexes=self.allow_indexes,
+            from_snapshot=self.from_snapshot,
         )
 
 
@@ -86,6 +88,17 @@ class SessionConfigureParams(SessionParams):
     # [network] states them, and its secrets as [secrets] does; each given one replaces the session's.
     network: dict[str, Any] | None = None
     secrets: dict[str, Any] | None = None
+
+
+class SessionRestoreParams(SessionParams):
+    snapshot_id: str
+    force: bool = False  # restore even where the host changed a path since (the apply then refuses it)
+    turn_id: str = "turn-0"
+
+
+class SessionForkParams(SessionParams):
+    n: int = Field(1, ge=1, le=16)
+    turn_id: str = "turn-0"
 
 
 class ToolCallParams(Params):

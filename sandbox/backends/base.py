@@ -14,6 +14,7 @@ part (``_probe``, ``_open``, ``_start``) runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from abc import ABC, abstractmethod
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from sandbox.mounts import ApplyReport, Changeset, CopyTree
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 Stdin: TypeAlias = "bytes | ByteReceiveStream | None"
 """A call's stdin: all of it at once, a stream copied as it arrives, or none (closed from the start)."""
@@ -260,6 +262,7 @@ class Jail(ABC):
 class Backend(ABC):
     name: ClassVar[str]
     binds_downloads: ClassVar[bool] = False  # can show a host directory at a jail path of its own
+    snapshots: ClassVar[bool] = False  # its private trees can be snapshotted (sandbox.snapshots)
     egress_over_tcp: ClassVar[bool] = False  # its jails reach the proxy on the host's loopback (no netns)
     _probed: Report | None = None
 
@@ -292,13 +295,49 @@ class Backend(ABC):
         *,
         scratch: Path | None = None,
         shared: Sequence[tuple[str, str]] = (),
+        seed: Snapshot | None = None,
     ) -> Jail:
         """Open a jail; raise BackendUnavailable / GuaranteeUnavailable rather than weaken it.
 
         ``scratch``, when given, is an existing host directory shown read-write at the same path.
         ``shared``: ``(host directory, jail directory)`` pairs shown read-only (a session's plugin
-        directories, :mod:`sandbox.plugins`); each must still be a directory.
+        directories, :mod:`sandbox.plugins`); each must still be a directory. ``seed``: a session
+        snapshot's layer (:mod:`sandbox.snapshots`) the jail's private tree starts from.
         """
+        if seed is not None:
+            self.check_snapshots(profile)
+        jail = await self._open_jail(workspace, profile, scratch=scratch, shared=shared)
+        if seed is not None:
+            async with contextlib.AsyncExitStack() as cleanup_on_fail:
+                cleanup_on_fail.push_async_callback(jail.aclose)
+                await off_loop(_seed_tree, jail, seed)
+                cleanup_on_fail.pop_all()
+        return jail
+
+    def check_snapshots(self, profile: Profile) -> None:
+        """INVALID_ARGUMENT unless this backend's jails under ``profile`` can be snapshotted and
+        started from a snapshot: a private tree on this host (``copy`` or ``overlay``)."""
+        if not self.snapshots:
+            raise InvalidArgument(
+                f"session snapshots need the bwrap or docker backend; the {self.name} backend has none",
+                backend=self.name,
+            )
+        if profile.mount.strategy not in ("copy", "overlay"):
+            raise InvalidArgument(
+                f"mount {profile.mount.strategy!r} has no private tree to snapshot: "
+                + ("it writes the workspace in place" if profile.mount.strategy == "rw" else "it cannot write")
+                + "; use mount.strategy 'copy' or 'overlay'",
+                mount=profile.mount.strategy,
+            )
+
+    async def _open_jail(
+        self,
+        workspace: Path,
+        profile: Profile,
+        *,
+        scratch: Path | None,
+        shared: Sequence[tuple[str, str]],
+    ) -> Jail:
         from sandbox.backends.environment import shared_dirs
 
         self.check(profile)
@@ -397,6 +436,21 @@ class Backend(ABC):
 
 # One instance per name for the process's life: a probe costs a smoke jail or a daemon round
 # trip, and the instance caches it; tests script the one ``get("fake")`` hands to sessions.
+def _seed_tree(jail: Jail, seed: Snapshot) -> None:
+    """Start ``jail``'s fresh private tree from ``seed``'s layer (through its view)."""
+    from sandbox.mounts import layers
+
+    tree = jail.tree
+    if tree is None or not tree.snapshots:
+        raise InvalidArgument(
+            f"this {jail.backend} jail's private tree is not on this host (a remote engine's): it cannot start "
+            "from a snapshot",
+            backend=jail.backend,
+        )
+    layers.seed(tree.root, seed.layer, seed.delta)
+    tree.adopt_host(seed.delta.host)
+
+
 def _check_scratch(scratch: Path | None) -> None:
     if scratch is not None and not scratch.is_dir():
         raise InvalidArgument(f"the scratch directory {scratch} does not exist", scratch=str(scratch))

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 class BwrapBackend(Backend):
     name = "bwrap"
+    snapshots = True
     binds_downloads = True
 
     def _probe(self) -> Report:

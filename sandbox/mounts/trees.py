@@ -16,7 +16,7 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -55,6 +55,7 @@ class CopyTree:
     was killed can still be read as a changeset (:meth:`recovered`, ``sandbox gc``)."""
 
     recoverable = True  # a copy whose tree here is what the jail wrote (not a remote engine's)
+    snapshots = True  # its tree here is the jail's view: a session snapshot reads it (sandbox.snapshots)
 
     def __init__(self, workspace: Path, root: Path, exclude: Iterable[str] = ()) -> None:
         self.workspace = workspace
@@ -296,6 +297,16 @@ class CopyTree:
             return
         if not original.same_version(current) or current.mtime_ns != original.mtime_ns:
             raise Conflict("the host file changed since copy-in")
+
+    def adopt_host(self, stamps: dict[str, list[Any] | None]) -> None:
+        """The host as a snapshot's session found these paths (``None``: absent), for the apply's
+        guard of a tree started from that snapshot: a host edit since is a conflict, as in the session."""
+        for rel, values in stamps.items():
+            if values is None:
+                self.host.pop(rel, None)
+            else:
+                self.host[rel] = Stamp(*values)
+        self._save_baseline()
 
     def remove(self) -> None:
         remove_private_tree(self.root)

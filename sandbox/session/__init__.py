@@ -43,11 +43,10 @@ from sandbox.errors import Aborted, Conflict, InvalidArgument, SandboxError
 from sandbox.plugins import execution as plugin_execution
 from sandbox.policy import live_rules
 from sandbox.policy.approvals import Approver, UnattendedApprover
-from sandbox.policy.authorize import authorize
 from sandbox.policy.delegates import Delegate
 from sandbox.policy.gate import Gate, SessionState, ToolCall
 from sandbox.policy.trust import TrustDecision, TrustStore, ignored_notice
-from sandbox.session import grants, mutations
+from sandbox.session import external, forks, grants, mutations
 from sandbox.session.network import NetworkWatch
 from sandbox.session.opening import (
     FIXED_TRUST,
@@ -127,16 +126,22 @@ class Sandbox:
         self.records = Recorder(self.audit, session_id, gate, self.state)
         self.snapshots = review.SnapshotStore(session_id)
         self.mutations = MutationGuard()
-        self._write_lock = anyio.Lock()
-        self._closed = False
+        self.write_lock = anyio.Lock()
+        self.closed = False
         self.kept: kept_changes.Kept | None = None  # what close kept of a copy/overlay session's changes
-        self._in_flight = 0  # calls past their validation and not yet answered
+        self.in_flight = 0  # calls past their validation and not yet answered
         self.network = NetworkWatch(session_id, self.audit)  # what the jail's proxy refuses or asks
         # What the session says once when it opens: ``{code, message[, file]}`` (``policy.project-ignored``:
         # the workspace's policy file was ignored because the project is not trusted).
         self.notices: list[Notice] = []
         self.trust_override: tuple[bool | None, str] = (None, "default")  # set as the session opens
         self.shells = shells.TurnShells()
+        # Snapshots (sandbox.session.forks): the line it restores within, its last snapshot, what reopens it.
+        self.lineage = session_id
+        self.current_snapshot: str | None = None
+        self.backend: base.Backend | None = None  # set by create
+        self.shared: tuple[tuple[str, str], ...] = ()
+        self.options: SessionOptions = {}
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -180,7 +185,8 @@ class Sandbox:
             # Their directories, read-only in the jail: a jail option, never part of the profile.
             shared = plugin_tools.jail_binds(declared)
             chosen = base.choose(prof.backend, prof)
-            jail = await chosen.open_jail(ws, prof, scratch=scratch, shared=shared)
+            seed = await forks.seed_for(options.get("from_snapshot"), ws, chosen, prof)
+            jail = await chosen.open_jail(ws, prof, scratch=scratch, shared=shared, seed=seed)
             # e.g. the audit log cannot be opened (full disk): leave nothing running (aclose shields itself)
             cleanup_on_fail.push_async_callback(jail.aclose)
             sandbox = cls(
@@ -194,6 +200,7 @@ class Sandbox:
                 mode=options.get("mode"),
             )
             sandbox.trust_override = trusted, decision.source
+            sandbox.backend, sandbox.shared, sandbox.options = chosen, tuple(shared), options
             sandbox.notices = [notice] if notice is not None else []
             sandbox.notices += [recovered_notice(line) for line in recovered]
             sandbox.notices += sandbox.mode_notices()
@@ -206,10 +213,16 @@ class Sandbox:
                 grants.register_granted(
                     sandbox.plugins, plugin_id, sandbox.records, turn_id="turn-0", rule_id="plugin.granted"
                 )
-            ask = approver if prof.network.ask else None
-            sandbox.network.listen(jail.egress, ask, float(prof.policy.approval_timeout_s))
+            sandbox.listen_to(jail)
+            if seed is not None:
+                await forks.started_from(sandbox, seed)
             cleanup_on_fail.pop_all()
         return sandbox
+
+    def listen_to(self, jail: base.Jail) -> None:
+        """Hear ``jail``'s proxy: its denials, and its questions when the profile asks (``network.ask``)."""
+        ask = self.approver if self.profile.network.ask else None
+        self.network.listen(jail.egress, ask, float(self.profile.policy.approval_timeout_s))
 
     def configure(
         self,
@@ -230,9 +243,9 @@ class Sandbox:
         entered from agent only (EnterPlanMode and EnterGoalMode exist in agent mode only): a direct
         plan <-> goal switch is INVALID_ARGUMENT; back to agent is always allowed.
         """
-        if self._in_flight:
+        if self.in_flight:
             raise Conflict(
-                f"the session has {self._in_flight} call(s) in flight; change its mode between calls",
+                f"the session has {self.in_flight} call(s) in flight; change its mode between calls",
                 session_id=self.session_id,
             )
         current = self.gate.settings.operating_mode
@@ -279,7 +292,7 @@ class Sandbox:
         permission) come back in ``details["delegate_warnings"]``."""
         started = time.monotonic()
         call_id = tool_call_id or uuid.uuid4().hex[:16]
-        if self._closed:
+        if self.closed:
             return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
         try:
             resolved = _delegate(delegate)
@@ -290,7 +303,7 @@ class Sandbox:
             self.records.rejected(name, args, call_id, turn_id, exc, total=_ms_since(started))
             return _error(exc)
         call = ToolCall(self.session_id, turn_id, call_id, name, params, resolved, user_message=user_message)
-        self._in_flight += 1
+        self.in_flight += 1
         try:
             result = await self._authorized(call, spec, started, on_stdout, on_stderr, abort)
         except anyio.get_cancelled_exc_class():
@@ -301,7 +314,7 @@ class Sandbox:
             )
             raise
         finally:
-            self._in_flight -= 1
+            self.in_flight -= 1
         if resolved is not None and resolved.warnings:
             result.details["delegate_warnings"] = list(resolved.warnings)
         return result
@@ -328,7 +341,7 @@ class Sandbox:
             auth.raise_if_denied()
             self.gate.recheck(auth.decision, params)  # TOCTOU: the target must still be the approved one
             if spec.risk == "write":  # the session's permit, then a slot shared by every session
-                async with mutations.mutation(self._write_lock):
+                async with mutations.mutation(self.write_lock):
                     result = await self._execute(call, auth, on_stdout, on_stderr, abort)
             else:
                 result = await self._execute(call, auth, on_stdout, on_stderr, abort)  # 5 execute
@@ -404,18 +417,8 @@ class Sandbox:
         )
 
     def tools_listing(self) -> list[dict[str, Any]]:
-        """The tools the model may call in this session now, each with its JSON Schema: in agent
-        mode the built-ins and the registered plugin tools; plan and goal hide Write, Edit and every
-        plugin tool, which they refuse whatever the permission mode (seed 003 §10)."""
-        agent = self.gate.settings.operating_mode == "agent"
-        listed = [
-            {"name": spec.name, "description": spec.description, "parameters": plugin_tools.schema_of(spec)}
-            for spec in tool_params.REGISTRY.values()
-            if agent or spec.risk != "write"
-        ]
-        if agent:
-            listed += self.plugins.registered_tools()
-        return listed
+        """The tools the model may call in this session now (:func:`~sandbox.session.external.tools_listing`)."""
+        return external.tools_listing(self.gate.settings.operating_mode == "agent", self.plugins)
 
     @property
     def trust(self) -> dict[str, Any]:
@@ -461,33 +464,20 @@ class Sandbox:
         runs here: such a tool runs in the client's process, not in the jail."""
         started = time.monotonic()
         call_id = tool_call_id or uuid.uuid4().hex[:16]
-        if self._closed:
+        if self.closed:
             return ToolResult(ok=False, error_code="INVALID_ARGUMENT", content="the session is closed")
         try:
-            spec = self.plugins.external(name)
-            params = spec.params.model_validate(dict(args or {}))
+            call = external.validated(self.plugins, self.session_id, name, args or {}, call_id, turn_id, user_message)
         except SandboxError as exc:
             self.records.rejected(name, args or {}, call_id, turn_id, exc, total=_ms_since(started))
             return _error(exc)
-        except ValidationError as exc:
-            error = InvalidArgument(f"{name}: arguments must be a JSON object ({exc.error_count()} problems)")
-            self.records.rejected(name, args or {}, call_id, turn_id, error, total=_ms_since(started))
-            return _error(error)
-        call = ToolCall(self.session_id, turn_id, call_id, name, params, user_message=user_message)
-        self._in_flight += 1
+        self.in_flight += 1
         try:
-            auth = await authorize(self.gate, self.state, call, self.approver, classifier=self.classifier)
-            ran_at = time.monotonic()
-            try:
-                auth.raise_if_denied()
-                result = ToolResult(ok=True, content=f"{name} may run: {auth.reason}", details={"checked": True})
-            except SandboxError as exc:
-                result = _error(exc)
-            result.details.update(decided_by=auth.decided_by, rule_id=auth.decision.rule_id)
-            self.records.decided(call, auth, result, started=started, ran_at=ran_at, now=time.monotonic())
+            return await external.decided(
+                self.gate, self.state, self.approver, self.classifier, self.records, call, started
+            )
         finally:
-            self._in_flight -= 1
-        return result
+            self.in_flight -= 1
 
     def _runner_target(self, params: BaseModel, auth: Authorization) -> str:
         if isinstance(params, tool_params.GlobParams):
@@ -499,11 +489,32 @@ class Sandbox:
         """Whether the policy lets the model read ``path`` (a tool shows only what it may)."""
         return self.gate.paths.readable(path)
 
+    # -- session snapshots (sandbox.session.forks) ------------------------------------------------
+
+    async def snapshot(self, *, turn_id: str = "turn-0") -> str:
+        """Keep the session's file state (its view, scratch and modes) under a new id; processes are not kept."""
+        return (await forks.snapshot(self, turn_id=turn_id)).id
+
+    async def restore(self, snapshot_id: str, *, force: bool = False, turn_id: str = "turn-0") -> dict[str, Any]:
+        """Back to ``snapshot_id`` in a new jail (a confirm in ``ask``; see :func:`forks.restore`)."""
+        return await forks.restore(self, snapshot_id, force=force, turn_id=turn_id)
+
+    async def fork(self, n: int, *, turn_id: str = "turn-0") -> list[Sandbox]:
+        """``n`` new sessions from this one's state now, each its own jail and changeset (the caller closes them)."""
+        return await forks.fork(self, n, lambda o: Sandbox.create(self.workspace, **o), turn_id=turn_id)
+
+    @classmethod
+    async def from_snapshot(
+        cls, workspace: str | Path, snapshot_id: str, n: int = 1, **options: Unpack[SessionOptions]
+    ) -> list[Sandbox]:
+        """``n`` sessions of ``workspace`` opened from ``snapshot_id``, side by side (all or none)."""
+        return await forks.open_many(lambda o: cls.create(workspace, **o), snapshot_id, n, options)
+
     # -- rollback, turns --------------------------------------------------------------------------
 
     async def rollback(self, snapshot_id: str) -> ToolResult:
         """Undo the Write or Edit that took ``snapshot_id`` (:func:`~sandbox.session.rollback.roll_back`)."""
-        return await roll_back(self.jail, self.snapshots, self._write_lock, snapshot_id)
+        return await roll_back(self.jail, self.snapshots, self.write_lock, snapshot_id)
 
     def end_turn(self, turn_id: str) -> None:
         self.state.end_turn(turn_id)
@@ -523,7 +534,7 @@ class Sandbox:
             mount = self.jail.mount
             how = "writes in place" if mount == "rw" else "cannot write"
             raise InvalidArgument(f"mount {mount} {how}; there is nothing to review", mount=mount)
-        async with self._write_lock:  # not half-way through a Write
+        async with self.write_lock:  # not half-way through a Write
             changeset = await self.jail.changes()
         assert changeset is not None  # a jail with a tree always has a changeset
         return changeset
@@ -548,11 +559,11 @@ class Sandbox:
 
     async def aclose(self) -> None:
         """Close the jail, keeping a copy/overlay session's changes first (never discarding them)."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         try:
-            async with self._write_lock:
+            async with self.write_lock:
                 await self.keep_changes()  # before the jail's close removes the private tree
         finally:
             await self._release()

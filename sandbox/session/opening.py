@@ -62,6 +62,8 @@ class SessionOptions(TypedDict, total=False):
     :class:`~sandbox.policy.classifier.Classifier` or a function of a
     :class:`~sandbox.policy.classifier.ClassifyRequest` returning ``{"verdict", "reason"}``; absent,
     the profile's built-in client (``policy.classifier_endpoint``), else none (each such call is asked).
+    ``from_snapshot`` starts the session from a session snapshot of the same workspace (its files,
+    scratch and modes; :meth:`Sandbox.fork`), in the snapshot's line of sessions.
     """
 
     profile: str | profiles.Profile
@@ -78,6 +80,7 @@ class SessionOptions(TypedDict, total=False):
     trust_handler: TrustHandler | None
     plugins: list[str | Path] | None
     granted_plugins: list[str] | None
+    from_snapshot: str | None
     classifier: Classifier | ClassifierCallback | None
 
 

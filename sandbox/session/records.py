@@ -165,3 +165,45 @@ class Recorder:
                 self.gate.policy_version,
             )
         )
+
+    def state_change(
+        self,
+        operation: str,
+        data: dict[str, Any],
+        call_id: str,
+        turn_id: str,
+        *,
+        total: float,
+        error: Exception | None = None,
+        wait_ms: float = 0.0,
+    ) -> None:
+        """A session snapshot, restore or fork (``session.snapshot`` …): ``data`` its ids and sizes."""
+        code = error.code if isinstance(error, SandboxError) else ("TOOL_FAILED" if error else None)
+        prompted = wait_ms > 0
+        self.log.record(
+            AuditRecord(
+                self.session_id,
+                turn_id,
+                call_id,
+                operation,
+                args_digest(data),
+                args_preview(data),
+                str(data.get("snapshot_id", "")),
+                "",
+                "none",
+                "confirm" if prompted else "allow",
+                "deny" if isinstance(error, ToolDenied) else "allow-once",
+                "user" if prompted else "mode",
+                operation,
+                self.gate.mode_for(self.state),
+                prompted,
+                round(wait_ms, 3),
+                max(0.0, round(total - wait_ms, 3)),
+                0.0,
+                total,
+                error is None,
+                code,
+                self.gate.policy_version,
+                operating_mode=self.gate.settings.operating_mode,
+            )
+        )

@@ -140,7 +140,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sandbox.network.reqrules",
         "sandbox.network.userlist",
     ),
-    ("sandbox.mounts", "sandbox.review", "sandbox.changes", "sandbox.changesummary"),  # the copy-out engine
+    (  # the copy-out engine, and session snapshots (their layers)
+        "sandbox.mounts",
+        "sandbox.review",
+        "sandbox.changes",
+        "sandbox.changesummary",
+        "sandbox.snapshots",
+    ),
     (  # jails and their network
         "sandbox.backends",
         "sandbox.network",

@@ -122,6 +122,7 @@ __all__ = [
 
 class DockerBackend(Backend):
     name = "docker"
+    snapshots = True
     binds_downloads = True
 
     def __init__(self) -> None:

@@ -545,6 +545,7 @@ class RemoteTree(CopyTree):
     """A private copy whose jail writes to a remote engine's volume: each changeset reads it back first."""
 
     recoverable = False  # the jail's writes are on the remote engine's volume, not in this tree
+    snapshots = False
     carrier: Carrier | None = None
     engine: Engine | None = None
     limits: Limits | None = None
