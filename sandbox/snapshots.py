@@ -30,6 +30,8 @@ from sandbox.mounts import layers
 from sandbox.mounts.stamps import sha256_file
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sandbox.mounts.trees import CopyTree
 
 ID = re.compile(r"^snap-[0-9a-f]{16}$")
@@ -174,8 +176,10 @@ def take(
     parent: str | None,
     settings: dict[str, Any],
     caps: tuple[int, int],
+    leave_out: Callable[[str], bool] = lambda _rel: False,
 ) -> Snapshot:
-    """Snapshot ``tree`` (and ``scratch``) into the store; CONFLICT past a cap, nothing kept then."""
+    """Snapshot ``tree`` (and ``scratch``) into the store, without the paths ``leave_out`` names (the
+    seal's); CONFLICT past a cap, nothing kept then."""
     started = time.monotonic()
     workspace = Path(os.path.realpath(tree.workspace))
     most, most_bytes = caps
@@ -193,7 +197,7 @@ def take(
     partial = store() / f"{PARTIAL}-{snapshot_id}"
     try:
         partial.mkdir(mode=0o700)
-        delta = layers.capture(tree, partial / "layer")
+        delta = layers.capture(tree, partial / "layer", leave_out)
         scratch_bytes = _copy_scratch(scratch, partial / "scratch")
         used = sum(s.delta.bytes + s.scratch_bytes for s in listing())
         if used + delta.bytes + scratch_bytes > most_bytes:

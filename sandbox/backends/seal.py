@@ -156,6 +156,17 @@ def find(workspace: Path | str, deny_read: Iterable[str] = ()) -> Seal:
     return Seal(tuple(sorted(search.masked)), git, nested)
 
 
+def sealed(workspace: Path | str, deny_read: Iterable[str], rel: str) -> bool:
+    """Whether the workspace entry ``rel``, or a directory above it, matches the deny-read globs: what
+    a jail's seal masks, written by a call or not (a session snapshot leaves it out)."""
+    globs = _globs((*DEFAULT_DENY_READ, *deny_read), os.fspath(workspace))
+    parts = rel.split("/")
+    return any(
+        globs.names.matches(name) or (globs.by_path and globs.hit_path("/".join(parts[: i + 1])))
+        for i, name in enumerate(parts)
+    )
+
+
 class _Search:
     """One search: each directory reused from ``known`` while its times hold, else listed."""
 

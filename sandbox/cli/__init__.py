@@ -73,10 +73,11 @@ def build_parser(only_run: bool = False) -> argparse.ArgumentParser:
     if only_run:
         return parser
     # Imported here: a quick ``sandbox run`` loads none of the other commands' modules.
-    from sandbox.cli import changes, compare, image, inventory, mcp, policy, shells, tools
+    from sandbox.cli import changes, compare, image, inventory, mcp, policy, shells, snapshots, tools
 
     inventory.register(sub)
     changes.register(sub)
+    snapshots.register(sub)
     policy.register(sub)
     tools.register(sub)
     mcp.register(sub)

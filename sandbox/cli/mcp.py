@@ -1,8 +1,9 @@
 """``sandbox mcp``: the tools as an MCP server (stdio, or streamable HTTP with a bearer token).
 
-The workspace, profile and backend are checked before serving: a bad one is one line on stderr
-and exit status 1, never a client that connects to a server that cannot run anything. The
-session itself (the jail) opens at a connection's first tool call. See :mod:`sandbox.mcp`.
+The workspace, profile, backend and ``--from-snapshot``'s snapshot are checked before serving: a
+bad one is one line on stderr and exit status 2, never a client that connects to a server that
+cannot run anything. The session itself (the jail) opens at a connection's first tool call. See
+:mod:`sandbox.mcp`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def register(sub: Subparsers) -> None:
     options.add_backend(mcp)
     options.add_mode(mcp)
     options.add_mount(mcp)
+    mcp.add_argument(
+        "--from-snapshot",
+        metavar="ID",
+        help="open each connection's session from this session snapshot of the workspace (a Fork's branch point)",
+    )
     where = mcp.add_mutually_exclusive_group()
     where.add_argument(
         "--http", metavar="HOST:PORT", help="streamable HTTP on this address (loopback unless --allow-remote)"
@@ -47,6 +53,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from sandbox import profile as profiles
+    from sandbox import snapshots
     from sandbox.calls import check_workspace
     from sandbox.mcp import McpOptions, transport
 
@@ -54,7 +61,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     workspace = check_workspace(args.workspace or Path.cwd())
     # A bad profile, backend or mount is refused now, not at the first call.
     profiles.load(args.profile).with_overrides(**{"backend": args.backend, "mount.strategy": args.mount})
-    opts = McpOptions(str(workspace), args.profile, args.backend, args.mode, args.mount)
+    if args.from_snapshot is not None:  # one of this workspace's (a session opening from it checks the host)
+        snapshots.read(args.from_snapshot).check_workspace(workspace)
+    opts = McpOptions(str(workspace), args.profile, args.backend, args.mode, args.mount, args.from_snapshot)
     if args.http is None and args.unix is None:
         anyio.run(transport.serve_stdio, opts)
         return 0

@@ -12,6 +12,8 @@ Read, Write, Edit, Glob, Grep and LS and calls them through the same five bounda
   Bash output as progress notifications, ``notifications/cancelled`` as the call's abort.
 - :mod:`~sandbox.mcp.review`: review snapshots and rollback, a copy session's changes, and its
   kept changesets (applied or discarded only with the user's answer).
+- :mod:`~sandbox.mcp.branches`: session snapshots (``Snapshot``, ``Restore``, a confirm in ``ask``)
+  and ``Fork``, whose other branches are servers started ``--from-snapshot``.
 - :mod:`~sandbox.mcp.transport`: stdio, and streamable HTTP on a loopback port or a unix socket
   behind a bearer token.
 

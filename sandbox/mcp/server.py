@@ -29,9 +29,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox import __version__
+from sandbox import profile as profiles
 from sandbox.errors import SandboxError
 from sandbox.live import LiveOutput
-from sandbox.mcp import review, tools
+from sandbox.mcp import branches, review, tools
 from sandbox.mcp.approvals import ElicitationApprover, PendingCall
 from sandbox.session import Sandbox, SessionOptions
 from sandbox.threads import off_loop
@@ -72,11 +73,27 @@ class McpOptions:
     backend: BackendChoice | None = None
     mode: PermissionMode | None = None
     mount: MountStrategy | None = None
+    from_snapshot: str | None = None  # each connection's session opens from this session snapshot
 
     def session(self, approver: ElicitationApprover) -> SessionOptions:
         return SessionOptions(
-            profile=self.profile, backend=self.backend, mode=self.mode, mount=self.mount, approver=approver
+            profile=self.profile,
+            backend=self.backend,
+            mode=self.mode,
+            mount=self.mount,
+            approver=approver,
+            from_snapshot=self.from_snapshot,
         )
+
+    def command(self) -> tuple[str, ...]:
+        """This server's command line (a fork's branches are it, from their snapshot): a profile file
+        by its absolute path, so the command runs from any directory."""
+        named = self.profile in profiles.available()
+        argv = ["sandbox", "mcp", "--workspace", self.workspace]
+        argv += ["--profile", self.profile if named else str(Path(self.profile).resolve())]
+        for flag, value in (("--backend", self.backend), ("--mode", self.mode), ("--mount", self.mount)):
+            argv += [flag, value] if value else []
+        return tuple(argv)
 
 
 class Connections:
@@ -101,6 +118,8 @@ class Connections:
                 approver = ElicitationApprover()
                 sandbox = await Sandbox.create(self.options.workspace, **self.options.session(approver))
                 connection.exit_stack.push_async_callback(self._close, sandbox)
+                if self.options.from_snapshot is not None and self.options.mode is not None:
+                    sandbox.configure(mode=self.options.mode)  # --mode over the snapshot's mode
                 opened = connection.state["sandbox"] = (sandbox, approver)
                 connection.state[_NOTICES] = await off_loop(review.opening_notices, sandbox)
         return opened
@@ -155,7 +174,7 @@ def build_server(options: McpOptions, connections: Connections | None = None) ->
     connections = connections or Connections(options)
 
     async def list_tools(_ctx: Ctx, _params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[*tools.definitions(), *review.definitions()])
+        return types.ListToolsResult(tools=[*tools.definitions(), *review.definitions(), *branches.definitions()])
 
     async def call_tool(ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         name, args = params.name, dict(params.arguments or {})
@@ -165,6 +184,10 @@ def build_server(options: McpOptions, connections: Connections | None = None) ->
             return tools.error_result(name, exc.code, f"the sandbox session could not open: {exc.message}", **exc.data)
         if name in review.HANDLERS:
             return await connections.announce(ctx, await review.call(sandbox, approver, ctx, name, args))
+        if name in branches.HANDLERS:
+            call_id, turn = connections.call_id(ctx), _turn(ctx)
+            branch = branches.BranchCall(sandbox, approver, ctx, name, args, call_id, turn, options.command())
+            return await connections.announce(ctx, await _run_branch(branch))
         message = (ctx.meta or {}).get(USER_MESSAGE_META)
         if message is not None and not isinstance(message, str):
             what = f"_meta[{USER_MESSAGE_META!r}] must be the user's latest message as a string"
@@ -249,6 +272,19 @@ async def _run_tool(
     if name == "Bash":
         result.details["live"] = live.summary()
     return tools.call_result(name, call_id, result)
+
+
+async def _run_branch(branch: branches.BranchCall) -> types.CallToolResult:
+    """A Snapshot, Restore or Fork, shielded as a tool call is: a cancellation withdraws a restore's
+    pending question (the restore is denied) and waits for the operation to end, never cutting a
+    jail's swap short."""
+    abort = anyio.Event()
+    branch.approver.calls[branch.call_id] = PendingCall(branch.ctx, abort)
+    try:
+        result = await _abortable(lambda: branches.call(branch), abort)
+    finally:
+        branch.approver.calls.pop(branch.call_id, None)
+    return tools.call_result(branch.name, branch.call_id, result)
 
 
 async def _abortable(run: Callable[[], Awaitable[ToolResult]], abort: anyio.Event) -> ToolResult:

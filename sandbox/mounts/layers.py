@@ -27,6 +27,8 @@ from sandbox.mounts.dirfds import Dirs, lstat
 from sandbox.mounts.stamps import Stamp, open_unfollowed, under, walk
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sandbox.mounts.trees import CopyTree
 
 
@@ -37,6 +39,7 @@ class Delta:
     deleted: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)  # the layer's non-directory entries
+    dirs: list[str] = field(default_factory=list)  # its directories the session made or changed (mode)
     host: dict[str, list[Any] | None] = field(default_factory=dict)
     bytes: int = 0
 
@@ -45,18 +48,18 @@ class Delta:
             "deleted": self.deleted,
             "replaced": self.replaced,
             "present": self.present,
+            "dirs": self.dirs,
             "host": self.host,
             "bytes": self.bytes,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Delta:
-        return cls(
-            list(data["deleted"]), list(data["replaced"]), list(data["present"]), dict(data["host"]), data["bytes"]
-        )
+        listed = [list(data[key]) for key in ("deleted", "replaced", "present", "dirs")]
+        return cls(*listed, host=dict(data["host"]), bytes=data["bytes"])
 
     def paths(self) -> list[str]:
-        return sorted({*self.deleted, *self.replaced, *self.present})
+        return sorted({*self.deleted, *self.replaced, *self.present, *self.dirs})
 
 
 def kind(tree: CopyTree) -> str:
@@ -64,21 +67,25 @@ def kind(tree: CopyTree) -> str:
     return "layers" if getattr(tree, "upper", None) is not None else "scan"
 
 
-def capture(tree: CopyTree, dest: Path) -> Delta:
-    """Write ``tree``'s delta over its workspace into ``dest`` (a new directory of ours)."""
+def capture(tree: CopyTree, dest: Path, leave_out: Callable[[str], bool] = lambda _rel: False) -> Delta:
+    """Write ``tree``'s delta over its workspace into ``dest`` (a new directory of ours), without the
+    paths ``leave_out`` names (what the jail's seal masks: a snapshot never holds a masked secret)."""
     with map_errors("cannot snapshot the session's private tree"):
         dest.mkdir(mode=0o700)
         upper = getattr(tree, "upper", None)
-        delta = _from_upper(tree, upper, dest) if upper is not None else _from_copy(tree, dest)
-    for rel in (*delta.deleted, *delta.replaced, *delta.present):
+        delta = _from_upper(tree, upper, dest, leave_out) if upper is not None else _from_copy(tree, dest, leave_out)
+    # Each path the layer shows, its directories too: a host that made one of them something else
+    # since (a link, say) changed what a restore would hide.
+    shown = [rel for rel, st in walk(dest) if st.kind == "dir"]
+    for rel in (*delta.deleted, *delta.replaced, *delta.present, *shown):
         delta.host[rel] = _host_stamp(tree.workspace, rel)
     return delta
 
 
-def _from_upper(tree: CopyTree, upper: Path, dest: Path) -> Delta:
+def _from_upper(tree: CopyTree, upper: Path, dest: Path, leave_out: Callable[[str], bool]) -> Delta:
     delta = Delta()
     for rel, st in walk(upper, set(tree.untracked)):
-        if under(rel, tree.untracked):
+        if under(rel, tree.untracked) or leave_out(rel):
             continue
         path = upper / rel
         if st.kind == "special":
@@ -89,27 +96,29 @@ def _from_upper(tree: CopyTree, upper: Path, dest: Path) -> Delta:
             _mkdir(dest, rel, path)
             if _opaque(path):
                 delta.replaced.append(rel)
+                delta.dirs.append(rel)
+            elif _made_or_changed(tree.workspace / rel, st):
+                delta.dirs.append(rel)
         else:
             delta.bytes += _copy_entry(path, dest / rel, st)
             delta.present.append(rel)
     return delta
 
 
-def _from_copy(tree: CopyTree, dest: Path) -> Delta:
+def _from_copy(tree: CopyTree, dest: Path, leave_out: Callable[[str], bool]) -> Delta:
     delta = Delta()
     skip = {*tree.untracked, *tree.seeded}
     now = dict(walk(tree.root, skip))
     gone_dirs: list[str] = []
     for rel in sorted(now):
         st, before = now[rel], tree.copy.get(rel)
-        if before is not None and before.same_version(st):
-            continue
-        if st.kind == "special":
+        if (before is not None and before.same_version(st)) or st.kind == "special" or leave_out(rel):
             continue
         if st.kind == "dir":
             if before is not None and before.kind == "dir" and (before.ino, before.mode) == (st.ino, st.mode):
                 continue  # only its entries changed: they are listed themselves
             _mkdir(dest, rel, tree.root / rel)
+            delta.dirs.append(rel)
             if before is not None and (before.kind != "dir" or before.ino != st.ino):
                 delta.replaced.append(rel)
                 gone_dirs.append(rel)
@@ -119,7 +128,7 @@ def _from_copy(tree: CopyTree, dest: Path) -> Delta:
         delta.bytes += _copy_entry(tree.root / rel, dest / rel, st)
         delta.present.append(rel)
     for rel in sorted(set(tree.copy) - set(now)):
-        if not under(rel, (*skip, *gone_dirs)):
+        if not under(rel, (*skip, *gone_dirs)) and not leave_out(rel):
             delta.deleted.append(rel)
             gone_dirs.append(rel)
     return delta
@@ -142,10 +151,17 @@ def seed(root: Path, layer: Path, delta: Delta) -> None:
             pfd, name = _parent(dirs, rel)
             if pfd is not None and lstat(pfd, name) is not None:
                 _remove(pfd, name)
+        made = set(delta.dirs)
         for rel, st in walk_sorted(layer):
             pfd, name = _parent(dirs, rel)
             if pfd is None:
                 raise Conflict(f"the workspace has no directory for {rel} any more", path=rel)
+            if st.kind == "dir" and rel not in made:  # only holds what changed: the tree's own stays as it is
+                there = lstat(pfd, name)
+                if there is not None and not stat.S_ISDIR(there.st_mode):
+                    raise Conflict(f"{rel} is no longer a directory in the workspace", path=rel)
+                if there is not None:
+                    continue
             _place(pfd, name, layer / rel, st, owner=owner)
 
 
@@ -259,6 +275,15 @@ def _copy_entry(source: Path, target: Path, st: Stamp) -> int:
     return st.size if st.kind == "file" else 0
 
 
+def _made_or_changed(host: Path, st: Stamp) -> bool:
+    """Whether the upper directory ``st`` is one the session made or changed (not a copy-up's)."""
+    try:
+        before = os.stat(host, follow_symlinks=False)
+    except OSError:
+        return True
+    return not stat.S_ISDIR(before.st_mode) or stat.S_IMODE(before.st_mode) != st.mode
+
+
 def _whiteout(path: Path) -> bool:
     st = os.lstat(path)
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
@@ -289,7 +314,9 @@ def host_changed(workspace: Path, delta: Delta) -> list[str]:
                 changed.append(rel)
             continue
         before, after = Stamp(*values), Stamp(*now)
-        if before.kind == "dir":
+        if before.kind != after.kind:  # an inode number is soon reused: the kind first
+            changed.append(rel)
+        elif before.kind == "dir":
             if (before.dev, before.ino) != (after.dev, after.ino):
                 changed.append(rel)
         elif not before.same_version(after) or before.mtime_ns != after.mtime_ns:
@@ -299,7 +326,7 @@ def host_changed(workspace: Path, delta: Delta) -> list[str]:
 
 def check_path(rel: str) -> str:
     """A delta's path as stored: relative, normalised, never leaving the tree."""
-    parts = PurePosixPath(rel).parts
-    if not parts or rel.startswith("/") or any(p in ("..", ".", "") for p in parts):
+    parts = rel.split("/")
+    if not rel or any(p in ("..", ".", "") for p in parts):
         raise InvalidArgument(f"a snapshot's path must stay inside the workspace: {rel!r}")
     return rel

@@ -68,6 +68,7 @@ class CopyTree:
         self.environment_cache = False  # seed environment directories from sandbox.mounts.envdirs' cache
         self.seeded: list[str] = []  # the directories seeded: not in the baseline (the host has none)
         self.environment: tuple[str, ...] = ()  # the profile's mount.environment, for a recovered changeset
+        self.pinned: set[str] = set()  # host stamps taken from a snapshot (adopt_host): never re-read
 
     @classmethod
     async def prepare(
@@ -306,6 +307,7 @@ class CopyTree:
                 self.host.pop(rel, None)
             else:
                 self.host[rel] = Stamp(*values)
+        self.pinned.update(stamps)
         self._save_baseline()
 
     def remove(self) -> None:
@@ -444,6 +446,8 @@ class OverlayTree(CopyTree):
         return gone
 
     def _remember_host(self, rel: str) -> None:
+        if rel in self.pinned:  # as the snapshot's session found it: a host edit since is a conflict
+            return
         with contextlib.suppress(OSError):
             self.host[rel] = Stamp.of(self.workspace / rel)
 

@@ -11,6 +11,7 @@ goal. Each operation is one audit row (``session.snapshot``, ``session.restore``
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 
 from sandbox import snapshots
+from sandbox.backends import seal
 from sandbox.errors import Conflict, InvalidArgument, ToolDenied
 from sandbox.policy.approvals import ApprovalRequest, decide
 from sandbox.threads import off_loop
@@ -118,6 +120,7 @@ async def snapshot(sandbox: Session, *, turn_id: str = "turn-0") -> snapshots.Sn
                     parent=sandbox.current_snapshot,
                     settings=settings_of(sandbox),
                     caps=(limits.snapshots, limits.snapshot_bytes),
+                    leave_out=functools.partial(seal.sealed, sandbox.workspace, sandbox.profile.policy.deny_read),
                 )
             )
         except Exception as exc:
@@ -254,10 +257,15 @@ async def open_many(
         async with anyio.create_task_group() as tg:
             for _ in range(n):
                 tg.start_soon(one)
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             for session in opened:
                 await session.aclose()
+        first = exc
+        while isinstance(first, BaseExceptionGroup) and isinstance(first.exceptions[0], Exception):
+            first = first.exceptions[0]  # the first refusal, as one session's open would raise it
+        if first is not exc:
+            raise first from None
         raise
     return opened
 

@@ -63,6 +63,7 @@ import type {
 import { countsLine, keptMessage, reviewChangeset } from "./review.ts";
 import { isEditMismatch, RepairGuard, serverStop } from "./repair.ts";
 import { observeReviews, ReviewLog, reviewNotice, rollbackCommand } from "./rollback.ts";
+import { forkCommand, restoreCommand, snapshotCommand } from "./snapshots.ts";
 import { type Approver, defaultSandboxBin, NO_ONE, SandboxSession } from "./session.ts";
 
 export { SandboxClient } from "./client.ts";
@@ -73,6 +74,7 @@ export * from "./operations.ts";
 export type * from "./protocol.ts";
 export { countsLine, keptMessage, type ReviewContext, type ReviewOutcome, reviewChangeset, reviewText } from "./review.ts";
 export { observeReviews, ReviewLog, reviewNotice, type RollbackOutcome, rollbackCommand } from "./rollback.ts";
+export { forkCommand, restoreCommand, type SnapshotOutcome, snapshotCommand } from "./snapshots.ts";
 export { type Approver, type ApprovalVerdict, denyAll, NO_ONE, SandboxSession, type SandboxSessionOptions } from "./session.ts";
 
 export interface SandboxExtensionConfig {
@@ -128,6 +130,9 @@ const DENY = "Deny";
 export function approvalTitle(request: ApprovalRequest): string {
 	if (request.rule_id === "trust.ask") {
 		return `Sandbox: trust this project and load its policy file ${request.resource} for this session?${request.reason ? `\n${request.reason}` : ""}`;
+	}
+	if (request.rule_id === "session.restore") {
+		return `Sandbox: restore the session's view of the workspace (${request.resource})?${request.reason ? `\n${request.reason}` : ""}`;
 	}
 	const where = request.root && request.root !== "workspace" ? ` (${request.root})` : "";
 	const what = [request.operation, request.resource].filter(Boolean).join(" ");
@@ -841,7 +846,7 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 
 	pi.registerCommand("sandbox", {
 		description:
-			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox profile NAME` switches the profile (a new sandbox session; copy work kept); `/sandbox network`, `/sandbox allow HOST…`, `/sandbox disallow HOST…` show or change an allowlist session's network; `/sandbox restart` starts a new sandbox server",
+			"Sandbox status; `/sandbox review` shows and applies kept changes; `/sandbox rollback [SNAPSHOT_ID]` undoes a write or edit (default: the last); `/sandbox snapshot` keeps the session's state under an id, `/sandbox restore ID [--force]` returns to it, `/sandbox fork N` opens N sessions from its state now (copy and overlay mounts); `/sandbox mode ask|accept-edits|auto` and `/sandbox plan|goal|agent` change the running session's modes (plan and goal from agent only); `/sandbox profile NAME` switches the profile (a new sandbox session; copy work kept); `/sandbox network`, `/sandbox allow HOST…`, `/sandbox disallow HOST…` show or change an allowlist session's network; `/sandbox restart` starts a new sandbox server",
 		handler: async (args, ctx) => {
 			let words: string[];
 			try {
@@ -877,6 +882,24 @@ export default function sandboxExtension(pi: ExtensionAPI): void {
 			}
 			if (sub === "rollback") {
 				await rollbackCommand(manager.current, reviews, rest.join(" "), ctx.ui);
+				return;
+			}
+			if (sub === "snapshot") {
+				await snapshotCommand(manager.current, ctx.ui);
+				return;
+			}
+			if (sub === "restore") {
+				const restored = await restoreCommand(manager.current, rest, ctx.ui, { approver: createUiApprover(ctx, dialogs), turnId: turnId() });
+				// The snapshot's modes came back with it.
+				const session = manager.current;
+				if (restored === "restored" && session) {
+					ctx.ui.setStatus("sandbox", statusLine(session));
+					modeTools.apply(session.info.operating_mode);
+				}
+				return;
+			}
+			if (sub === "fork") {
+				await forkCommand(manager.current, rest, ctx.ui, { turnId: turnId() });
 				return;
 			}
 			if (args.trim() === "review") {

@@ -61,6 +61,8 @@ export interface SessionOpenParams {
 	allow_indexes?: string[];
 	/** Plugin manifests declared for the session; each needs `plugin.register`'s grant. */
 	plugins?: string[];
+	/** A session snapshot of this workspace to start from (`session.snapshot`'s `id`). */
+	from_snapshot?: string;
 }
 
 /** A plugin tool as `plugin.register`, `plugin.list` and `tools.list` describe it. */
@@ -119,6 +121,8 @@ export interface SessionOpenResult {
 	notices?: SessionNotice[];
 	/** The plugins declared for the session (`registered`: their tools may be called). */
 	plugins?: PluginInfo[];
+	/** The snapshot the session was opened from (a fork's, or `from_snapshot`), else null. */
+	snapshot_id?: string | null;
 }
 
 export interface SessionNotice {
@@ -138,6 +142,38 @@ export interface SessionConfigureResult {
 	tools?: string[];
 	/** The session's network now: an allowlist session's may change live (`network.allow`). */
 	network?: { mode: string; allow: string[]; deny: string[] };
+}
+
+/**
+ * `session.snapshot`: the session's file state (its view of the workspace, its scratch directory
+ * and its modes; no process) kept under `id`. `changed` and `deleted` count the paths where the
+ * view differs from the workspace; `kind` is `layers` (overlay layers) or `scan` (a copy's changeset).
+ */
+export interface SessionSnapshot {
+	session_id: string;
+	id: string;
+	kind: string;
+	changed: number;
+	deleted: number;
+	bytes: number;
+	parent?: string | null;
+	took_ms?: number;
+}
+
+/** `session.restore`: the view back at `snapshot_id` in a new jail; `host_changed`, with `force`, the paths the host changed since. */
+export interface SessionRestoreResult {
+	session_id: string;
+	snapshot_id: string;
+	changed: number;
+	host_changed: string[];
+	took_ms: number;
+}
+
+/** `session.fork`: `sessions`, each a new session opened from `snapshot_id` (taken of this one now) and served under its own id. */
+export interface SessionForkResult {
+	session_id: string;
+	snapshot_id: string;
+	sessions: SessionOpenResult[];
 }
 
 /** What `session.close` answers; a copy/overlay session's changes are kept under `changeset_id`. */

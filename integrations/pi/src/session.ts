@@ -34,7 +34,10 @@ import {
 	type SessionCloseResult,
 	type SessionOpenParams,
 	type SessionConfigureResult,
+	type SessionForkResult,
 	type SessionOpenResult,
+	type SessionRestoreResult,
+	type SessionSnapshot,
 	type ToolResult,
 } from "./protocol.ts";
 
@@ -128,6 +131,8 @@ export class SandboxSession {
 	/** What the session said when it opened; its modes follow `configure`. */
 	info: SessionOpenResult;
 	private readonly routes = new Map<string, Route>();
+	/** The running `session.restore`'s route: the server asks under an id of its own (`restore-…`). */
+	private restoring: Route | undefined;
 	private readonly defaultApprover: Approver;
 	private counter = 0;
 	private ending: Promise<SessionCloseResult | undefined> | undefined;
@@ -320,6 +325,55 @@ export class SandboxSession {
 	}
 
 	/**
+	 * Keep the session's file state (its view of the workspace, its scratch directory and its
+	 * modes; no process) under a new id. Rejects with a SandboxRpcError: INVALID_ARGUMENT for an
+	 * `rw` session (the real workspace cannot be rolled back behind the user), CONFLICT with a call
+	 * in flight or past the snapshot caps.
+	 */
+	snapshot(): Promise<SessionSnapshot> {
+		return this.client.request<SessionSnapshot>("session.snapshot", { session_id: this.info.session_id }, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	/**
+	 * Bring the session back to a snapshot of its own line, in a new jail (no process carried over);
+	 * its scratch directory and modes come back with it (`info` follows). In `ask` the server asks
+	 * first (an `approval.request` of tool `session.restore`, under an id of its own), answered by
+	 * `approver`. Rejects with a SandboxRpcError: CONFLICT when the host changed a path of the
+	 * snapshot since (the error's `data.data.paths`; `force` restores all the same and leaves it to
+	 * the apply) or a call is in flight, INVALID_ARGUMENT for a snapshot of another workspace or
+	 * line, TOOL_DENIED when declined (or in plan and goal).
+	 */
+	async restore(snapshotId: string, options: { force?: boolean; approver?: Approver; turnId?: string } = {}): Promise<SessionRestoreResult> {
+		if (!this.alive) throw this.client.error ?? new SandboxError("SANDBOX_UNAVAILABLE", "the sandbox session is closed");
+		if (this.restoring) throw new SandboxError("CONFLICT", "a restore of this session is already running");
+		const route: Route = { approver: options.approver ?? this.defaultApprover, done: new AbortController() };
+		this.restoring = route;
+		try {
+			const params = {
+				session_id: this.info.session_id,
+				snapshot_id: snapshotId,
+				force: options.force ?? false,
+				...(options.turnId ? { turn_id: options.turnId } : {}),
+			};
+			const restored = await this.client.request<SessionRestoreResult>("session.restore", params, { timeoutMs: DEFAULT_CALL_TIMEOUT_MS });
+			await this.configure({}).catch(() => undefined); // the snapshot's modes are the session's now
+			return restored;
+		} finally {
+			this.restoring = undefined;
+			route.done.abort();
+		}
+	}
+
+	/**
+	 * `n` (1 to 16) new sessions from this one's state now (a snapshot taken for them), each with
+	 * its own jail and changeset, served by this server under its own id; this session goes on.
+	 */
+	fork(n: number, options: { turnId?: string } = {}): Promise<SessionForkResult> {
+		const params = { session_id: this.info.session_id, n, ...(options.turnId ? { turn_id: options.turnId } : {}) };
+		return this.client.request<SessionForkResult>("session.fork", params, { timeoutMs: CHANGES_TIMEOUT_MS });
+	}
+
+	/**
 	 * Register a declared plugin's tools: the server asks the user (an approval request whose
 	 * operation is `register`, answered by `approver`); refused, `registered` is false with the reason.
 	 */
@@ -373,7 +427,7 @@ export class SandboxSession {
 	private async onApproval(params: unknown): Promise<{ decision: ApprovalDecision; answered_by?: "nobody" }> {
 		const request = parseApprovalRequest(params);
 		if (!request || request.session_id !== this.info.session_id) return { decision: "deny" };
-		const route = this.routes.get(request.tool_call_id);
+		const route = this.routes.get(request.tool_call_id) ?? (request.tool === "session.restore" ? this.restoring : undefined);
 		// A request for a call we do not know about (finished, or never ours): deny.
 		if (!route) return { decision: "deny" };
 		try {
