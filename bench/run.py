@@ -30,6 +30,7 @@ BENCHES = [
     ("resealing: the seal searched before each call of a warm jail, against once per jail", "bench_reseal.py"),
     ("winjob under Wine: per call against the same command run directly under Wine", "bench_winjob.py"),
     ("apply: per file against journalled, all or nothing", "bench_apply.py"),
+    ("session snapshots: snapshot, restore and fork of 4 at 1,000 and 50,000 files", "bench_snapshots.py"),
     ("network allowlist: set-up and throughput through the proxy against direct", "bench_network.py"),
     ("secret broker: a terminated host against SNI pass-through and direct", "bench_broker.py"),
     ("a real suite with its dependencies installed in the jail against the same on the host", "bench_deps.py"),

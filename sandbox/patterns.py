@@ -8,6 +8,7 @@ library only: the policy (:mod:`sandbox.policy.paths`) and the jails' sealing of
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -45,8 +46,10 @@ DEFAULT_DENY_READ: tuple[str, ...] = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def _tree(body: str) -> str:
-    """``body`` in the glob dialect; a trailing ``/**`` also covers the directory itself."""
+    """``body`` in the glob dialect; a trailing ``/**`` also covers the directory itself (cached:
+    every session's gate compiles the same default globs)."""
     if body.endswith("/**"):
         return translate(body[:-3]) + "(?:/.*)?"
     return translate(body)

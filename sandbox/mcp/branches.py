@@ -107,8 +107,8 @@ def _same_line(sandbox: Sandbox, snapshot_id: str) -> None:
 async def _restore(call: BranchCall) -> ToolResult:
     args = call.parsed(RestoreArgs)
     await off_loop(_same_line, call.sandbox, args.snapshot_id)
-    restored = await forks.restore(
-        call.sandbox, args.snapshot_id, force=args.force, turn_id=call.turn_id, tool_call_id=call.call_id
+    restored = await call.sandbox.restore(
+        args.snapshot_id, force=args.force, turn_id=call.turn_id, tool_call_id=call.call_id
     )
     content = (
         f"restored session snapshot {args.snapshot_id}: the workspace view, scratch directory and modes are as "

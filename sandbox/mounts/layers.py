@@ -55,8 +55,14 @@ class Delta:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Delta:
-        listed = [list(data[key]) for key in ("deleted", "replaced", "present", "dirs")]
-        return cls(*listed, host=dict(data["host"]), bytes=data["bytes"])
+        return cls(
+            deleted=list(data["deleted"]),
+            replaced=list(data["replaced"]),
+            present=list(data["present"]),
+            dirs=list(data["dirs"]),
+            host=dict(data["host"]),
+            bytes=int(data["bytes"]),
+        )
 
     def paths(self) -> list[str]:
         return sorted({*self.deleted, *self.replaced, *self.present, *self.dirs})

@@ -215,7 +215,7 @@ class Sandbox:
                 )
             sandbox.listen_to(jail)
             if seed is not None:
-                await forks.started_from(sandbox, seed)
+                await forks.started_from(sandbox, seed, options)
             cleanup_on_fail.pop_all()
         return sandbox
 
@@ -495,9 +495,11 @@ class Sandbox:
         """Keep the session's file state (its view, scratch and modes) under a new id; processes are not kept."""
         return (await forks.snapshot(self, turn_id=turn_id)).id
 
-    async def restore(self, snapshot_id: str, *, force: bool = False, turn_id: str = "turn-0") -> dict[str, Any]:
+    async def restore(
+        self, snapshot_id: str, *, force: bool = False, turn_id: str = "turn-0", tool_call_id: str | None = None
+    ) -> dict[str, Any]:
         """Back to ``snapshot_id`` in a new jail (a confirm in ``ask``; see :func:`forks.restore`)."""
-        return await forks.restore(self, snapshot_id, force=force, turn_id=turn_id)
+        return await forks.restore(self, snapshot_id, force=force, turn_id=turn_id, tool_call_id=tool_call_id)
 
     async def fork(self, n: int, *, turn_id: str = "turn-0") -> list[Sandbox]:
         """``n`` new sessions from this one's state now, each its own jail and changeset (the caller closes them)."""

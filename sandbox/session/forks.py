@@ -21,7 +21,7 @@ import anyio
 from sandbox import snapshots
 from sandbox.backends import seal
 from sandbox.errors import Conflict, InvalidArgument, ToolDenied
-from sandbox.policy.approvals import ApprovalRequest, decide
+from sandbox.policy.approvals import ApprovalOutcome, ApprovalRequest, decide
 from sandbox.threads import off_loop
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ async def restore(
     started = time.monotonic()
     call_id = tool_call_id or f"restore-{uuid.uuid4().hex[:12]}"
     data: dict[str, Any] = {"snapshot_id": snapshot_id, "force": force}
-    wait_ms = 0.0
+    asked: list[ApprovalOutcome] = []  # the user's word, when asked
     try:
         snap = await off_loop(snapshots.read, snapshot_id)
         backend = _backend(sandbox)
@@ -156,7 +156,7 @@ async def restore(
                 f"its own line's snapshots only (open a session from it instead: Sandbox.from_snapshot)",
                 snapshot_id=snap.id,
             )
-        wait_ms = await _approved(sandbox, snap, call_id, turn_id)
+        await _approved(sandbox, snap, call_id, turn_id, asked)
         async with sandbox.write_lock:
             _between_calls(sandbox, "restore it")
             conflicts = await off_loop(lambda: snap.check_host(sandbox.workspace, force=force))
@@ -172,21 +172,25 @@ async def restore(
             snap.touch()
     except Exception as exc:
         sandbox.records.state_change(
-            "session.restore", data, call_id, turn_id, total=_ms(started), error=exc, wait_ms=wait_ms
+            "session.restore", data, call_id, turn_id, total=_ms(started), error=exc, asked=asked[0] if asked else None
         )
         raise
     data.update(changed=len(snap.delta.present), host_changed=conflicts)
-    sandbox.records.state_change("session.restore", data, call_id, turn_id, total=_ms(started), wait_ms=wait_ms)
+    sandbox.records.state_change(
+        "session.restore", data, call_id, turn_id, total=_ms(started), asked=asked[0] if asked else None
+    )
     return {**data, "took_ms": _ms(started)}
 
 
-async def _approved(sandbox: Session, snap: snapshots.Snapshot, call_id: str, turn_id: str) -> float:
+async def _approved(
+    sandbox: Session, snap: snapshots.Snapshot, call_id: str, turn_id: str, asked: list[ApprovalOutcome]
+) -> None:
     """Refused in plan and goal; asked in ``ask`` (it discards the view's state); the wait in ms."""
     operating = sandbox.gate.settings.operating_mode
     if operating != "agent":
         raise ToolDenied(f"{operating} mode refuses a restore: it changes the workspace view", tool="session.restore")
     if sandbox.gate.mode_for(sandbox.state) != "ask":
-        return 0.0
+        return
     request = ApprovalRequest(
         session_id=sandbox.session_id,
         turn_id=turn_id,
@@ -199,9 +203,9 @@ async def _approved(sandbox: Session, snap: snapshots.Snapshot, call_id: str, tu
         allow_session=False,
     )
     outcome = await decide(sandbox.approver, request, float(sandbox.profile.policy.approval_timeout_s))
+    asked.append(outcome)
     if not outcome.allowed:
         raise ToolDenied(outcome.reason, tool="session.restore", decided_by=outcome.decided_by)
-    return outcome.wait_ms
 
 
 async def fork(sandbox: Session, n: int, opener: Callable[[SessionOptions], Awaitable[S]], *, turn_id: str) -> list[S]:
@@ -229,11 +233,13 @@ async def seed_for(
     return snap
 
 
-async def started_from(sandbox: Session, snap: snapshots.Snapshot) -> None:
-    """A session opened from ``snap``: its scratch, modes and line; its first audit row names the parent."""
+async def started_from(sandbox: Session, snap: snapshots.Snapshot, options: SessionOptions) -> None:
+    """A session opened from ``snap``: its scratch, modes (unless ``options`` name them) and line; its
+    first audit row names the parent."""
     started = time.monotonic()
     await off_loop(snapshots.restore_scratch, snap, sandbox.scratch)
-    adopt_settings(sandbox, snap.settings)
+    given = {key: options.get(key) for key in ("mode", "operating_mode")}
+    adopt_settings(sandbox, {**snap.settings, **{k: v for k, v in given.items() if v is not None}})
     sandbox.lineage, sandbox.current_snapshot = snap.lineage, snap.id
     snap.touch()
     data = {"snapshot_id": snap.id, "parent_session": snap.session_id, "lineage": snap.lineage}

@@ -21,6 +21,7 @@ from sandbox.plugins import registration_text
 if TYPE_CHECKING:
     from sandbox.audit import AuditLog
     from sandbox.plugins import Plugin
+    from sandbox.policy.approvals import ApprovalOutcome
     from sandbox.policy.authorize import Authorization
     from sandbox.policy.gate import Gate, SessionState, ToolCall
     from sandbox.tools.run import ToolResult
@@ -175,11 +176,13 @@ class Recorder:
         *,
         total: float,
         error: Exception | None = None,
-        wait_ms: float = 0.0,
+        asked: ApprovalOutcome | None = None,
     ) -> None:
-        """A session snapshot, restore or fork (``session.snapshot`` …): ``data`` its ids and sizes."""
+        """A session snapshot, restore or fork (``session.snapshot`` …): ``data`` its ids and sizes;
+        ``asked``: the approver's word, when it was asked."""
         code = error.code if isinstance(error, SandboxError) else ("TOOL_FAILED" if error else None)
-        prompted = wait_ms > 0
+        prompted = asked is not None
+        wait_ms = asked.wait_ms if asked is not None else 0.0
         self.log.record(
             AuditRecord(
                 self.session_id,
@@ -193,7 +196,7 @@ class Recorder:
                 "none",
                 "confirm" if prompted else "allow",
                 "deny" if isinstance(error, ToolDenied) else "allow-once",
-                "user" if prompted else "mode",
+                asked.decided_by if asked is not None else "mode",
                 operation,
                 self.gate.mode_for(self.state),
                 prompted,

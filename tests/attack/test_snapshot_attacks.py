@@ -36,6 +36,7 @@ from tests.conftest import own_like_a_checkout
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from sandbox import profile as profiles
     from sandbox.backends import base
 
 pytestmark = pytest.mark.anyio
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.anyio
 SECRET = "s3cr3t-value-never-in-a-snapshot"
 
 
-def profile(backend: base.Backend, mode: str, **overrides: object) -> object:
+def profile(backend: base.Backend, mode: str, **overrides: object) -> profiles.Profile:
     return mode_profile(mode, backend=backend.name, **overrides)
 
 
