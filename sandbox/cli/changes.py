@@ -24,17 +24,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.cli import options
-from sandbox.cli.output import EXIT_ERROR, emit, guard, reader_gone, say
+from sandbox.cli.output import emit, json_command, json_refusal, reader_gone, say
 from sandbox.textsafe import printable
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
 
     from sandbox.changes import Kept
     from sandbox.cli.options import Subparsers
-    from sandbox.errors import SandboxError
     from sandbox.mounts import ApplyReport, Change
 
 EXIT_INCOMPLETE = 1
@@ -52,7 +49,7 @@ def register(subparsers: Subparsers) -> None:
     sub = parser.add_subparsers(dest="changes_command", required=True)
     listing = sub.add_parser("list", help="the kept changesets, oldest first")
     listing.add_argument("--workspace", type=Path, help="only those of this workspace")
-    _finish(listing, _list)
+    json_command(listing, _list)
     _register_show(sub)
     apply = sub.add_parser(
         "apply",
@@ -71,7 +68,7 @@ def register(subparsers: Subparsers) -> None:
         help="apply the environment directories too (.venv, node_modules…: the profile's mount.environment), "
         "flagged entries in them included; otherwise each is held back unless named with --only DIR",
     )
-    _finish(apply, _apply)
+    json_command(apply, _apply)
     discard = sub.add_parser(
         "discard",
         help="remove a kept changeset (or, with --all, every one) without applying it",
@@ -81,7 +78,7 @@ def register(subparsers: Subparsers) -> None:
     discard.add_argument("id", nargs="?")
     discard.add_argument("--all", action="store_true", help="every kept changeset (see --workspace)")
     discard.add_argument("--workspace", type=Path, help="with --all: only those of this workspace")
-    _finish(discard, _discard)
+    json_command(discard, _discard)
     _register_prune(sub)
     recover = sub.add_parser(
         "recover",
@@ -91,7 +88,7 @@ def register(subparsers: Subparsers) -> None:
         "could not be brought to either state (it is named).",
     )
     recover.add_argument("--workspace", type=Path, help="only this workspace (default: every one with a journal)")
-    _finish(recover, _recover)
+    json_command(recover, _recover)
 
 
 def _register_show(sub: Any) -> None:
@@ -108,7 +105,7 @@ def _register_show(sub: Any) -> None:
     show.add_argument("--only", nargs="+", metavar="PATH", default=[], help="the same as PATH arguments")
     show.add_argument("--flagged", action="store_true", help="only the flagged entries (and the never applicable)")
     show.add_argument("--stat", action="store_true", help="one line per entry: +/- lines for text, sizes otherwise")
-    _finish(show, _show)
+    json_command(show, _show)
 
 
 def _register_prune(sub: Any) -> None:
@@ -121,17 +118,7 @@ def _register_prune(sub: Any) -> None:
     )
     prune.add_argument("--all-applied", action="store_true", help="every applied changeset, however recent")
     prune.add_argument("--older-than", type=float, metavar="DAYS", help="every changeset kept more than DAYS ago")
-    _finish(prune, _prune)
-
-
-def _finish(parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
-    options.add_json(parser, help="one JSON object on stdout")
-    parser.set_defaults(func=guard(handler, EXIT_ERROR, answer=_json_refusal))
-
-
-def _json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
-    if args.json:
-        emit({"error": error.to_dict()})
+    json_command(prune, _prune)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -242,7 +229,7 @@ def _apply(args: argparse.Namespace) -> int:
         report = anyio.run(functools.partial(kept.apply, args.only, **consent))
     except Conflict as exc:  # the kept content failed its check, or another apply holds it
         say(str(exc))
-        _json_refusal(args, exc)
+        json_refusal(args, exc)
         return EXIT_INCOMPLETE
     code = EXIT_INCOMPLETE if report.conflicts or report.held_back or report.skipped else 0
     if args.json:

@@ -91,3 +91,16 @@ def emit(obj: dict[str, Any]) -> bool:
         reader_gone()
         return False
     return True
+
+
+def json_command(parser: argparse.ArgumentParser, handler: Handler) -> None:
+    """A subcommand that answers one JSON object with ``--json``: a refusal too (``{"error": …}``), with
+    the refusal's exit status (:data:`EXIT_ERROR`)."""
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.set_defaults(func=guard(handler, EXIT_ERROR, answer=json_refusal))
+
+
+def json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
+    """A refusal as ``{"error": …}`` on stdout, when ``--json`` asked for one object."""
+    if args.json:
+        emit({"error": error.to_dict()})

@@ -21,16 +21,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.cli import options
-from sandbox.cli.output import EXIT_ERROR, emit, guard, reader_gone, say
+from sandbox.cli.output import emit, json_command, reader_gone, say
 from sandbox.textsafe import printable
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
 
     from sandbox.cli.options import Subparsers
-    from sandbox.errors import SandboxError
     from sandbox.snapshots import Snapshot
 
 
@@ -45,7 +42,7 @@ def register(subparsers: Subparsers) -> None:
     sub = parser.add_subparsers(dest="snapshot_command", required=True)
     listing = sub.add_parser("list", help="the snapshots kept, oldest first")
     listing.add_argument("--workspace", type=Path, help="only those of this workspace")
-    _finish(listing, _list)
+    json_command(listing, _list)
     show = sub.add_parser(
         "show",
         help="a snapshot: what list says of it, its lineage and settings, then each path it holds",
@@ -54,7 +51,7 @@ def register(subparsers: Subparsers) -> None:
         "whose host content it hides).",
     )
     show.add_argument("id")
-    _finish(show, _show)
+    json_command(show, _show)
     diff = sub.add_parser(
         "diff",
         help="how snapshot B's files differ from snapshot A's (both of one workspace)",
@@ -63,7 +60,7 @@ def register(subparsers: Subparsers) -> None:
     )
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
-    _finish(diff, _diff)
+    json_command(diff, _diff)
     discard = sub.add_parser(
         "discard",
         help="remove a snapshot",
@@ -71,17 +68,7 @@ def register(subparsers: Subparsers) -> None:
         "keeps its files; it can no longer go back to it.",
     )
     discard.add_argument("id")
-    _finish(discard, _discard)
-
-
-def _finish(parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int]) -> None:
-    options.add_json(parser, help="one JSON object on stdout")
-    parser.set_defaults(func=guard(handler, EXIT_ERROR, answer=_json_refusal))
-
-
-def _json_refusal(args: argparse.Namespace, error: SandboxError) -> None:
-    if args.json:
-        emit({"error": error.to_dict()})
+    json_command(discard, _discard)
 
 
 def _list(args: argparse.Namespace) -> int:

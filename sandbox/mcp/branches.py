@@ -34,7 +34,7 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox import snapshots
-from sandbox.errors import InvalidArgument, SandboxError
+from sandbox.errors import SandboxError
 from sandbox.mcp.review import ReviewCall
 from sandbox.session import forks
 from sandbox.threads import off_loop
@@ -95,13 +95,7 @@ async def _snapshot(call: BranchCall) -> ToolResult:
 def _same_line(sandbox: Sandbox, snapshot_id: str) -> None:
     """INVALID_ARGUMENT for another workspace's snapshot, or another line's, saying what to do instead."""
     snap = snapshots.read(snapshot_id)
-    snap.check_workspace(sandbox.workspace)
-    if snap.lineage != sandbox.lineage:
-        raise InvalidArgument(
-            f"snapshot {snap.id} was taken in another line of sessions; a session restores its own line's "
-            f"snapshots only (a server started with `sandbox mcp --from-snapshot {snap.id}` opens from it)",
-            snapshot_id=snap.id,
-        )
+    forks.check_line(sandbox, snap, f"a server started with `sandbox mcp --from-snapshot {snap.id}`")
 
 
 async def _restore(call: BranchCall) -> ToolResult:

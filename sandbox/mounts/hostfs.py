@@ -176,3 +176,18 @@ def copy_file_bytes(source: Path, dest: Path, mode: int = 0o600) -> None:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def is_whiteout(path: Path) -> bool:
+    """Whether ``path`` (in an overlay's upper directory) is a whiteout: a deletion of the lower entry."""
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def is_opaque(path: Path) -> bool:
+    """Whether the upper directory ``path`` is opaque: it hides the lower directory's entries."""
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False

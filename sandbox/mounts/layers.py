@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import datadir
 from sandbox.errors import Conflict, InvalidArgument, map_errors
 from sandbox.mounts.dirfds import Dirs, lstat
+from sandbox.mounts.hostfs import is_opaque, is_whiteout
 from sandbox.mounts.stamps import Stamp, open_unfollowed, under, walk
 
 if TYPE_CHECKING:
@@ -95,12 +96,12 @@ def _from_upper(tree: CopyTree, upper: Path, dest: Path, leave_out: Callable[[st
             continue
         path = upper / rel
         if st.kind == "special":
-            if _whiteout(path):
+            if is_whiteout(path):
                 delta.deleted.append(rel)
             continue  # FIFOs, sockets and devices never leave the jail
         if st.kind == "dir":
             _mkdir(dest, rel, path)
-            if _opaque(path):
+            if is_opaque(path):
                 delta.replaced.append(rel)
                 delta.dirs.append(rel)
             elif _made_or_changed(tree.workspace / rel, st):
@@ -288,19 +289,6 @@ def _made_or_changed(host: Path, st: Stamp) -> bool:
     except OSError:
         return True
     return not stat.S_ISDIR(before.st_mode) or stat.S_IMODE(before.st_mode) != st.mode
-
-
-def _whiteout(path: Path) -> bool:
-    st = os.lstat(path)
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _opaque(path: Path) -> bool:
-    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
-        with contextlib.suppress(OSError):
-            if os.getxattr(path, name, follow_symlinks=False) == b"y":
-                return True
-    return False
 
 
 def _host_stamp(workspace: Path, rel: str) -> list[Any] | None:

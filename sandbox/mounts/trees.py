@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -36,6 +35,8 @@ from sandbox.mounts.hostfs import (
     baseline_file,
     copy_attributes,
     copy_tree_windows,
+    is_opaque,
+    is_whiteout,
     mount_point,
     private_tree_name,
     remove_private_tree,
@@ -326,18 +327,7 @@ async def _set_up(tree: _T, step: str) -> _T:
 
 
 def _is_whiteout(path: Path, stamp: Stamp) -> bool:
-    if stamp.kind != "special":
-        return False
-    st = os.lstat(path)
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _is_opaque(path: Path) -> bool:
-    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
-        with contextlib.suppress(OSError):
-            if os.getxattr(path, name, follow_symlinks=False) == b"y":
-                return True
-    return False
+    return stamp.kind == "special" and is_whiteout(path)
 
 
 def overlay_support() -> str | None:
@@ -429,7 +419,7 @@ class OverlayTree(CopyTree):
             changes.append(self._change(rel, "added", after.kind, None, after))
         elif (change := self._compare(rel, before, after)) is not None:
             changes.append(change)
-        if up.kind == "dir" and before is not None and before.kind == "dir" and _is_opaque(self.upper / rel):
+        if up.kind == "dir" and before is not None and before.kind == "dir" and is_opaque(self.upper / rel):
             changes += self._host_descendants_gone(rel)
         return changes
 

@@ -149,13 +149,7 @@ async def restore(
         snap = await off_loop(snapshots.read, snapshot_id)
         backend = _backend(sandbox)
         backend.check_snapshots(sandbox.profile)
-        snap.check_workspace(sandbox.workspace)
-        if snap.lineage != sandbox.lineage:
-            raise InvalidArgument(
-                f"snapshot {snap.id} was taken in another line of sessions ({snap.lineage}); a session restores "
-                f"its own line's snapshots only (open a session from it instead: Sandbox.from_snapshot)",
-                snapshot_id=snap.id,
-            )
+        check_line(sandbox, snap)
         await _approved(sandbox, snap, call_id, turn_id, asked)
         async with sandbox.write_lock:
             _between_calls(sandbox, "restore it")
@@ -180,6 +174,18 @@ async def restore(
         "session.restore", data, call_id, turn_id, total=_ms(started), asked=asked[0] if asked else None
     )
     return {**data, "took_ms": _ms(started)}
+
+
+def check_line(sandbox: Session, snap: snapshots.Snapshot, instead: str = "Sandbox.from_snapshot") -> None:
+    """INVALID_ARGUMENT for a snapshot of another workspace, or of another line of sessions than
+    ``sandbox``'s; ``instead`` names the way to open a session from it."""
+    snap.check_workspace(sandbox.workspace)
+    if snap.lineage != sandbox.lineage:
+        raise InvalidArgument(
+            f"snapshot {snap.id} was taken in another line of sessions ({snap.lineage}); a session restores "
+            f"its own line's snapshots only (open a session from it instead: {instead})",
+            snapshot_id=snap.id,
+        )
 
 
 async def _approved(

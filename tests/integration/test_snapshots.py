@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox import mounts, snapshots
-from sandbox.errors import Conflict, InvalidArgument
+from sandbox.errors import Conflict, InvalidArgument, ToolDenied
+from sandbox.policy.approvals import ApprovalRequest, CallbackApprover
 from sandbox.session import Sandbox
 from tests.conftest import backend_or_skip, make_profile, own_like_a_checkout
 
@@ -198,3 +199,37 @@ async def test_snapshots_are_refused_for_rw_and_ro_with_the_reason(tmp_path: Pat
         async with Sandbox.open(ws, profile=profile_for(backend, mount), mode="auto") as box:
             with pytest.raises(InvalidArgument, match="copy' or 'overlay"):
                 await box.snapshot()
+
+
+@pytest.mark.parametrize("answer", ["deny", "allow-once"])
+async def test_a_restore_in_ask_is_put_to_the_user_and_a_refusal_restores_nothing(
+    tmp_path: Path, case: tuple[str, str], answer: str
+) -> None:
+    backend, mount = case
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("# project\n")
+    own_like_a_checkout(ws, backend)
+    asked: list[ApprovalRequest] = []
+
+    def user(request: ApprovalRequest) -> str:
+        asked.append(request)
+        return answer
+
+    async with Sandbox.open(
+        ws, profile=profile_for(backend, mount), mode="auto", approver=CallbackApprover(user)
+    ) as box:
+        await bash(box, "echo one > README.md")
+        snap_id = await box.snapshot()
+        await bash(box, "echo two > README.md")
+        box.configure(mode="ask")
+        if answer == "deny":
+            with pytest.raises(ToolDenied):
+                await box.restore(snap_id)
+        else:
+            await box.restore(snap_id)
+        assert [(r.tool, r.operation) for r in asked] == [("session.restore", "write")]
+        box.configure(mode="auto")
+        assert (await bash(box, "cat README.md")) == ("two" if answer == "deny" else "one")
+        rows = [r for r in box.audit.rows() if r["session_id"] == box.session_id and r["tool"] == "session.restore"]
+        assert [(r["prompted"], r["decided_by"], r["ok"]) for r in rows] == [(1, "user", int(answer != "deny"))]
