@@ -118,8 +118,6 @@ class Connections:
                 approver = ElicitationApprover()
                 sandbox = await Sandbox.create(self.options.workspace, **self.options.session(approver))
                 connection.exit_stack.push_async_callback(self._close, sandbox)
-                if self.options.from_snapshot is not None and self.options.mode is not None:
-                    sandbox.configure(mode=self.options.mode)  # --mode over the snapshot's mode
                 opened = connection.state["sandbox"] = (sandbox, approver)
                 connection.state[_NOTICES] = await off_loop(review.opening_notices, sandbox)
         return opened
