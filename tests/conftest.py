@@ -422,6 +422,7 @@ def in_gvisor(marker: str) -> list[int]:
     pids, listed by an exec as the keeper uid: the agent sweeps only its own uid)."""
     import docker
     import docker.errors
+    import requests
 
     from sandbox.backends.docker.config import KEEPER_USER, LABEL_JAIL
 
@@ -429,7 +430,9 @@ def in_gvisor(marker: str) -> list[int]:
     # The host's runsc sandboxes are the local daemon's (dockerd-up.sh registers runsc there), whatever
     # DOCKER_HOST the running test set: a remote engine's test, or Podman's, while another worker's
     # gVisor jail runs.
-    client = docker.DockerClient(base_url=f"unix://{DOCKER_SOCKET}")
+    # An exec into a jail the engine is tearing down (another worker's) can hang for good under runsc:
+    # bounded, it counts as gone for this look, and the caller's next look asks again.
+    client = docker.DockerClient(base_url=f"unix://{DOCKER_SOCKET}", timeout=20)
     try:
         for container in client.containers.list(filters={"label": LABEL_JAIL}, sparse=False):
             runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
@@ -437,8 +440,8 @@ def in_gvisor(marker: str) -> list[int]:
                 continue
             try:
                 code, out = container.exec_run(["/bin/sh", "-c", _LIST_SANDBOX], user=KEEPER_USER)
-            except docker.errors.APIError:  # gone meanwhile: nothing of it survives
-                continue
+            except (docker.errors.APIError, requests.exceptions.RequestException, OSError):
+                continue  # gone meanwhile (nothing of it survives), or not answering within the bound
             assert isinstance(out, bytes)  # not streamed
             for line in out.decode(errors="replace").splitlines():
                 pid, _, cmdline = line.partition(" ")
