@@ -183,7 +183,8 @@ def take(
     started = time.monotonic()
     workspace = Path(os.path.realpath(tree.workspace))
     most, most_bytes = caps
-    mine = listing(workspace)
+    every = listing()
+    mine = [s for s in every if s.workspace == str(workspace)]
     if len(mine) >= most:
         oldest = ", ".join(s.id for s in mine[:3])
         raise Conflict(
@@ -199,7 +200,7 @@ def take(
         partial.mkdir(mode=0o700)
         delta = layers.capture(tree, partial / "layer", leave_out)
         scratch_bytes = _copy_scratch(scratch, partial / "scratch")
-        used = sum(s.delta.bytes + s.scratch_bytes for s in listing())
+        used = sum(s.delta.bytes + s.scratch_bytes for s in every)
         if used + delta.bytes + scratch_bytes > most_bytes:
             raise Conflict(
                 f"the snapshots would hold {used + delta.bytes + scratch_bytes} bytes, past limits.snapshot_bytes "

@@ -14,6 +14,7 @@ of the delta was fails the seed instead of leading it out of the tree.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import stat
@@ -45,14 +46,7 @@ class Delta:
     bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "deleted": self.deleted,
-            "replaced": self.replaced,
-            "present": self.present,
-            "dirs": self.dirs,
-            "host": self.host,
-            "bytes": self.bytes,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Delta:
@@ -242,16 +236,10 @@ def _remove(pfd: int, name: str) -> None:
     st = lstat(pfd, name)
     if st is None:
         return
-    if not stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
+        datadir.remove_tree_at(pfd, name)  # by descriptors, no link followed, closed directories opened
+    else:
         os.unlink(name, dir_fd=pfd)
-        return
-    fd = os.open(name, datadir.DIR_FLAGS, dir_fd=pfd)
-    try:
-        for entry in os.listdir(fd):
-            _remove(fd, entry)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=pfd)
 
 
 def _mkdir(dest: Path, rel: str, source: Path) -> None:
