@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 MiB = 2**20
-DISK = 256 * MiB  # the test's filesystem (memory, but only what is written: about 32 MiB)
-RESERVE = 224 * MiB  # what the guard keeps free on it: a call may take about 32 MiB; the rest is
-# the slack a writer at tmpfs speed fills between two looks and the kill (the real reserve: 1 GiB)
+RESERVE = 2**30  # what the guard keeps free: the real default; the slack a writer at tmpfs speed
+# fills between two looks and the kill (224 MiB was too little on a loaded CI host: filled once)
+DISK = RESERVE + 32 * MiB  # the test's filesystem (memory, but only what is written: about 32 MiB)
+TOO_MUCH = (DISK // MiB) + 64  # MiB: what a fill asks for; more than the disk: unguarded, the kernel stops it
 BOUNDED = 256 * MiB  # what a writer on the real disk takes at most, if nothing stopped it
 FILL = "dd if=/dev/zero of={target}/big bs=1M count={count} 2>&1; echo wrote"
 
@@ -88,7 +89,7 @@ def _assert_guarded(result: ToolResult, bound: str, limit: int) -> None:
 
 async def _fill_then_recover(box: Sandbox, target: str) -> ToolResult:
     """Fill ``target`` until stopped; then a call in the same session cleans up (the session survives)."""
-    filled = await box.call("Bash", {"command": FILL.format(target=target, count=1000)})
+    filled = await box.call("Bash", {"command": FILL.format(target=target, count=TOO_MUCH)})
     after = await box.call("Bash", {"command": f"rm -f {target}/big; echo ok"})
     assert (after.ok, after.content.strip()) == (True, "ok"), after
     return filled
@@ -102,7 +103,7 @@ async def test_a_call_filling_the_workspace_stops_at_the_reserve(
     prof = mode_profile(writable_mode, backend=backend.name, **{"limits.disk_reserve": RESERVE})
     box = await Sandbox.create(ws, profile=prof, mode="auto")
     try:
-        filled = await box.call("Bash", {"command": FILL.format(target=".", count=1000)})
+        filled = await box.call("Bash", {"command": FILL.format(target=".", count=TOO_MUCH)})
         left = _free(small_disk)
         after = await box.call("Bash", {"command": "rm -f big; echo ok"})
         assert (after.ok, after.content.strip()) == (True, "ok"), after
