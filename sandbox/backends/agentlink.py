@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 # The agent's program carries its own modules (those it imports come first) and the file tools'
 # runner (and its glob translator), defined once at the jail's start: a Read, Write or LS is then
 # served by the agent, no Python start-up per call.
-AGENT_PROGRAM = _jailside.program("agent", "channel", "census", "forked", "hardening", "runner", "glob")
+AGENT_MODULES = ("agent", "channel", "census", "forked", "hardening", "runner", "glob")  # main first
+AGENT_PROGRAM = _jailside.program(*AGENT_MODULES)
 INLINE_REQUEST_BYTES = 64 * 1024  # a larger file tool request (a Write's content) goes to a forked runner
 # The most an inline Edit can write: a file the agent may hold, grown by a request's worth.
 INLINE_WRITE_BYTES = INLINE_BYTES + INLINE_REQUEST_BYTES

@@ -66,6 +66,7 @@ call's memory/pids/cpu; the agent itself (one Python process) sits in the execut
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -75,8 +76,9 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from sandbox import _jailside
 from sandbox.backends import bwrap_start, cgroups, confine
-from sandbox.backends.agentlink import AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
+from sandbox.backends.agentlink import AGENT_MODULES, AGENT_PROGRAM, AgentReplies, CallPipes, FdLink, run_request
 from sandbox.backends.base import Process
 from sandbox.backends.bwrap_agent import Agent
 from sandbox.backends.bwrap_jail import BwrapJail, kill_bwrap, read_init_pid
@@ -153,10 +155,12 @@ class WarmBwrapJail(BwrapJail):
     async def _start_agent(self, host_end: socket.socket, jail_end: socket.socket) -> Agent:
         with contextlib.ExitStack() as theirs:
             theirs.callback(jail_end.close)
+            code = _jailside.code_fd(*AGENT_MODULES)  # its bytecode: no compiling at each start
+            theirs.callback(os.close, code)
             with self._start_fds(block=False) as fds:
-                cmd = self._agent_command(fds, jail_end.fileno())
+                cmd = self._agent_command(fds, jail_end.fileno(), code)
                 with confine.starting("cannot start bwrap"):
-                    proc = Child(cmd, pass_fds=(*fds.theirs, jail_end.fileno()))
+                    proc = Child(cmd, pass_fds=(*fds.theirs, jail_end.fileno(), code))
                 fds.handed_over()
                 theirs.close()
                 async with contextlib.AsyncExitStack() as cleanup_on_fail:
@@ -178,7 +182,7 @@ class WarmBwrapJail(BwrapJail):
                     cleanup_on_fail.pop_all()
         return agent
 
-    def _agent_command(self, fds: bwrap_start.StartFds, sock_fd: int) -> list[str]:
+    def _agent_command(self, fds: bwrap_start.StartFds, sock_fd: int, code_fd: int) -> list[str]:
         # The agent's own PATH is the system's: each call brings its own environment (the
         # workspace's tool directories first, for the user's commands), never the agent.
         env = base_env(self.profile, None, workspace=None)
@@ -188,6 +192,7 @@ class WarmBwrapJail(BwrapJail):
             "-S",
             "-c",
             AGENT_PROGRAM,
+            f"{_jailside.CODE_ARG}{code_fd}",
             "",  # no CPU limit for the agent: the host sets each command's rlimits
             f"fd:{sock_fd}",
         ]
