@@ -14,7 +14,6 @@ part (``_probe``, ``_open``, ``_start``) runs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 from abc import ABC, abstractmethod
@@ -306,13 +305,7 @@ class Backend(ABC):
         """
         if seed is not None:
             self.check_snapshots(profile)
-        jail = await self._open_jail(workspace, profile, scratch=scratch, shared=shared)
-        if seed is not None:
-            async with contextlib.AsyncExitStack() as cleanup_on_fail:
-                cleanup_on_fail.push_async_callback(jail.aclose)
-                await off_loop(_seed_tree, jail, seed)
-                cleanup_on_fail.pop_all()
-        return jail
+        return await self._open_jail(workspace, profile, scratch=scratch, shared=shared, seed=seed)
 
     def check_snapshots(self, profile: Profile) -> None:
         """INVALID_ARGUMENT unless this backend's jails under ``profile`` can be snapshotted and
@@ -337,6 +330,7 @@ class Backend(ABC):
         *,
         scratch: Path | None,
         shared: Sequence[tuple[str, str]],
+        seed: Snapshot | None = None,
     ) -> Jail:
         from sandbox.backends.environment import shared_dirs
 
@@ -347,7 +341,9 @@ class Backend(ABC):
         await self._recover(ws)
         downloads = await self._downloads(ws, profile)
         if profile.network.mode != "allowlist":
-            jail = await self._open(ws, profile, scratch=scratch, egress=None, shared=dirs, downloads=downloads)
+            jail = await self._open(
+                ws, profile, scratch=scratch, egress=None, shared=dirs, downloads=downloads, seed=seed
+            )
             jail.scratch, jail.downloads = scratch, downloads
             return jail
         from sandbox.network.egress import Egress, for_profile
@@ -361,7 +357,9 @@ class Backend(ABC):
             profile.secrets,
         )
         try:
-            jail = await self._open(ws, profile, scratch=scratch, egress=egress, shared=dirs, downloads=downloads)
+            jail = await self._open(
+                ws, profile, scratch=scratch, egress=egress, shared=dirs, downloads=downloads, seed=seed
+            )
         except BaseException:
             egress.close()
             raise
@@ -400,11 +398,15 @@ class Backend(ABC):
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
+        seed: Snapshot | None = None,
     ) -> Jail:
         """The backend's part of :meth:`open_jail`: ``profile`` checked, ``workspace`` canonical,
         ``egress`` the running proxy of an allowlist profile (its socket directory to bind),
         ``shared`` the read-only directories, checked, ``downloads`` the project's download cache
-        to show read-write at :data:`sandbox.downloads.JAIL_DIR` (only where ``binds_downloads``)."""
+        to show read-write at :data:`sandbox.downloads.JAIL_DIR` (only where ``binds_downloads``),
+        ``seed`` the snapshot the private tree starts from (only where ``snapshots``): applied by
+        :func:`seed_tree` before any of the jail's processes exists, so that its masks and binds
+        are made over the seeded tree (a seed's later unlink would detach a mask from its path)."""
 
     def check(self, profile: Profile) -> None:
         """Refuse a profile whose required guarantees this backend cannot give here."""
@@ -436,17 +438,23 @@ class Backend(ABC):
 
 # One instance per name for the process's life: a probe costs a smoke jail or a daemon round
 # trip, and the instance caches it; tests script the one ``get("fake")`` hands to sessions.
-def _seed_tree(jail: Jail, seed: Snapshot) -> None:
-    """Start ``jail``'s fresh private tree from ``seed``'s layer (through its view)."""
-    from sandbox.mounts import layers
-
-    tree = jail.tree
+async def seed_tree(tree: CopyTree | None, seed: Snapshot | None, backend: str) -> None:
+    """Start a fresh private tree from ``seed``'s layer (through its view), or do nothing without
+    one; the caller removes the tree when this fails."""
+    if seed is None:
+        return
     if tree is None or not tree.snapshots:
         raise InvalidArgument(
-            f"this {jail.backend} jail's private tree is not on this host (a remote engine's): it cannot start "
+            f"this {backend} jail's private tree is not on this host (a remote engine's): it cannot start "
             "from a snapshot",
-            backend=jail.backend,
+            backend=backend,
         )
+    await off_loop(_seed, tree, seed)
+
+
+def _seed(tree: CopyTree, seed: Snapshot) -> None:
+    from sandbox.mounts import layers
+
     layers.seed(tree.root, seed.layer, seed.delta)
     tree.adopt_host(seed.delta.host)
 

@@ -14,8 +14,10 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
+
 from sandbox.backends import bwrap_argv, cgroups, local, seccomp
-from sandbox.backends.base import Backend
+from sandbox.backends.base import Backend, seed_tree
 from sandbox.backends.bwrap_argv import bwrap_path, jail_args
 from sandbox.backends.bwrap_jail import BwrapJail
 from sandbox.backends.bwrap_warm import WarmBwrapJail
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 
 class BwrapBackend(Backend):
@@ -48,6 +51,7 @@ class BwrapBackend(Backend):
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
+        seed: Snapshot | None = None,
     ) -> BwrapJail:
         host_files(profile)  # a file that became a secret is refused before a copy exists
         tree: CopyTree | None = None
@@ -62,9 +66,15 @@ class BwrapBackend(Backend):
                 workspace, exclude=exclude, environment_cache=cache, environment=profile.mount.environment
             )
             source = tree.root
-            if profile.mount.strategy == "copy" and os.geteuid() == 0:
-                # The jail writes with our uid and no capabilities: the copy must be ours to write.
-                await off_loop(tree.hand_to, os.geteuid(), os.getegid())
+            try:
+                if profile.mount.strategy == "copy" and os.geteuid() == 0:
+                    # The jail writes with our uid and no capabilities: the copy must be ours to write.
+                    await off_loop(tree.hand_to, os.geteuid(), os.getegid())
+                await seed_tree(tree, seed, self.name)  # before the jail: its masks cover what the seed put
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await off_loop(tree.remove)
+                raise
         args = (workspace, profile, source, tree, scratch, egress.socket_dir if egress else None, sealed, shared)
         if profile.bwrap.lifecycle == "call":
             return BwrapJail(*args, downloads=downloads)

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from sandbox.backends.base import Stdin
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 Step: TypeAlias = "tuple[Stream, bytes] | float"
 """One step of a script: a chunk written to ``stdout`` or ``stderr``, or a pause in seconds."""
@@ -416,6 +417,7 @@ class FakeBackend(Backend):
         egress: Egress | None,  # noqa: ARG002 - the toy shell has no network to filter
         shared: Sequence[tuple[str, str]] = (),  # noqa: ARG002 - the toy shell runs no plugin
         downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
+        seed: Snapshot | None = None,  # noqa: ARG002 - refused by open_jail (check_snapshots)
     ) -> FakeJail:
         jail = FakeJail(workspace, profile, self.script_for, scratch)
         self.jails.append(jail)

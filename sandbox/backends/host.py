@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 
 # The shell reads one line from stdin (byte by byte: it never reads past the newline), so the
@@ -71,6 +72,7 @@ class HostBackend(Backend):
         egress: Egress | None,  # noqa: ARG002 - the host shares our network: check refuses allowlist
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
+        seed: Snapshot | None = None,  # noqa: ARG002 - refused by open_jail (check_snapshots)
     ) -> HostJail:
         # ``scratch`` needs no binding: the host shows every path where it is, scratch included.
         if shared:

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 MOUNTS = ("ro", "rw", "copy")
 MIN_ABI = launcher.MIN_ABI
@@ -434,6 +435,7 @@ class LandlockBackend(Backend):
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
+        seed: Snapshot | None = None,  # noqa: ARG002 - refused by open_jail (check_snapshots)
     ) -> LandlockJail:
         if egress is not None and egress.broker is not None:
             raise GuaranteeUnavailable(

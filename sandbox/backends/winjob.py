@@ -91,6 +91,7 @@ if TYPE_CHECKING:
     from sandbox.mounts import CopyTree
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 
 # -- jail --------------------------------------------------------------------------------------------
@@ -271,6 +272,7 @@ class WinJobBackend(Backend):
         egress: Egress | None,  # noqa: ARG002 - check refuses allowlist: net-allowlist is not granted
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,  # noqa: ARG002 - refused by open_jail (binds_downloads)
+        seed: Snapshot | None = None,  # noqa: ARG002 - refused by open_jail (check_snapshots)
     ) -> WinJobJail:
         if shared:
             raise GuaranteeUnavailable(

@@ -11,7 +11,8 @@
   snapshot was fails the fork; the directory it points to is untouched.
 * **No secret, no link followed, no bomb.** A snapshot holds no masked secret (the host's, or one
   a call wrote under a secret's name), keeps a link as a link, is refused past its byte cap with
-  nothing kept, and is refused while a call runs.
+  nothing kept, and is refused while a call runs. A session opened from a snapshot under a
+  profile that masks more masks what the snapshot put there too.
 
 A backend without session snapshots refuses them (checked once, in the first test), and the other
 tests skip there saying so.
@@ -194,6 +195,27 @@ async def test_a_snapshot_holds_no_masked_secret_and_keeps_links_as_links(
         finally:
             await fork.aclose()
     assert (workspace / ".env").read_text() == f"API_KEY={SECRET}\n"
+
+
+async def test_a_session_opened_from_a_snapshot_masks_what_its_profile_masks(
+    backend: base.Backend, workspace: Path, private_mode: str
+) -> None:
+    """A snapshot taken where a path was not secret, opened under a profile that masks it: the seed
+    is made before the jail exists, so the mask covers what it put. (Made after, its unlink of the
+    path dropped the mask: the kernel detaches a mount whose point another namespace unlinks.)"""
+    needs_snapshots(backend)
+    (workspace / "notes.txt").write_text(f"{SECRET}-host\n")
+    own_like_a_checkout(workspace, backend.name)
+    async with Sandbox.open(workspace, profile=profile(backend, private_mode), mode="auto") as box:
+        await in_jail(box, f"cd {box.workspace}; echo {SECRET}-session > notes.txt")
+        snap_id = await box.snapshot()
+    masking = profile(backend, private_mode, **{"policy.deny_read": ("notes.txt",)})
+    (fork,) = await Sandbox.from_snapshot(workspace, snap_id, profile=masking, mode="auto")
+    try:
+        seen = await in_jail(fork, f"cd {fork.workspace}; cat notes.txt; echo end")
+    finally:
+        await fork.aclose()
+    assert SECRET not in seen and seen.strip().endswith("end"), seen
 
 
 async def test_a_snapshot_past_its_byte_cap_or_during_a_call_is_refused_and_keeps_nothing(

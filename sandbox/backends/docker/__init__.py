@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from sandbox.backends import seal
-from sandbox.backends.base import Backend, get
+from sandbox.backends.base import Backend, get, seed_tree
 from sandbox.backends.docker import gvisor
 from sandbox.backends.docker.archive import Limits, RemoteTree, populate
 from sandbox.backends.docker.client import (
@@ -91,6 +91,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 __all__ = [
     "API_TIMEOUT_S",
@@ -153,6 +154,7 @@ class DockerBackend(Backend):
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
+        seed: Snapshot | None = None,
     ) -> DockerJail:
         if profile.mount.strategy == "overlay":
             raise InvalidArgument("the docker backend has no overlay mount; use copy", backend="docker")
@@ -173,6 +175,9 @@ class DockerBackend(Backend):
                     await anyio.to_thread.run_sync(own_dir, area, user)
             if isinstance(jail.tree, RemoteTree):
                 await _to_remote(jail, jail.tree, engine, scratch)
+            # After the hand-over (which takes the copy's baseline anew), before any container:
+            # its masks are made over what the seed put.
+            await seed_tree(jail.tree, seed, self.name)
             await jail.start()
             cleanup_on_fail.pop_all()
         return jail

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from sandbox.network.egress import Egress
     from sandbox.profile import Profile
+    from sandbox.snapshots import Snapshot
 
 _GRANTED = (
     "fs-readonly-root",
@@ -84,6 +85,7 @@ class MicroVMBackend(Backend):
         egress: Egress | None,
         shared: Sequence[tuple[str, str]] = (),
         downloads: Path | None = None,
+        seed: Snapshot | None = None,  # noqa: ARG002 - refused by open_jail (check_snapshots)
     ) -> Jail:
         from sandbox.backends.docker import own_dir
         from sandbox.backends.docker.config import exec_user, uid_gid
