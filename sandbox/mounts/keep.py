@@ -143,8 +143,9 @@ class _Budget:
     @classmethod
     def of_store(cls, limit: int, changeset: Changeset) -> _Budget:
         needed = sum(c.size or 0 for c in changeset.changes if has_content(c) and c.applicable)
-        pruned = _make_room(limit, needed) if needed <= limit else []
-        used = _store_bytes()
+        used = _store_bytes()  # a walk of the whole store: once a keep
+        pruned = _make_room(limit, needed, used) if needed <= limit else []
+        used -= sum(p.bytes for p in pruned)
         budget = cls(limit, used, limit - used, pruned)
         budget.take(needed)
         budget.left = limit - used  # the copy takes it again, byte by byte, as it writes
@@ -170,10 +171,10 @@ def _store_bytes() -> int:
     return datadir.tree_bytes(store())
 
 
-def _make_room(limit: int, needed: int) -> list[Pruned]:
+def _make_room(limit: int, needed: int, used: int) -> list[Pruned]:
     """Prune until ``needed`` more bytes fit under ``limit``: applied changesets first, then the
-    oldest kept ones (a new changeset is worth more than one two weeks old nobody looked at)."""
-    used = _store_bytes()
+    oldest kept ones (a new changeset is worth more than one two weeks old nobody looked at).
+    ``used``: the store's bytes now."""
     pruned: list[Pruned] = []
     if used + needed <= limit:
         return pruned

