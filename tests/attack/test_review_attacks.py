@@ -88,7 +88,10 @@ async def test_what_the_executor_creates_is_private(backend: base.Backend, works
         assert wrote.ok, wrote
         assert (await box.changes()).changes
         during = wide_entries(data_dir, data_dir)
-        during += [e for d in _our_temp_dirs() - before for e in wide_entries(d, data_dir)]
+        made = _our_temp_dirs() - before
+        if box.jail.egress is None:  # another worker's proxy (they share /tmp): this session has none
+            made = {d for d in made if not d.name.startswith("sbx-net-")}
+        during += [e for d in made for e in wide_entries(d, data_dir)]
     finally:
         await box.aclose()
         os.umask(old_umask)
