@@ -131,9 +131,9 @@ def main() -> None:
     parser.add_argument("--only", default="", help="a mount (overlay, copy) or backend (bwrap, docker) alone")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    os.environ.setdefault("SANDBOX_DATA_DIR", tempfile.mkdtemp(prefix="bench-snapshots-"))
     medians: dict[tuple[str, str, int], float] = {}
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory(prefix="bench-snapshots-") as root:
+        os.environ.setdefault("SANDBOX_DATA_DIR", str(Path(root) / "data"))  # its snapshots go with it
         workspaces = {}
         for size in sizes:
             ws = Path(root) / f"ws{size}"

@@ -436,8 +436,6 @@ class Backend(ABC):
             )
 
 
-# One instance per name for the process's life: a probe costs a smoke jail or a daemon round
-# trip, and the instance caches it; tests script the one ``get("fake")`` hands to sessions.
 async def seed_tree(tree: CopyTree | None, seed: Snapshot | None, backend: str) -> None:
     """Start a fresh private tree from ``seed``'s layer (through its view), or do nothing without
     one; the caller removes the tree when this fails."""
@@ -464,6 +462,8 @@ def _check_scratch(scratch: Path | None) -> None:
         raise InvalidArgument(f"the scratch directory {scratch} does not exist", scratch=str(scratch))
 
 
+# One instance per name for the process's life: a probe costs a smoke jail or a daemon round
+# trip, and the instance caches it; tests script the one ``get("fake")`` hands to sessions.
 _loaded: dict[str, Backend] = {}
 _POSIX_ONLY = frozenset({"resource", "fcntl", "termios", "pwd", "grp", "posix"})
 
