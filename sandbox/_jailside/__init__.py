@@ -71,6 +71,7 @@ def program(main: str, *imports: str) -> str:
             "if code is not None:",
             "    import marshal",
             "    compiled, main = marshal.loads(code[4:])",
+            "    code = None",
             "    for name, module_code in compiled:",
             "        module = sys.modules[name] = types.ModuleType(name)",
             "        exec(module_code, module.__dict__)",
