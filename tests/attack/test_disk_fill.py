@@ -43,6 +43,7 @@ DISK = RESERVE + 32 * MiB  # the test's filesystem (memory, but only what is wri
 TOO_MUCH = (DISK // MiB) + 64  # MiB: what a fill asks for; more than the disk: unguarded, the kernel stops it
 BOUNDED = 256 * MiB  # what a writer on the real disk takes at most, if nothing stopped it
 FILL = "dd if=/dev/zero of={target}/big bs=1M count={count} 2>&1; echo wrote"
+HOLDING_FILL = FILL.replace("; echo wrote", "; sleep 10; echo wrote")  # keeps what it wrote until stopped
 
 
 @pytest.fixture
@@ -138,10 +139,8 @@ async def _bounded_fill(
     prof = mode_profile(mode, backend=backend.name, **{limit: value})
     box = await Sandbox.create(workspace, profile=prof, mode="auto")
     try:
-        command = FILL.format(target=".", count=BOUNDED // MiB)
-        filled = await box.call(
-            "Bash", {"command": command.replace("; echo wrote", "; sleep 10; echo wrote") if hold else command}
-        )
+        command = (HOLDING_FILL if hold else FILL).format(target=".", count=BOUNDED // MiB)
+        filled = await box.call("Bash", {"command": command})
         after = await box.call("Bash", {"command": "rm -f big; echo ok"})
         assert (after.ok, after.content.strip()) == (True, "ok"), after
     finally:

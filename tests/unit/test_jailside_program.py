@@ -38,8 +38,10 @@ def _python() -> str:
 
 
 def _blob(source: str, magic: bytes = importlib.util.MAGIC_NUMBER) -> int:
+    """``source`` compiled into a new memfd (``{fd}`` in it: that memfd's number)."""
     fd = os.memfd_create("test-program", os.MFD_CLOEXEC)
-    os.write(fd, magic + marshal.dumps(([], compile(source, "main", "exec", dont_inherit=True))))
+    code = compile(source.replace("{fd}", str(fd)), "main", "exec", dont_inherit=True)
+    os.write(fd, magic + marshal.dumps(([], code)))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -59,8 +61,14 @@ def _run(program: str, fd: int, *args: str, stdin: bytes = b"") -> subprocess.Co
 
 
 def test_the_bytecode_runs_instead_of_the_text_and_its_argument_is_gone() -> None:
-    done = _run(PROGRAM, _blob("import sys; print('bytecode', sys.argv[1:])"), "a", "b")
-    assert done.stdout.decode().strip() == "bytecode ['a', 'b']", done.stderr
+    """...and so is its descriptor: nothing the program starts later inherits it."""
+    done = _run(
+        PROGRAM,
+        _blob("import os, sys; print('bytecode', sys.argv[1:], os.path.exists('/proc/self/fd/{fd}'))"),
+        "a",
+        "b",
+    )
+    assert done.stdout.decode().strip() == "bytecode ['a', 'b'] False", done.stderr
 
 
 def test_another_pythons_bytecode_is_ignored_for_the_text() -> None:
