@@ -43,7 +43,6 @@ DISK = RESERVE + 32 * MiB  # the test's filesystem (memory, but only what is wri
 TOO_MUCH = (DISK // MiB) + 64  # MiB: what a fill asks for; more than the disk: unguarded, the kernel stops it
 BOUNDED = 256 * MiB  # what a writer on the real disk takes at most, if nothing stopped it
 FILL = "dd if=/dev/zero of={target}/big bs=1M count={count} 2>&1; echo wrote"
-HOLDING_FILL = FILL.replace("; echo wrote", "; sleep 10; echo wrote")  # keeps what it wrote until stopped
 
 
 @pytest.fixture
@@ -129,18 +128,12 @@ async def test_a_call_filling_the_scratch_dir_stops_at_the_reserve(backend: base
     assert filled.details["path"].startswith(str(small_disk / "data"))
 
 
-async def _bounded_fill(
-    backend: base.Backend, workspace: Path, mode: str, limit: str, value: int, *, hold: bool = False
-) -> ToolResult:
-    """A writer bounded at BOUNDED under ``limit = value``; then the session still works (and cleans up).
-
-    ``hold``: the call goes on after its write, as a filler that never stops would, for the guard
-    to stop it (a 256 MiB write into the page cache can end between two looks, in 60 ms)."""
+async def _bounded_fill(backend: base.Backend, workspace: Path, mode: str, limit: str, value: int) -> ToolResult:
+    """A writer bounded at BOUNDED under ``limit = value``; then the session still works (and cleans up)."""
     prof = mode_profile(mode, backend=backend.name, **{limit: value})
     box = await Sandbox.create(workspace, profile=prof, mode="auto")
     try:
-        command = (HOLDING_FILL if hold else FILL).format(target=".", count=BOUNDED // MiB)
-        filled = await box.call("Bash", {"command": command})
+        filled = await box.call("Bash", {"command": FILL.format(target=".", count=BOUNDED // MiB)})
         after = await box.call("Bash", {"command": "rm -f big; echo ok"})
         assert (after.ok, after.content.strip()) == (True, "ok"), after
     finally:
@@ -152,12 +145,10 @@ async def test_the_reserve_holds_without_a_mount_too(
     backend: base.Backend, workspace: Path, writable_mode: str
 ) -> None:
     """Any user: a reserve 32 MiB below the free space now, on the real disk, and a writer bounded
-    at BOUNDED (the disk is never at risk) that then holds what it took. Others freeing space on
-    that disk meanwhile could hide the call's writes: the bound sits far below what the writer
-    would take. (A call that ends between two looks is not judged by the reserve: the guard's
-    ``last`` look judges only ``limits.disk_write``.)"""
+    at BOUNDED (the disk is never at risk). Others freeing space on that disk meanwhile could hide
+    the call's writes: the bound sits far below what the writer would take."""
     reserve = _free(workspace) - 32 * MiB
-    filled = await _bounded_fill(backend, workspace, writable_mode, "limits.disk_reserve", reserve, hold=True)
+    filled = await _bounded_fill(backend, workspace, writable_mode, "limits.disk_reserve", reserve)
     _assert_guarded(filled, "limits.disk_reserve", reserve)
 
 
